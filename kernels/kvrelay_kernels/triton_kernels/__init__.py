@@ -1,0 +1,1 @@
+"""Triton implementations of the public kernels (imported lazily, only where used)."""
