@@ -9,6 +9,8 @@ Python loop runs per sequence, never per token.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -101,7 +103,7 @@ def paged_attention_reference(
         out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lengths = seq_lens.tolist()
-    query_lens = [b - a for a, b in zip(starts[:-1], starts[1:])]
+    query_lens = [b - a for a, b in itertools.pairwise(starts)]
     decode = [i for i, n in enumerate(query_lens) if n == 1]
     if decode:
         index = torch.tensor([starts[i] for i in decode], device=query.device)

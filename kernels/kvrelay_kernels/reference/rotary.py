@@ -32,7 +32,6 @@ def rotary_embedding_reference(
     head rotate. ``is_neox`` pairs feature ``i`` with ``i + rot_dim/2`` (Hugging Face's
     ``rotate_half``); otherwise adjacent features pair up (GPT-J style).
     """
-    num_tokens = positions.shape[0]
     rot_dim = cos_sin_cache.shape[1]
     cos, sin = cos_sin_cache[positions.to(torch.int64)].to(torch.float32).chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]

@@ -30,6 +30,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Qwen2 puts a bias on q/k/v; Llama and Mistral do not.
     attention_bias: bool = False
+    # o_proj has a bias too: Llama's ``attention_bias=True`` biases q, k, v *and* o
+    # (Qwen2 biases q, k, v only).
+    attention_output_bias: bool = False
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()

@@ -1,0 +1,162 @@
+"""What callers get back: ``StreamChunk`` per token event, ``Completion`` at the end.
+
+Both are ``msgspec.Struct``s: cheap to build on the per-event path (1,000 streams share
+one event loop) and they print, compare and serialise like plain records.
+``CompletionBuilder`` folds events into a ``Completion`` as they are delivered.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvrelay.protocol import (
+    Failed,
+    Finished,
+    Started,
+    Timings,
+    TokenLogprob,
+    Tokens,
+    Usage,
+)
+
+__all__ = ["Choice", "Completion", "CompletionBuilder", "StreamChunk"]
+
+
+class StreamChunk(msgspec.Struct, kw_only=True):
+    """New tokens of one choice, in the order the worker produced them.
+
+    ``seq`` is the event's position in the job's stream: pass the last one you handled
+    to ``client.resume(job_id, after_seq=seq)`` to continue after a dropped connection.
+    """
+
+    seq: int
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+
+
+class Choice(msgspec.Struct, kw_only=True):
+    """One of the ``n`` generated sequences of a job."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """A finished job. ``text``/``token_ids``/``finish_reason``/``logprobs`` mirror choice 0."""
+
+    job_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    choices: list[Choice]
+    usage: Usage
+    timings: Timings
+    logprobs: list[TokenLogprob] | None = None
+    model: str | None = None
+    # The worker that started the job last, and how many times it was started
+    # (more than 1 after a worker died and another resumed it).
+    worker: str | None = None
+    attempts: int = 0
+
+
+class _ChoiceState:
+    """Per-choice accumulation; text deltas are joined once, at the end."""
+
+    __slots__ = ("logprobs", "texts", "token_ids")
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = None
+
+
+class CompletionBuilder:
+    """Folds a job's events (in seq order) into a ``Completion``."""
+
+    def __init__(self, job_id: str, *, model: str | None = None, n: int = 1) -> None:
+        self.job_id = job_id
+        self.model = model
+        self._choices: list[_ChoiceState] = [_ChoiceState() for _ in range(max(n, 1))]
+        self.worker: str | None = None
+        self.attempts = 0
+        self.prompt_tokens = 0
+
+    def _choice(self, index: int) -> _ChoiceState:
+        while index >= len(self._choices):
+            self._choices.append(_ChoiceState())
+        return self._choices[index]
+
+    def add_started(self, event: Started) -> None:
+        self.worker = event.worker
+        self.attempts = max(self.attempts + 1, event.attempt)
+        if event.prompt_tokens:
+            self.prompt_tokens = event.prompt_tokens
+
+    def add_tokens(self, event: Tokens) -> None:
+        choice = self._choice(event.index)
+        if event.text:
+            choice.texts.append(event.text)
+        choice.token_ids.extend(event.token_ids)
+        if event.logprobs is not None:
+            if choice.logprobs is None:
+                choice.logprobs = []
+            choice.logprobs.extend(event.logprobs)
+
+    def text_of(self, index: int = 0) -> str:
+        """The text of choice ``index`` so far (for partial results)."""
+        if index >= len(self._choices):
+            return ""
+        return "".join(self._choices[index].texts)
+
+    def build(self, finished: Finished) -> Completion:
+        """The whole completion, once the terminal ``Finished`` event is in."""
+        reasons = finished.finish_reasons
+        n = max(len(self._choices), len(reasons))
+        choices: list[Choice] = []
+        for i in range(n):
+            state = self._choice(i)
+            if i < len(reasons):
+                reason: str | None = reasons[i]
+            else:
+                reason = finished.finish_reason
+            if i == 0 and finished.finish_reason:
+                reason = finished.finish_reason
+            choices.append(
+                Choice(
+                    index=i,
+                    text="".join(state.texts),
+                    token_ids=state.token_ids,
+                    finish_reason=reason,
+                    logprobs=state.logprobs,
+                )
+            )
+        usage = finished.usage
+        if usage.prompt_tokens == 0 and self.prompt_tokens:
+            usage = Usage(
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+            )
+        first = choices[0]
+        return Completion(
+            job_id=self.job_id,
+            text=first.text,
+            token_ids=first.token_ids,
+            finish_reason=first.finish_reason,
+            choices=choices,
+            usage=usage,
+            timings=finished.timings,
+            logprobs=first.logprobs,
+            model=self.model,
+            worker=self.worker,
+            attempts=self.attempts,
+        )
+
+    @staticmethod
+    def is_terminal(event: object) -> bool:
+        return isinstance(event, (Finished, Failed))

@@ -1,0 +1,67 @@
+"""Building the command connection and turning redis errors into ``kvrelay.ConnectionError``.
+
+Callers catch ``kvrelay.ConnectionError`` (also a builtin ``ConnectionError``), never a
+redis-py exception; the message names the server (password removed) and what we were
+doing, because "Connection refused" alone does not say which of several URLs is wrong.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.exceptions
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from kvrelay.errors import ConnectionError
+
+__all__ = ["REDIS_ERRORS", "connection_error", "make_redis", "redact_url"]
+
+# What a lost or unreachable server looks like from redis-py and asyncio.
+REDIS_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OSError,
+    TimeoutError,
+)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" if user else f":***@{host}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def connection_error(where: str, doing: str, exc: BaseException) -> ConnectionError:
+    """A ``kvrelay.ConnectionError`` saying which server failed and during what."""
+    detail = str(exc) or type(exc).__name__
+    return ConnectionError(f"cannot reach Redis at {where} while {doing}: {detail}")
+
+
+def make_redis(url: str, *, max_connections: int, connect_timeout: float) -> Redis:
+    """The client for ordinary commands: a bounded pool, short retries, bytes replies.
+
+    The pool is blocking and bounded so that 1,000 streams starting at once queue for
+    a few dozen connections instead of opening 1,000.
+    """
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=max(connect_timeout, 1.0) * 4,
+        socket_connect_timeout=connect_timeout,
+        socket_timeout=max(connect_timeout, 10.0),
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        decode_responses=False,
+    )
+    return Redis(connection_pool=pool)

@@ -1,0 +1,522 @@
+"""One pub/sub connection for all of a client's streams.
+
+A single reader task owns the subscriber connection and drops each message into the
+``Mailbox`` of every stream on that channel: no decoding, no Redis round trip, one
+deque append per event. Streams subscribe before their job is enqueued and wait for
+Redis to confirm; subscribes and unsubscribes made in the same loop iteration go out as
+one command.
+
+If the connection drops, the reader reconnects with backoff, resubscribes every live
+channel and, once Redis confirms each one, puts a ``RESYNC`` marker in its mailboxes so
+the stream re-reads the job's log from its last seq (events published while we were
+away are there). If Redis stays unreachable for ``reconnect_timeout`` seconds, every
+live stream fails with ``kvrelay.ConnectionError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, Protocol
+
+import redis.exceptions
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from kvrelay.errors import ConnectionError, KvrelayError
+from kvrelay.resp import Frame, RespError, TransportLost
+
+__all__ = [
+    "RESYNC",
+    "Dispatcher",
+    "Mailbox",
+    "RedisPyTransport",
+    "Transport",
+    "TransportFactory",
+]
+
+log = logging.getLogger("kvrelay.dispatcher")
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+# Put in a mailbox after a reconnect: "events may have been missed, re-read the log".
+RESYNC: Final = _Marker("RESYNC")
+
+MailItem = bytes | _Marker
+
+
+class Transport(Protocol):
+    """A subscriber connection as the dispatcher needs it (one per connection attempt)."""
+
+    async def subscribe(self, channels: Sequence[bytes]) -> None: ...
+
+    async def unsubscribe(self, channels: Sequence[bytes]) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def read(self, idle: float) -> list[Frame] | None:
+        """Frames received (maybe none), or None after ``idle`` s without any data."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+TransportFactory = Callable[[], Awaitable[Transport]]
+
+_REDIS_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OSError,
+    TimeoutError,
+)
+
+
+class RedisPyTransport:
+    """A ``Transport`` over redis-py's ``PubSub`` (used for injected clients, e.g. fakeredis).
+
+    Slower per message than ``RespConnection`` but works with any redis-py compatible
+    client. redis-py may silently reconnect inside a call; that is reported as a lost
+    connection so the dispatcher resubscribes and re-reads the logs itself.
+    """
+
+    def __init__(self, pubsub: PubSub) -> None:
+        self._pubsub = pubsub
+        self._reconnected = False
+
+    @classmethod
+    async def open(cls, client: Redis) -> RedisPyTransport:
+        pubsub = client.pubsub()
+        await pubsub.connect()
+        transport = cls(pubsub)
+        conn = pubsub.connection
+        if conn is not None:
+            conn.register_connect_callback(transport._on_connect)
+        return transport
+
+    async def _on_connect(self, _connection: object) -> None:
+        self._reconnected = True
+
+    async def _command(self, *args: bytes | str) -> None:
+        try:
+            await self._pubsub.execute_command(*args)
+        except _REDIS_ERRORS as exc:
+            raise TransportLost(str(exc)) from exc
+
+    async def subscribe(self, channels: Sequence[bytes]) -> None:
+        await self._command("SUBSCRIBE", *channels)
+
+    async def unsubscribe(self, channels: Sequence[bytes]) -> None:
+        await self._command("UNSUBSCRIBE", *channels)
+
+    async def ping(self) -> None:
+        await self._command("PING")
+
+    @staticmethod
+    def _frame(message: dict[str, object]) -> Frame:
+        kind = str(message["type"]).encode()
+        channel = message.get("channel")
+        if isinstance(channel, str):
+            channel = channel.encode()
+        data = message.get("data")
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, (bytes, int)):
+            data = b""
+        return (kind, channel if isinstance(channel, bytes) else b"", data)
+
+    async def read(self, idle: float) -> list[Frame] | None:
+        if self._reconnected:
+            raise TransportLost("the pub/sub connection was re-established underneath us")
+        try:
+            message = await self._pubsub.get_message(timeout=idle)
+            if message is None:
+                return None
+            frames = [self._frame(message)]
+            for _ in range(255):
+                message = await self._pubsub.get_message(timeout=0)
+                if message is None:
+                    break
+                frames.append(self._frame(message))
+        except _REDIS_ERRORS as exc:
+            raise TransportLost(str(exc)) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise RespError(str(exc)) from exc
+        return frames
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._pubsub.aclose()
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class Mailbox:
+    """One stream's inbox: raw event bytes and markers in arrival order."""
+
+    __slots__ = ("channel", "error", "items", "waiter")
+
+    def __init__(self, channel: bytes) -> None:
+        self.channel = channel
+        self.items: deque[MailItem] = deque()
+        self.waiter: asyncio.Future[bool] | None = None
+        self.error: BaseException | None = None
+
+    def put(self, item: MailItem) -> None:
+        self.items.append(item)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+    def fail(self, error: BaseException) -> None:
+        """Deliver ``error`` after whatever is already queued (the stream raises it)."""
+        if self.error is None:
+            self.error = error
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+    async def wait(self, deadline: float) -> bool:
+        """Wait for an item or an error (True) or until loop time ``deadline`` (False)."""
+        if self.items or self.error is not None:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self.waiter = waiter
+        handle = loop.call_at(deadline, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            handle.cancel()
+            self.waiter = None
+
+
+class _Channel:
+    """Subscription state of one channel.
+
+    ``expected`` holds one entry per SUBSCRIBE/UNSUBSCRIBE sent and not yet acknowledged,
+    in send order (Redis acknowledges in order): the future to resolve for a SUBSCRIBE,
+    None for an UNSUBSCRIBE.
+    """
+
+    __slots__ = ("expected", "mailboxes", "name", "ready", "resync", "sent")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.mailboxes: list[Mailbox] = []
+        self.expected: deque[asyncio.Future[None] | None] = deque()
+        self.sent = False  # what we last told the server: subscribed or not
+        self.ready: asyncio.Future[None] | None = None
+        self.resync = False
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a failed future's exception as seen (nobody may be awaiting it)."""
+    if not future.cancelled():
+        future.exception()
+
+
+class Dispatcher:
+    """The shared subscriber: subscribe per job, one reader task, reconnects."""
+
+    def __init__(
+        self,
+        transport_factory: TransportFactory,
+        *,
+        where: str,
+        reconnect_timeout: float = 30.0,
+        health_check_interval: float = 10.0,
+        subscribe_timeout: float = 30.0,
+    ) -> None:
+        self._factory = transport_factory
+        self._where = where
+        self._reconnect_timeout = reconnect_timeout
+        self._health_interval = health_check_interval
+        self._subscribe_timeout = subscribe_timeout
+        self._channels: dict[bytes, _Channel] = {}
+        self._dirty: set[bytes] = set()
+        self._transport: Transport | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._flush_scheduled = False
+        self._flush_lock: asyncio.Lock | None = None
+        self._flush_tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        # Counters for tests and diagnostics.
+        self.connects = 0
+        self.messages = 0
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    @property
+    def live_channels(self) -> int:
+        return sum(1 for ch in self._channels.values() if ch.mailboxes)
+
+    async def subscribe(self, channel: str) -> Mailbox:
+        """A mailbox for ``channel``, returned once Redis has confirmed the subscription."""
+        if self._closed:
+            raise KvrelayError("the client is closed")
+        loop = asyncio.get_running_loop()
+        name = channel.encode()
+        mailbox = Mailbox(name)
+        ch = self._channels.get(name)
+        if ch is None:
+            ch = self._channels[name] = _Channel(name)
+        ch.mailboxes.append(mailbox)
+        if ch.ready is None:
+            ch.ready = loop.create_future()
+            ch.ready.add_done_callback(_retrieve)
+        ready = ch.ready
+        self._dirty.add(name)
+        self._schedule_flush()
+        self._ensure_reader()
+        try:
+            async with asyncio.timeout(self._subscribe_timeout):
+                await asyncio.shield(ready)
+        except TimeoutError:
+            self.unsubscribe(mailbox)
+            raise ConnectionError(
+                f"Redis at {self._where} did not confirm a subscription within "
+                f"{self._subscribe_timeout:g}s"
+            ) from None
+        except BaseException:
+            self.unsubscribe(mailbox)
+            raise
+        return mailbox
+
+    def unsubscribe(self, mailbox: Mailbox) -> None:
+        """Stop delivering to ``mailbox``; the channel is released when nobody is left."""
+        ch = self._channels.get(mailbox.channel)
+        if ch is None:
+            return
+        with contextlib.suppress(ValueError):
+            ch.mailboxes.remove(mailbox)
+        if not ch.mailboxes:
+            self._dirty.add(ch.name)
+            self._schedule_flush()
+
+    async def aclose(self) -> None:
+        """Stop the reader, close the connection, fail whatever still listens."""
+        if self._closed:
+            return
+        self._closed = True
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.aclose()
+        for task in list(self._flush_tasks):
+            task.cancel()
+        self._fail_all(KvrelayError, "the client was closed")
+
+    # ------------------------------------------------------------------ flushing
+
+    def _schedule_flush(self) -> None:
+        if self._flush_scheduled or self._transport is None:
+            return
+        self._flush_scheduled = True
+        asyncio.get_running_loop().call_soon(self._start_flush)
+
+    def _start_flush(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._flush())
+        self._flush_tasks.add(task)
+        task.add_done_callback(self._flush_tasks.discard)
+
+    async def _flush(self) -> None:
+        """Send one SUBSCRIBE and one UNSUBSCRIBE for everything that changed."""
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        async with self._flush_lock:
+            self._flush_scheduled = False
+            transport = self._transport
+            if transport is None or not self._dirty:
+                return
+            subs: list[bytes] = []
+            unsubs: list[bytes] = []
+            for name in self._dirty:
+                ch = self._channels.get(name)
+                if ch is None:
+                    continue
+                if ch.mailboxes and not ch.sent:
+                    ch.sent = True
+                    ch.expected.append(ch.ready)
+                    subs.append(name)
+                elif not ch.mailboxes and ch.sent:
+                    ch.sent = False
+                    ch.ready = None
+                    ch.expected.append(None)
+                    unsubs.append(name)
+                elif not ch.mailboxes and not ch.expected:
+                    del self._channels[name]
+            self._dirty.clear()
+            try:
+                if unsubs:
+                    await transport.unsubscribe(unsubs)
+                if subs:
+                    await transport.subscribe(subs)
+            except Exception as exc:  # the reader notices the loss and resubscribes all
+                log.debug("pub/sub write failed: %s", exc)
+
+    # ------------------------------------------------------------------ reader
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(
+                self._run(), name="kvrelay-pubsub-reader"
+            )
+
+    def _has_live(self) -> bool:
+        return any(ch.mailboxes for ch in self._channels.values())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        lost_at: float | None = None  # None until this run has been connected once
+        backoff = 0.05
+        while not self._closed:
+            try:
+                transport = await self._factory()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if lost_at is None:
+                    self._fail_all(
+                        ConnectionError,
+                        f"cannot connect to Redis at {self._where} (pub/sub): {exc}",
+                    )
+                    return
+                if loop.time() - lost_at >= self._reconnect_timeout:
+                    self._fail_all(
+                        ConnectionError,
+                        f"lost the connection to Redis at {self._where} and could not "
+                        f"reconnect within {self._reconnect_timeout:g}s: {exc}",
+                    )
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            backoff = 0.05
+            self.connects += 1
+            self._attach(transport)
+            try:
+                await self._read_loop(transport)
+            except asyncio.CancelledError:
+                self._detach()
+                await transport.aclose()
+                raise
+            except RespError as exc:
+                self._detach()
+                await transport.aclose()
+                self._fail_all(
+                    ConnectionError, f"Redis at {self._where} refused a pub/sub command: {exc}"
+                )
+                return
+            except Exception as exc:
+                log.warning("pub/sub connection to %s lost (%s); reconnecting", self._where, exc)
+                self._detach()
+                await transport.aclose()
+            if self._closed or not self._has_live():
+                return
+            lost_at = loop.time()
+
+    def _attach(self, transport: Transport) -> None:
+        self._transport = transport
+        for name, ch in list(self._channels.items()):
+            if ch.mailboxes:
+                self._dirty.add(name)
+            elif not ch.sent and not ch.expected:
+                del self._channels[name]
+        self._flush_scheduled = False
+        self._schedule_flush()
+
+    def _detach(self) -> None:
+        """Forget the server side of every subscription; keep what streams want."""
+        self._transport = None
+        loop = asyncio.get_running_loop()
+        for name, ch in list(self._channels.items()):
+            ch.sent = False
+            ch.expected.clear()
+            if not ch.mailboxes:
+                del self._channels[name]
+                continue
+            if ch.ready is None or ch.ready.done():
+                # Live stream: wait for the new confirmation, then re-read the log.
+                ch.ready = loop.create_future()
+                ch.ready.add_done_callback(_retrieve)
+                ch.resync = True
+
+    async def _read_loop(self, transport: Transport) -> None:
+        pinged = False
+        handle = self._handle
+        while True:
+            frames = await transport.read(self._health_interval)
+            if frames is None:
+                if pinged:
+                    raise TransportLost(f"no reply to PING within {self._health_interval:g}s")
+                await transport.ping()
+                pinged = True
+                continue
+            pinged = False
+            if frames:
+                handle(frames)
+                # A full socket buffer returns without suspending: let streams run.
+                await asyncio.sleep(0)
+
+    def _handle(self, frames: list[Frame]) -> None:
+        channels = self._channels
+        for kind, name, data in frames:
+            if kind == b"message":
+                ch = channels.get(name)
+                if ch is not None and isinstance(data, bytes):
+                    for mailbox in ch.mailboxes:
+                        mailbox.put(data)
+                self.messages += 1
+            elif kind == b"subscribe":
+                ch = channels.get(name)
+                if ch is None:
+                    continue
+                if ch.expected:
+                    future = ch.expected.popleft()
+                    if future is not None and not future.done():
+                        future.set_result(None)
+                if ch.resync and not ch.expected:
+                    ch.resync = False
+                    for mailbox in ch.mailboxes:
+                        mailbox.put(RESYNC)
+            elif kind == b"unsubscribe":
+                ch = channels.get(name)
+                if ch is None:
+                    continue
+                if ch.expected:
+                    ch.expected.popleft()
+                if not ch.mailboxes and not ch.sent and not ch.expected:
+                    del channels[name]
+
+    def _fail_all(self, error_class: type[KvrelayError], message: str) -> None:
+        """Fail every stream and pending subscription (a fresh exception for each)."""
+        for ch in self._channels.values():
+            for mailbox in ch.mailboxes:
+                mailbox.fail(error_class(message))
+            if ch.ready is not None and not ch.ready.done():
+                ch.ready.set_exception(error_class(message))
+        self._channels.clear()
+        self._dirty.clear()

@@ -1,0 +1,158 @@
+"""Putting a job on the model's Celery queue, with Celery's own producer, off the loop.
+
+Celery's publish is blocking network I/O (~0.5 ms on localhost, plus a one-off app and
+connection set-up), so it runs in a small pool of dedicated threads: the event loop
+never waits on it, and 1,000 enqueues proceed several at a time (the producer pool
+hands each thread its own connection). Celery is imported on first use so that
+``import kvrelay`` stays light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import redis.exceptions
+
+from kvrelay import keys
+from kvrelay.errors import ConnectionError
+from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
+
+__all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url"]
+
+# Anything that puts a request on its model's queue. ``CeleryEnqueuer`` in production;
+# tests inject a coroutine function that plays the worker instead.
+Enqueuer = Callable[[GenerateRequest], Awaitable[None]]
+
+
+def celery_broker_url(url: str) -> str:
+    """The kombu spelling of a redis-py URL (kombu names unix sockets ``redis+socket``)."""
+    if url.startswith("unix://"):
+        return "redis+socket://" + url[len("unix://") :]
+    return url
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, (OSError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return True
+    try:
+        from kombu.exceptions import OperationalError
+    except ImportError:  # pragma: no cover - kombu comes with celery
+        return False
+    return isinstance(exc, OperationalError)
+
+
+class CeleryEnqueuer:
+    """Publishes ``kvrelay.generate`` tasks (JSON only) on ``keys.queue(model)``."""
+
+    def __init__(
+        self,
+        broker_url: str,
+        *,
+        threads: int = 4,
+        connect_timeout: float = 5.0,
+        where: str | None = None,
+    ) -> None:
+        self._broker_url = celery_broker_url(broker_url)
+        self._threads = max(1, threads)
+        self._connect_timeout = connect_timeout
+        self._where = where or broker_url
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._threads, thread_name_prefix="kvrelay-enqueue"
+        )
+        self._lock = threading.Lock()
+        self._app: Any = None
+        self._closed = False
+
+    def _celery(self) -> Any:
+        """The producer-only Celery app, created once, in a worker thread."""
+        with self._lock:
+            if self._app is None:
+                from celery import Celery
+
+                app = Celery("kvrelay-client", set_as_current=False)
+                app.conf.update(
+                    broker_url=self._broker_url,
+                    result_backend=None,
+                    task_ignore_result=True,
+                    task_serializer="json",
+                    accept_content=["json"],
+                    result_accept_content=["json"],
+                    broker_connection_retry_on_startup=True,
+                    broker_connection_timeout=self._connect_timeout,
+                    broker_pool_limit=self._threads + 1,
+                    broker_transport_options={
+                        "socket_connect_timeout": self._connect_timeout,
+                        "socket_timeout": max(self._connect_timeout, 10.0),
+                    },
+                    task_publish_retry=True,
+                    task_publish_retry_policy={
+                        "max_retries": 2,
+                        "interval_start": 0.1,
+                        "interval_step": 0.2,
+                        "interval_max": 0.5,
+                    },
+                )
+                self._app = app
+            return self._app
+
+    def publish(self, request: GenerateRequest) -> None:
+        """Blocking publish; runs in the enqueue threads."""
+        self._celery().send_task(
+            TASK_NAME,
+            args=[request_to_payload(request)],
+            task_id=request.job_id,
+            queue=keys.queue(request.model),
+            serializer="json",
+            ignore_result=True,
+            # Keep the message small: Celery would otherwise repeat the payload as text.
+            argsrepr=f"[<kvrelay job {request.job_id}>]",
+            kwargsrepr="{}",
+        )
+
+    def warm_up(self) -> None:
+        """Build the app and open one broker connection ahead of the first job."""
+        app = self._celery()
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=self._connect_timeout)
+
+    async def __call__(self, request: GenerateRequest) -> None:
+        if self._closed:
+            raise ConnectionError("the enqueuer is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self.publish, request)
+        except Exception as exc:
+            if _is_connection_error(exc):
+                raise ConnectionError(
+                    f"cannot reach Redis at {self._where} while enqueueing job "
+                    f"{request.job_id}: {exc}"
+                ) from exc
+            raise
+
+    async def start_warm_up(self) -> None:
+        """Warm up in the background; failures show up on the first real enqueue."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self.warm_up)
+        except Exception:  # best effort by design
+            pass
+
+    async def aclose(self) -> None:
+        """Release the broker connections and the threads (waiting off the loop)."""
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+
+        def shutdown() -> None:
+            self._executor.shutdown(wait=True)
+            with self._lock:
+                if self._app is not None:
+                    self._app.close()
+                    self._app = None
+
+        await loop.run_in_executor(None, shutdown)

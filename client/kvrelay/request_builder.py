@@ -1,0 +1,343 @@
+"""Keyword arguments -> a validated ``GenerateRequest``.
+
+Validation here is cheap and deliberately shallow (types, exactly one prompt form,
+obvious ranges, payload size): its job is to fail *before* anything is enqueued, with a
+message naming the argument. The worker validates everything again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from kvrelay.errors import InvalidRequest, PayloadTooLarge
+from kvrelay.protocol import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    ChatMessage,
+    GenerateRequest,
+    SamplingOptions,
+    encode_request,
+)
+
+__all__ = ["GenerateOptions", "JobSettings", "build_request", "new_job_id"]
+
+# The longest job id accepted from callers (it is part of every key of the job).
+MAX_JOB_ID_LENGTH = 128
+
+
+class GenerateOptions(TypedDict, total=False):
+    """Every keyword ``generate``/``stream`` accept besides the positional prompt."""
+
+    messages: Sequence[Mapping[str, str] | ChatMessage]
+    prompt_token_ids: Sequence[int]
+    model: str
+    # Sampling (names and meaning of the wire ``SamplingOptions``).
+    n: int
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int | None
+    stop: str | Sequence[str] | None
+    stop_token_ids: Sequence[int] | None
+    logprobs: int | None
+    ignore_eos: bool
+    min_tokens: int
+    logit_bias: Mapping[int, float] | None
+    # Scheduling and client-side behaviour.
+    priority: int
+    timeout: float | None
+    cache_salt: str | None
+    stream_timeout: float | None
+    job_id: str | None
+
+
+_SAMPLING_KEYS = frozenset(
+    {
+        "n",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "logprobs",
+        "ignore_eos",
+        "min_tokens",
+        "logit_bias",
+    }
+)
+_KNOWN_KEYS = frozenset(GenerateOptions.__annotations__)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """Client-side settings of one job that do not travel in the request."""
+
+    # Whole-job limit in seconds (also sent as the request's absolute ``deadline``).
+    timeout: float | None
+    # Per-call override of the client's inactivity timeout.
+    stream_timeout: float | None
+
+
+def new_job_id() -> str:
+    """A fresh job id: 32 hex characters, safe inside a Redis hash tag."""
+    return uuid.uuid4().hex
+
+
+# ----------------------------------------------------------------------- primitives
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(
+        value
+    )
+
+
+def _int(name: str, value: object, *, minimum: int | None = None) -> int:
+    if not _is_int(value):
+        raise InvalidRequest(f"{name} must be an int, got {type(value).__name__}")
+    assert isinstance(value, int)
+    if minimum is not None and value < minimum:
+        raise InvalidRequest(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(
+    name: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    min_exclusive: bool = False,
+) -> float:
+    if not _is_number(value):
+        raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
+    assert isinstance(value, (int, float))
+    number = float(value)
+    if minimum is not None and (number <= minimum if min_exclusive else number < minimum):
+        op = ">" if min_exclusive else ">="
+        raise InvalidRequest(f"{name} must be {op} {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise InvalidRequest(f"{name} must be <= {maximum}, got {number}")
+    return number
+
+
+def _int_list(name: str, value: object) -> list[int]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidRequest(f"{name} must be a list of ints, got {type(value).__name__}")
+    out: list[int] = []
+    for i, item in enumerate(value):
+        if not _is_int(item) or item < 0:
+            raise InvalidRequest(f"{name}[{i}] must be an int >= 0, got {item!r}")
+        out.append(item)
+    return out
+
+
+def _messages(value: object) -> list[ChatMessage]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidRequest("messages must be a list of {'role': ..., 'content': ...} dicts")
+    if not value:
+        raise InvalidRequest("messages must not be empty")
+    out: list[ChatMessage] = []
+    for i, item in enumerate(value):
+        role: object
+        content: object
+        if isinstance(item, ChatMessage):
+            role, content = item.role, item.content
+        elif isinstance(item, Mapping):
+            extra = set(item) - {"role", "content"}
+            if extra:
+                raise InvalidRequest(f"messages[{i}] has unsupported keys {sorted(extra)}")
+            role, content = item.get("role"), item.get("content")
+        else:
+            raise InvalidRequest(f"messages[{i}] must be a dict, got {type(item).__name__}")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequest(f"messages[{i}]['role'] must be a non-empty str")
+        if not isinstance(content, str):
+            raise InvalidRequest(f"messages[{i}]['content'] must be a str")
+        out.append(ChatMessage(role=role, content=content))
+    return out
+
+
+def _stop(value: object) -> list[str]:
+    if value is None:
+        return []
+    items: Sequence[object]
+    if isinstance(value, str):
+        items = [value]
+    elif isinstance(value, Sequence) and not isinstance(value, bytes):
+        items = value
+    else:
+        raise InvalidRequest(f"stop must be a str or a list of str, got {type(value).__name__}")
+    out: list[str] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            raise InvalidRequest(f"stop[{i}] must be a non-empty str, got {item!r}")
+        out.append(item)
+    return out
+
+
+def _logit_bias(value: object) -> dict[int, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidRequest("logit_bias must be a dict of token id -> bias")
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not _is_int(token) or token < 0:
+            raise InvalidRequest(f"logit_bias keys must be token ids (int >= 0), got {key!r}")
+        out[token] = _float(f"logit_bias[{key!r}]", bias, minimum=-100.0, maximum=100.0)
+    return out
+
+
+def _job_id(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest("job_id must be a non-empty str")
+    if len(value) > MAX_JOB_ID_LENGTH:
+        raise InvalidRequest(f"job_id must be at most {MAX_JOB_ID_LENGTH} characters")
+    if any(c in value for c in "{}") or any(c.isspace() for c in value):
+        raise InvalidRequest("job_id must not contain braces or whitespace")
+    return value
+
+
+# ------------------------------------------------------------------------- building
+
+
+def _sampling(options: Mapping[str, Any]) -> SamplingOptions:
+    kw: dict[str, Any] = {}
+    get = options.get
+    if "n" in options:
+        kw["n"] = _int("n", get("n"), minimum=1)
+    if get("max_tokens") is not None:
+        kw["max_tokens"] = _int("max_tokens", get("max_tokens"), minimum=1)
+    if "temperature" in options:
+        kw["temperature"] = _float("temperature", get("temperature"), minimum=0.0)
+    if "top_p" in options:
+        kw["top_p"] = _float("top_p", get("top_p"), minimum=0.0, maximum=1.0, min_exclusive=True)
+    if "top_k" in options:
+        kw["top_k"] = _int("top_k", get("top_k"), minimum=0)
+    if "min_p" in options:
+        kw["min_p"] = _float("min_p", get("min_p"), minimum=0.0, maximum=1.0)
+    if "repetition_penalty" in options:
+        kw["repetition_penalty"] = _float(
+            "repetition_penalty", get("repetition_penalty"), minimum=0.0, min_exclusive=True
+        )
+    for name in ("presence_penalty", "frequency_penalty"):
+        if name in options:
+            kw[name] = _float(name, get(name), minimum=-2.0, maximum=2.0)
+    if get("seed") is not None:
+        kw["seed"] = _int("seed", get("seed"))
+    if "stop" in options:
+        kw["stop"] = _stop(get("stop"))
+    if get("stop_token_ids") is not None:
+        kw["stop_token_ids"] = _int_list("stop_token_ids", get("stop_token_ids"))
+    if get("logprobs") is not None:
+        kw["logprobs"] = _int("logprobs", get("logprobs"), minimum=0)
+    if "ignore_eos" in options:
+        if not isinstance(get("ignore_eos"), bool):
+            raise InvalidRequest("ignore_eos must be a bool")
+        kw["ignore_eos"] = get("ignore_eos")
+    if "min_tokens" in options:
+        kw["min_tokens"] = _int("min_tokens", get("min_tokens"), minimum=0)
+        max_tokens = kw.get("max_tokens")
+        if max_tokens is not None and kw["min_tokens"] > max_tokens:
+            raise InvalidRequest(
+                f"min_tokens ({kw['min_tokens']}) must be <= max_tokens ({max_tokens})"
+            )
+    if "logit_bias" in options:
+        kw["logit_bias"] = _logit_bias(get("logit_bias"))
+    return SamplingOptions(**kw)
+
+
+def build_request(
+    prompt: str | None,
+    options: Mapping[str, Any],
+    *,
+    default_model: str | None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    now: float | None = None,
+) -> tuple[GenerateRequest, JobSettings]:
+    """Validate ``prompt`` and ``options`` into a request; raises ``InvalidRequest``."""
+    unknown = set(options) - _KNOWN_KEYS
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+
+    messages = options.get("messages")
+    token_ids = options.get("prompt_token_ids")
+    given = [
+        name
+        for name, value in (
+            ("prompt", prompt),
+            ("messages", messages),
+            ("prompt_token_ids", token_ids),
+        )
+        if value is not None
+    ]
+    if len(given) != 1:
+        raise InvalidRequest(
+            "give exactly one of prompt, messages, prompt_token_ids"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
+    if prompt is not None and not isinstance(prompt, str):
+        raise InvalidRequest(f"prompt must be a str, got {type(prompt).__name__}")
+    chat = _messages(messages) if messages is not None else None
+    ids = _int_list("prompt_token_ids", token_ids) if token_ids is not None else None
+    if ids is not None and not ids:
+        raise InvalidRequest("prompt_token_ids must not be empty")
+
+    model: object = options.get("model") or default_model
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("no model: pass model=... to the client or to this call")
+
+    priority = _int("priority", options.get("priority", 0))
+    timeout = options.get("timeout")
+    if timeout is not None:
+        timeout = _float("timeout", timeout, minimum=0.0, min_exclusive=True)
+    stream_timeout = options.get("stream_timeout")
+    if stream_timeout is not None:
+        stream_timeout = _float("stream_timeout", stream_timeout, minimum=0.0, min_exclusive=True)
+    cache_salt = options.get("cache_salt")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise InvalidRequest("cache_salt must be a str")
+    job_id = options.get("job_id")
+    job_id = new_job_id() if job_id is None else _job_id(job_id)
+
+    sampling = _sampling({k: v for k, v in options.items() if k in _SAMPLING_KEYS})
+    enqueued_at = time.time() if now is None else now
+    request = GenerateRequest(
+        job_id=job_id,
+        model=model,
+        prompt=prompt,
+        messages=chat,
+        prompt_token_ids=ids,
+        sampling=sampling,
+        priority=priority,
+        deadline=None if timeout is None else enqueued_at + timeout,
+        cache_salt=cache_salt,
+        enqueued_at=enqueued_at,
+    )
+    size = len(encode_request(request))
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(
+            f"request is {size} bytes of JSON; workers accept at most {max_payload_bytes}"
+        )
+    return request, JobSettings(timeout=timeout, stream_timeout=stream_timeout)

@@ -1,0 +1,470 @@
+"""``AsyncStream``: one job's events, in order, exactly once, or a typed error.
+
+Delivery rules (the job's log is the source of truth, pub/sub is the fast path):
+- events are delivered in ``seq`` order; a seq already delivered is dropped;
+- an event ahead of the next expected seq is buffered and the gap is read from the
+  log (``XRANGE log {next}-0 +``): the worker appends to the log before publishing, so
+  whatever was published before it is already there;
+- after the dispatcher reconnects it drops a ``RESYNC`` marker: re-read the log;
+- no event for ``stream_timeout`` seconds: read the log once, then ``StreamTimeout``;
+- past the job's ``timeout``: ``DeadlineExceeded``.
+
+Leaving before the terminal event (``break`` + leaving ``async with``, ``aclose()``,
+the task cancelled, a client-side timeout) aborts the job; leaving after it sends
+nothing. The normal path costs one deque pop and one msgspec decode per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+import msgspec
+from redis.asyncio import Redis
+
+from kvrelay import keys
+from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
+from kvrelay.connection import REDIS_ERRORS
+from kvrelay.dispatcher import RESYNC, Dispatcher, Mailbox
+from kvrelay.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InternalError,
+    KvrelayError,
+    StreamTimeout,
+    error_for_code,
+)
+from kvrelay.protocol import (
+    AnyEvent,
+    Failed,
+    Finished,
+    GenerateRequest,
+    Started,
+    Tokens,
+    decode_event,
+    seq_of_entry_id,
+)
+
+__all__ = ["AsyncStream", "StreamContext"]
+
+log = logging.getLogger("kvrelay.stream")
+
+# Entries per XRANGE page: bounds the time one reply takes to parse on the loop.
+_LOG_PAGE: Final = 256
+# A gap the log cannot fill yet is retried with this backoff (seconds), then given up.
+_GAP_RETRY_FIRST: Final = 0.05
+_GAP_RETRY_MAX: Final = 1.0
+_GAP_RETRIES_WITH_TERMINAL: Final = 4
+
+
+class _SeqOnly(msgspec.Struct):
+    seq: int
+
+
+_seq_decoder = msgspec.msgpack.Decoder(_SeqOnly)
+
+
+class _Unknown:
+    """An event this client cannot read (e.g. a newer type): it still takes its seq."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+
+_Event = AnyEvent | _Unknown
+
+
+def _decode(data: object) -> _Event | None:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return None
+    try:
+        return decode_event(bytes(data))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        try:
+            seq = _seq_decoder.decode(data).seq
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("dropping an unreadable event message (%d bytes)", len(data))
+            return None
+        log.warning("skipping event seq %d of an unknown type", seq)
+        return _Unknown(seq)
+
+
+@dataclass(eq=False, slots=True)
+class StreamContext:
+    """What a stream needs from its client (kept narrow so streams are testable)."""
+
+    redis: Redis
+    dispatcher: Dispatcher
+    # Admission checks (worker present, queue length); raises before anything is sent.
+    admit: Callable[[GenerateRequest], Awaitable[None]]
+    enqueue: Callable[[GenerateRequest], Awaitable[None]]
+    # Fire-and-forget abort of a job (flag + control message).
+    abort: Callable[[str], None]
+    # Map a redis/OS error to ``kvrelay.ConnectionError`` (arguments: error, what we did).
+    connection_error: Callable[[BaseException, str], KvrelayError]
+    track: Callable[[AsyncStream], None]
+    untrack: Callable[[AsyncStream], None]
+
+
+_NEW: Final = "new"
+_STARTING: Final = "starting"
+_LIVE: Final = "live"
+_DONE: Final = "done"  # terminal event seen, or failed client-side
+_CLOSED: Final = "closed"  # left early by the caller
+
+
+class AsyncStream:
+    """The events of one job as ``StreamChunk``s; ``final()`` gives the ``Completion``.
+
+    Use as ``async with client.stream(...) as stream: async for chunk in stream: ...``.
+    Iterating without ``async with`` also starts the job; then call ``aclose()`` if
+    you stop early, or the job keeps running until it ends on its own.
+    """
+
+    def __init__(
+        self,
+        ctx: StreamContext,
+        *,
+        job_id: str,
+        request: GenerateRequest | None,
+        stream_timeout: float,
+        timeout: float | None = None,
+        after_seq: int = -1,
+    ) -> None:
+        self._ctx = ctx
+        self._job_id = job_id
+        self._request = request
+        self._stream_timeout = stream_timeout
+        self._timeout = timeout
+        self._after_seq = after_seq
+        self._log_key = keys.event_log(job_id)
+        n = request.sampling.n if request is not None else 1
+        self._builder = CompletionBuilder(
+            job_id, model=request.model if request is not None else None, n=n
+        )
+        self._state: str = _NEW
+        self._mailbox: Mailbox | None = None
+        self._next_seq = 0 if request is not None else after_seq + 1
+        self._pending: dict[int, _Event] = {}
+        self._deadline: float | None = None
+        self._last_progress = 0.0
+        self._gap_retry_at = 0.0
+        self._gap_backoff = _GAP_RETRY_FIRST
+        self._gap_retries = 0
+        self._completion: Completion | None = None
+        self._error: KvrelayError | None = None
+        self._abort_on_exit = False
+        self._busy = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
+    @property
+    def request(self) -> GenerateRequest | None:
+        """The request sent (None for a stream obtained with ``resume``)."""
+        return self._request
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last event delivered (-1 before the first): resume from here."""
+        return self._next_seq - 1
+
+    @property
+    def done(self) -> bool:
+        """True once the job ended (or the stream failed or was closed)."""
+        return self._state in (_DONE, _CLOSED)
+
+    @property
+    def text(self) -> str:
+        """Text of choice 0 delivered so far."""
+        return self._builder.text_of(0)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> AsyncStream:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Subscribe, then enqueue (or, for a resume, read the log). Idempotent."""
+        if self._state != _NEW:
+            if self._state == _STARTING:
+                raise RuntimeError("this stream is already being started by another task")
+            return
+        self._state = _STARTING
+        try:
+            if self._request is not None:
+                await self._start_job(self._request)
+            else:
+                await self._start_resume()
+        except BaseException as exc:
+            if isinstance(exc, KvrelayError):
+                self._error = exc
+            self._end(_DONE if isinstance(exc, KvrelayError) else _CLOSED)
+            raise
+        if self._state == _STARTING:
+            self._state = _LIVE
+            self._last_progress = asyncio.get_running_loop().time()
+
+    async def _start_job(self, request: GenerateRequest) -> None:
+        loop = asyncio.get_running_loop()
+        if self._timeout is not None:
+            self._deadline = loop.time() + self._timeout
+            now = time.time()
+            request = msgspec.structs.replace(
+                request, deadline=now + self._timeout, enqueued_at=now
+            )
+            self._request = request
+        await self._ctx.admit(request)
+        self._mailbox = await self._ctx.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._ctx.track(self)
+        # From here on the job may exist: leaving early must abort it.
+        self._abort_on_exit = True
+        await self._ctx.enqueue(request)
+
+    async def _start_resume(self) -> None:
+        self._mailbox = await self._ctx.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._ctx.track(self)
+        self._abort_on_exit = True
+        if self._timeout is not None:
+            self._deadline = asyncio.get_running_loop().time() + self._timeout
+        # Subscribed first, so nothing published from now on is missed; the log has the
+        # rest. Events up to ``after_seq`` only feed ``final()``; later ones are delivered.
+        for event in await self._read_log("-"):
+            if event.seq <= self._after_seq:
+                self._absorb(event)
+                if self._state == _DONE:
+                    return
+            elif event.seq >= self._next_seq:
+                self._pending.setdefault(event.seq, event)
+
+    async def aclose(self) -> None:
+        """Stop listening; abort the job unless it already ended."""
+        if self._state in (_DONE, _CLOSED):
+            return
+        self._end(_CLOSED)
+
+    def _end(self, state: str) -> None:
+        """Release the subscription; abort the job if it may still be running."""
+        self._state = state
+        if self._mailbox is not None:
+            self._ctx.dispatcher.unsubscribe(self._mailbox)
+        self._ctx.untrack(self)
+        if self._abort_on_exit:
+            self._abort_on_exit = False
+            self._ctx.abort(self._job_id)
+
+    def _fail(self, error: KvrelayError) -> KvrelayError:
+        """End the stream client-side with ``error`` (aborting the job)."""
+        self._error = error
+        self._end(_DONE)
+        return error
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self._state == _NEW:
+            await self.start()
+        if self._busy:
+            raise RuntimeError("another task is already iterating this stream")
+        self._busy = True
+        try:
+            while True:
+                if self._state in (_DONE, _CLOSED):
+                    if self._error is not None:
+                        raise self._error
+                    raise StopAsyncIteration
+                event = await self._next_event()
+                if type(event) is Tokens:
+                    self._builder.add_tokens(event)
+                    return StreamChunk(
+                        seq=event.seq,
+                        index=event.index,
+                        text=event.text,
+                        token_ids=event.token_ids,
+                        logprobs=event.logprobs,
+                    )
+                self._absorb(event)
+        finally:
+            self._busy = False
+
+    def _absorb(self, event: _Event) -> None:
+        """Fold a non-chunk event (or any event, when replaying) into the result."""
+        if isinstance(event, Tokens):
+            self._builder.add_tokens(event)
+        elif isinstance(event, Started):
+            self._builder.add_started(event)
+        elif isinstance(event, Finished):
+            self._completion = self._builder.build(event)
+            self._abort_on_exit = False
+            self._end(_DONE)
+        elif isinstance(event, Failed):
+            self._error = error_for_code(event.code, event.message, job_id=self._job_id)
+            self._abort_on_exit = False
+            self._end(_DONE)
+
+    @property
+    def text_stream(self) -> AsyncIterator[str]:
+        """Just the text deltas of choice 0 (empty deltas skipped)."""
+        return self._texts()
+
+    async def _texts(self) -> AsyncIterator[str]:
+        async for chunk in self:
+            if chunk.index == 0 and chunk.text:
+                yield chunk.text
+
+    async def final(self) -> Completion:
+        """Consume the rest of the stream and return the whole ``Completion``."""
+        async for _ in self:
+            pass
+        if self._error is not None:
+            raise self._error
+        if self._completion is None:
+            raise Cancelled("the stream was closed before the job finished", job_id=self._job_id)
+        return self._completion
+
+    # ------------------------------------------------------------------ ordering
+
+    async def _next_event(self) -> _Event:
+        """The event with seq ``next_seq``: from the buffer, the mailbox, or the log."""
+        mailbox = self._mailbox
+        assert mailbox is not None
+        pending = self._pending
+        items = mailbox.items
+        loop = asyncio.get_running_loop()
+        while True:
+            if pending:
+                event = pending.pop(self._next_seq, None)
+                if event is not None:
+                    return self._advance(event, loop.time())
+            if items:
+                item = items.popleft()
+                if item is RESYNC:
+                    await self._fill_gap()
+                    continue
+                decoded = _decode(item)
+                if decoded is None:
+                    continue
+                seq = decoded.seq
+                if seq == self._next_seq:
+                    return self._advance(decoded, loop.time())
+                if seq > self._next_seq:
+                    pending.setdefault(seq, decoded)
+                    if loop.time() >= self._gap_retry_at:
+                        await self._fill_gap()
+                continue  # seq < next_seq: a duplicate
+            if mailbox.error is not None:
+                error = mailbox.error
+                raise self._fail(
+                    error
+                    if isinstance(error, KvrelayError)
+                    else InternalError(str(error), job_id=self._job_id)
+                )
+            wake_at = self._last_progress + self._stream_timeout
+            if self._deadline is not None and self._deadline < wake_at:
+                wake_at = self._deadline
+            if pending and self._gap_retry_at < wake_at:
+                wake_at = self._gap_retry_at
+            if await mailbox.wait(wake_at):
+                continue
+            now = loop.time()
+            if self._deadline is not None and now >= self._deadline:
+                raise self._fail(
+                    DeadlineExceeded(
+                        f"the job did not finish within its timeout of {self._timeout:g}s",
+                        job_id=self._job_id,
+                    )
+                )
+            if pending and now >= self._gap_retry_at:
+                await self._fill_gap()
+                continue
+            if now >= self._last_progress + self._stream_timeout:
+                await self._fill_gap(check=True)
+                if self._next_seq in pending:
+                    continue
+                if self._ctx.dispatcher.connected or mailbox.error is not None:
+                    raise self._fail(
+                        StreamTimeout(
+                            f"no event for {self._stream_timeout:g}s", job_id=self._job_id
+                        )
+                    )
+                # Redis is away and the dispatcher is reconnecting: it will either
+                # resync us or fail us; do not blame the worker for the outage.
+                self._last_progress = now
+
+    def _advance(self, event: _Event, now: float) -> _Event:
+        self._next_seq = event.seq + 1
+        self._last_progress = now
+        if self._gap_retries:
+            self._gap_retries = 0
+            self._gap_backoff = _GAP_RETRY_FIRST
+            self._gap_retry_at = 0.0
+        return event
+
+    async def _fill_gap(self, *, check: bool = False) -> None:
+        """Read the log from ``next_seq`` into the buffer (gap, resync or timeout check)."""
+        try:
+            events = await self._read_log(f"{self._next_seq}-0")
+        except REDIS_ERRORS as exc:
+            if self._ctx.dispatcher.connected:
+                raise self._fail(
+                    self._ctx.connection_error(exc, f"reading the event log of job {self._job_id}")
+                ) from exc
+            events = []  # outage: the dispatcher resyncs us after reconnecting
+        pending = self._pending
+        for event in events:
+            if event.seq >= self._next_seq:
+                pending.setdefault(event.seq, event)
+        if not pending or self._next_seq in pending:
+            return
+        # Still a hole: retry later; give up if the job is over and the log cannot say.
+        loop = asyncio.get_running_loop()
+        self._gap_retries += 1
+        self._gap_retry_at = loop.time() + self._gap_backoff
+        self._gap_backoff = min(self._gap_backoff * 2, _GAP_RETRY_MAX)
+        terminal = any(isinstance(e, (Finished, Failed)) for e in pending.values())
+        if terminal and self._gap_retries >= _GAP_RETRIES_WITH_TERMINAL and not check:
+            first = min(pending)
+            raise self._fail(
+                InternalError(
+                    f"events {self._next_seq}..{first - 1} are missing from the job's log",
+                    job_id=self._job_id,
+                )
+            )
+
+    async def _read_log(self, start: str) -> list[_Event]:
+        """Every event in the log from entry id ``start`` on, page by page."""
+        events: list[_Event] = []
+        redis = self._ctx.redis
+        while True:
+            entries: list[Any] = (
+                await redis.xrange(self._log_key, min=start, max="+", count=_LOG_PAGE) or []
+            )
+            for _entry_id, fields in entries:
+                event = _decode(fields.get(b"e") if fields else None)
+                if event is not None:
+                    events.append(event)
+            if len(entries) < _LOG_PAGE:
+                return events
+            start = f"{seq_of_entry_id(entries[-1][0]) + 1}-0"

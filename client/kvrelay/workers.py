@@ -1,0 +1,51 @@
+"""Reading the worker registry: who is alive, which models are served.
+
+Workers ``SADD`` their id to ``keys.WORKERS`` and keep ``keys.worker_heartbeat(id)``
+alive with a short expiry. An id whose heartbeat key is gone is a dead worker; readers
+remove it from the set so the set does not grow with every crashed process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from redis.asyncio import Redis
+
+from kvrelay import keys
+from kvrelay.protocol import WorkerInfo, decode_worker_info
+
+__all__ = ["live_workers", "served_models"]
+
+log = logging.getLogger("kvrelay.workers")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def live_workers(redis: Redis, *, prune: bool = True) -> list[WorkerInfo]:
+    """Every worker with a live heartbeat, sorted by id; dead ids are pruned if ``prune``."""
+    ids = sorted(_text(member) for member in await redis.smembers(keys.WORKERS))
+    if not ids:
+        return []
+    values = await redis.mget([keys.worker_heartbeat(worker_id) for worker_id in ids])
+    live: list[WorkerInfo] = []
+    dead: list[str] = []
+    for worker_id, raw in zip(ids, values, strict=True):
+        if raw is None:
+            dead.append(worker_id)
+            continue
+        try:
+            live.append(decode_worker_info(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # Alive but unreadable (maybe a newer worker): not ours to prune.
+            log.warning("unreadable heartbeat of worker %s: %s", worker_id, exc)
+    if prune and dead:
+        await redis.srem(keys.WORKERS, *dead)
+    return live
+
+
+def served_models(workers: list[WorkerInfo]) -> frozenset[str]:
+    """The models at least one of ``workers`` serves."""
+    return frozenset(worker.model for worker in workers)

@@ -1,0 +1,135 @@
+"""Tile sizes and the flash-decoding split count, chosen on the host from shapes alone.
+
+Everything here depends only on tensor shapes, dtypes and host integers, never on device
+values, so a launch planned here can be captured in a CUDA graph. The numbers are the
+tuning knobs of the attention kernels; they live in one place so a GPU sweep can change
+them without touching the kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+# Flash-decoding aims for about this many programs per streaming multiprocessor, so that
+# a small batch still spreads its context over the whole device.
+DECODE_PROGRAMS_PER_SM = 4
+# More splits than this only add reduce work: 64 splits of a 32k context are 512 tokens
+# each, already short enough to fill the device at batch 1.
+DECODE_MAX_SPLITS = 64
+# Context tokens per decode loop iteration for 16-bit caches (halved for float32): 64
+# tokens of K and V at head size 128 are 32 KiB in flight per program. Warps and pipeline
+# stages of the decode kernel, likewise for 16-bit caches (float32 uses 2 stages).
+DECODE_TILE_N = 64
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 3
+# Under the CPU interpreter there is no device to fill; a few "SMs" keep tests meaningful
+# (several splits for a few-hundred-token context) and fast.
+INTERPRETER_SM_COUNT = 4
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How the split-KV decode kernel walks one sequence's context."""
+
+    tile_n: int  # context tokens per loop iteration (several KV blocks)
+    num_splits: int  # programs sharing one (sequence, KV head)'s context
+    group_pad: int  # query heads of one KV head, padded for tl.dot (>= 16)
+    head_pad: int  # head size padded to a power of two
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """How the variable-length prefill kernel tiles queries and context."""
+
+    block_m: int  # rows per program: query tokens x query heads of one KV head
+    block_q: int  # query tokens per program (block_m // group)
+    tile_n: int  # context tokens per loop iteration
+    head_pad: int
+    num_warps: int
+    num_stages: int
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (a fixed small number on CPU)."""
+    if device.type != "cuda":
+        return INTERPRETER_SM_COUNT
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _sm_count(index)
+
+
+def _tile_n(block_size: int, dtype: torch.dtype) -> int:
+    """A whole number of KV blocks, about DECODE_TILE_N tokens' worth of 16-bit data."""
+    base = DECODE_TILE_N // 2 if dtype == torch.float32 else DECODE_TILE_N
+    return max(base, block_size)
+
+
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_n: int, num_sms: int
+) -> int:
+    """Split each context into enough pieces that the grid covers the device.
+
+    ``max_seq_len`` only caps the split count (no split is shorter than one tile); each
+    program derives its own piece of the real context on the device, so a loose bound
+    (a CUDA graph's ``max_model_len``) costs only cheap early exits, never imbalance.
+    """
+    base = max(1, num_seqs * num_kv_heads)
+    wanted = max(1, DECODE_PROGRAMS_PER_SM * num_sms // base)
+    useful = max(1, triton.cdiv(max(max_seq_len, 1), tile_n))
+    return min(wanted, useful, DECODE_MAX_SPLITS)
+
+
+def decode_config(
+    *,
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    max_seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> DecodeConfig:
+    group = num_heads // num_kv_heads
+    tile_n = _tile_n(block_size, dtype)
+    return DecodeConfig(
+        tile_n=tile_n,
+        num_splits=choose_num_splits(num_seqs, num_kv_heads, max_seq_len, tile_n,
+                                     sm_count(device)),
+        group_pad=max(16, triton.next_power_of_2(group)),
+        head_pad=triton.next_power_of_2(head_size),
+        num_warps=DECODE_NUM_WARPS,
+        num_stages=2 if dtype == torch.float32 else DECODE_NUM_STAGES,
+    )
+
+
+def prefill_config(
+    *, num_heads: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype
+) -> PrefillConfig:
+    group = num_heads // num_kv_heads
+    block_m = max(64, triton.next_power_of_2(group))
+    tile_n = _tile_n(block_size, dtype)
+    return PrefillConfig(
+        block_m=block_m,
+        block_q=block_m // group,
+        tile_n=tile_n,
+        head_pad=triton.next_power_of_2(head_size),
+        num_warps=4 if block_m <= 64 else 8,
+        num_stages=2,
+    )

@@ -1,0 +1,35 @@
+"""Hugging Face transformers as the oracle: greedy generation token ids for given prompts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+
+def load_hf_model(folder: Path) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_greedy(model: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int
+              ) -> list[list[int]]:
+    """Greedy continuation of each prompt by ``generate``, never stopping at EOS."""
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], dtype=torch.long)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        outputs.append(out[0, len(prompt):].tolist())
+    return outputs
+
+
+def random_prompts(lengths: list[int], seed: int, low: int = 100, high: int = 20000
+                   ) -> list[list[int]]:
+    """Prompts of random ordinary token ids (no special tokens), reproducible by seed."""
+    rng = random.Random(seed)
+    return [[rng.randrange(low, high) for _ in range(n)] for n in lengths]

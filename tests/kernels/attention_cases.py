@@ -1,0 +1,90 @@
+"""Random paged-attention batches for the kernel tests, built to expose stray reads.
+
+Each batch comes twice: ``clean`` for the reference (which reads padding and masks it)
+and ``poisoned`` for the kernel, where every cache slot past a sequence's length and every
+block-table entry past its last block points at NaN. A kernel that reads anything it must
+not turns its output into NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PagedBatch:
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return (self.query, self.key_cache, self.value_cache, self.block_tables,
+                self.query_start_loc, self.seq_lens)
+
+
+def make_batch(
+    query_lens: list[int],
+    seq_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    num_blocks: int | None = None,
+    table_width: int | None = None,
+) -> tuple[PagedBatch, PagedBatch]:
+    """Return ``(clean, poisoned)`` views of one batch with shuffled blocks.
+
+    ``num_blocks``/``table_width`` fix the cache and block-table sizes (so batches of
+    different lengths can share one CUDA graph); by default they are just big enough.
+    """
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    if num_blocks is None:
+        num_blocks = sum(blocks_per_seq) + 4
+    assert num_blocks > sum(blocks_per_seq), "the last block is the poison"
+    poison = num_blocks - 1
+    shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache = torch.randn(shape, dtype=torch.float32).to(dtype)
+    value_cache = torch.randn(shape, dtype=torch.float32).to(dtype)
+    order = torch.randperm(num_blocks - 1)
+    width = table_width if table_width is not None else max(blocks_per_seq) + 2
+    clean_tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    poison_tables = torch.full((len(seq_lens), width), poison, dtype=torch.int32)
+    used = torch.zeros(num_blocks, block_size, dtype=torch.bool)
+    start = 0
+    for i, (n_blocks, n_tokens) in enumerate(zip(blocks_per_seq, seq_lens)):
+        mine = order[start : start + n_blocks].to(torch.int32)
+        start += n_blocks
+        clean_tables[i, :n_blocks] = mine
+        poison_tables[i, :n_blocks] = mine
+        used[mine.long()] = (
+            torch.arange(n_blocks * block_size).view(n_blocks, block_size) < n_tokens
+        )
+    poisoned_k, poisoned_v = key_cache.clone(), value_cache.clone()
+    poisoned_k[~used] = float("nan")
+    poisoned_v[~used] = float("nan")
+    starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    query = torch.randn(int(starts[-1]), num_heads, head_size).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+
+    def on_device(k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor) -> PagedBatch:
+        return PagedBatch(query.to(device), k.to(device), v.to(device), tables.to(device),
+                          starts.to(device), lens.to(device))
+
+    return on_device(key_cache, value_cache, clean_tables), on_device(
+        poisoned_k, poisoned_v, poison_tables)
+
+
+# Absolute/relative tolerances per dtype for attention outputs (|v| ~ 1).
+TOLERANCES = {
+    torch.float32: (2e-5, 1e-5),
+    torch.float16: (4e-3, 4e-3),
+    torch.bfloat16: (3e-2, 2e-2),
+}

@@ -1,0 +1,54 @@
+"""One claimed job as the worker's threads share it: task thread, engine, publisher."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kvrelay.protocol import GenerateRequest
+from kvrelay_worker.engine.sampling_params import SamplingParams
+from kvrelay_worker.job_store import PriorProgress
+
+
+class Outcome:
+    """How a job left this worker."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+    HANDBACK = "handback"
+    FENCED = "fenced"
+
+
+@dataclass(eq=False)
+class ActiveJob:
+    job_id: str
+    request: GenerateRequest
+    payload_json: str
+    params: SamplingParams
+    prompt_ids: list[int]
+    attempt: int
+    prior: PriorProgress
+    claimed_at: float = field(default_factory=time.time)
+    # Owned by the publisher thread: the seq the next event gets.
+    next_seq: int = 0
+    # Set by the engine thread when it stops the job early (Outcome.*).
+    abort_reason: str | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    outcome: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def deadline(self) -> float | None:
+        return self.request.deadline
+
+    @property
+    def enqueued_at(self) -> float:
+        return self.request.enqueued_at or self.claimed_at
+
+    def finish(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.done.set()

@@ -1,0 +1,109 @@
+"""The Celery app of a kvrelay worker: ``celery -A kvrelay_worker.app worker``.
+
+Configuration comes from ``KVRELAY_*`` variables (see ``settings``), read when this
+module is imported. The engine is created by a worker bootstep before the consumer
+starts, so no job is taken before the model is loaded, and stopped (gracefully) on
+shutdown. Pickle is never accepted: requests travel as JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from celery import Celery, bootsteps
+from celery.exceptions import Reject
+from kombu import Exchange, Queue
+
+from kvrelay import keys
+from kvrelay.protocol import TASK_NAME
+from kvrelay_worker.runtime import WorkerRuntime
+from kvrelay_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+settings = WorkerSettings.from_env()
+QUEUE = keys.queue(settings.model)
+
+
+def make_celery(s: WorkerSettings) -> Celery:
+    celery_app = Celery("kvrelay_worker")
+    queue_name = keys.queue(s.model)
+    celery_app.conf.update(
+        broker_url=s.redis_url,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": s.visibility_timeout,
+            "unacked_key": keys.CELERY_UNACKED,
+            "unacked_index_key": keys.CELERY_UNACKED_INDEX,
+            "unacked_mutex_key": keys.CELERY_UNACKED_MUTEX,
+        },
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_accept_content=["json"],
+        event_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_pool="threads",
+        worker_concurrency=s.concurrency,
+        worker_hijack_root_logger=False,
+        task_default_queue=queue_name,
+        task_queues=(Queue(queue_name, Exchange(queue_name, type="direct"),
+                           routing_key=queue_name),),
+    )
+    return celery_app
+
+
+app = make_celery(settings)
+
+_runtime: WorkerRuntime | None = None
+
+
+def current_runtime() -> WorkerRuntime | None:
+    return _runtime
+
+
+def requeue(job_id: str, payload_json: str) -> None:
+    """Put a copy of a job back on its model's queue (failover and hand-back)."""
+    import json
+
+    app.send_task(TASK_NAME, args=[json.loads(payload_json)], task_id=job_id, queue=QUEUE)
+
+
+class EngineBootstep(bootsteps.StartStopStep):
+    """Loads the engine before the consumer starts; drains it on shutdown."""
+
+    requires: ClassVar[set[str]] = {"celery.worker.components:Pool"}
+
+    def start(self, worker: Any) -> None:
+        global _runtime
+        if _runtime is None:
+            _runtime = WorkerRuntime(settings, requeue=requeue)
+            _runtime.start()
+
+    def stop(self, worker: Any) -> None:
+        global _runtime
+        if _runtime is not None:
+            _runtime.shutdown()
+            _runtime = None
+
+    def shutdown(self, worker: Any) -> None:
+        self.stop(worker)
+
+
+app.steps["worker"].add(EngineBootstep)
+
+
+@app.task(name=TASK_NAME, bind=True)
+def generate(self: Any, payload: object = None, *args: object, **kwargs: object) -> str:
+    runtime = _runtime
+    if runtime is None:
+        # Not ready (or shutting down): give the message back to the queue untouched.
+        raise Reject("the engine is not running", requeue=True)
+    if args or kwargs:
+        return runtime.reject(self.request.id, "the task takes exactly one argument, the request")
+    return runtime.run_job(self.request.id, payload)

@@ -1,0 +1,23 @@
+"""Errors the engine raises for bad input: all ``ValueError`` subclasses, all clear."""
+
+from __future__ import annotations
+
+
+class EngineInputError(ValueError):
+    """Base class: a request or configuration the engine refuses."""
+
+
+class InvalidPromptError(EngineInputError):
+    """Empty prompt, or a token id outside the model's vocabulary."""
+
+
+class PromptTooLongError(EngineInputError):
+    """The prompt leaves no room for output within ``max_model_len``."""
+
+
+class SamplingParamsError(EngineInputError):
+    """A sampling parameter is out of range or of the wrong type."""
+
+
+class EngineConfigError(EngineInputError):
+    """An engine option is invalid or the KV pool cannot hold one full-length sequence."""

@@ -1,0 +1,136 @@
+"""Per-sequence KV-cache bookkeeping on top of the ``BlockPool``.
+
+Answers the scheduler's two questions: how much of this sequence is already in the
+prefix cache, and is there room for its next tokens (allocating the blocks if so).
+Block identity for the prefix cache is a chained hash: each full block's hash covers the
+model, the request's cache salt, every earlier token and its own tokens, so equal hashes
+mean equal KV content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+from kvrelay_worker.engine.block_pool import BlockPool, KVBlock
+from kvrelay_worker.engine.sequence import Sequence
+
+
+def root_hash(model_id: str, cache_salt: str | None) -> bytes:
+    """The chain's starting point: different models or salts never share blocks."""
+    salt = b"" if cache_salt is None else b"\x01" + cache_salt.encode()
+    return hashlib.sha256(b"kvrelay-block\x00" + model_id.encode() + b"\x00" + salt).digest()
+
+
+def hash_block(parent: bytes, tokens: list[int]) -> bytes:
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()[:16]
+
+
+class KVCacheManager:
+    """Allocates and frees each sequence's blocks; publishes full blocks to the cache."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
+                 model_id: str) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.model_id = model_id
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self._blocks: dict[int, list[KVBlock]] = {}
+        self._num_published: dict[int, int] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def update_block_hashes(self, seq: Sequence) -> None:
+        """Extend ``seq.block_hashes`` to cover every full block of its tokens."""
+        if not self.enable_caching:
+            return
+        hashes = seq.block_hashes
+        full = seq.num_tokens // self.block_size
+        bs = self.block_size
+        parent = hashes[-1] if hashes else root_hash(self.model_id, seq.cache_salt)
+        for i in range(len(hashes), full):
+            parent = hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs])
+            hashes.append(parent)
+
+    def find_cached_prefix(self, seq: Sequence) -> list[KVBlock]:
+        """The longest run of leading full blocks already cached.
+
+        Capped so at least one token is left to compute: the model must run on the last
+        token to produce logits to sample from.
+        """
+        if not self.enable_caching:
+            return []
+        self.update_block_hashes(seq)
+        limit = (seq.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in seq.block_hashes[:limit]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int,
+                       cached: list[KVBlock] | None = None) -> bool:
+        """Make room for ``num_new_tokens`` more tokens after the computed (or cached) ones.
+
+        ``cached`` are prefix-cache hits for a sequence being admitted; on success they
+        join its block table and count as computed. Returns False, changing nothing, when
+        the pool cannot supply the blocks.
+        """
+        cached = cached or []
+        blocks = self._blocks.setdefault(seq.seq_id, [])
+        num_computed = seq.num_computed_tokens + len(cached) * self.block_size
+        needed = self.blocks_for_tokens(num_computed + num_new_tokens) - len(blocks) - len(cached)
+        # Cache hits that sit in the free queue stop being free once we take them.
+        reclaimed = sum(1 for b in cached if b.ref_cnt == 0)
+        if needed > self.pool.num_free_blocks - reclaimed:
+            if not blocks:
+                del self._blocks[seq.seq_id]
+            return False
+        if cached:
+            self.pool.touch(cached)
+            blocks.extend(cached)
+            seq.block_table.extend(b.block_id for b in cached)
+            seq.num_computed_tokens = num_computed
+            self._num_published[seq.seq_id] = len(blocks)
+        if needed > 0:
+            new = self.pool.get_new_blocks(needed)
+            blocks.extend(new)
+            seq.block_table.extend(b.block_id for b in new)
+        return True
+
+    def publish_computed_blocks(self, seq: Sequence) -> None:
+        """Offer every newly completed, computed full block to the prefix cache."""
+        if not self.enable_caching:
+            return
+        blocks = self._blocks.get(seq.seq_id)
+        if not blocks:
+            return
+        full = min(seq.num_computed_tokens // self.block_size, len(blocks))
+        start = self._num_published.get(seq.seq_id, 0)
+        if full <= start:
+            return
+        self.update_block_hashes(seq)
+        for i in range(start, full):
+            self.pool.cache_block(blocks[i], seq.block_hashes[i])
+        self._num_published[seq.seq_id] = full
+
+    def free(self, seq: Sequence) -> None:
+        """Release a sequence's blocks, last block first, and clear its block table."""
+        blocks = self._blocks.pop(seq.seq_id, [])
+        self._num_published.pop(seq.seq_id, None)
+        self.pool.free(reversed(blocks))
+        seq.block_table.clear()
+
+    def num_blocks_held(self, seq: Sequence) -> int:
+        return len(self._blocks.get(seq.seq_id, ()))

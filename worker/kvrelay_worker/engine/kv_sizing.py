@@ -1,0 +1,65 @@
+"""How many KV blocks the pool gets.
+
+CPU: ``kv_cache_memory`` bytes. CUDA: what is left of ``gpu_memory_utilization`` of the
+device after the weights, everything else already resident, and the measured peak of a
+dummy forward pass at ``max_num_batched_tokens`` (plus sampling over ``max_num_seqs``
+rows), so start-up never over-allocates. ``num_kv_blocks`` overrides both.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvrelay_worker.engine.config import EngineConfig
+from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine.model_runner import ModelRunner, kv_bytes_per_block
+
+log = logging.getLogger(__name__)
+
+# Head-room for CUDA graphs' private pools and allocator fragmentation.
+_CUDA_RESERVE_BYTES = 512 << 20
+
+
+def decide_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
+    per_block = kv_bytes_per_block(runner.model, config.block_size, config.torch_dtype)
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if runner.device.type != "cuda":
+        blocks = config.kv_cache_memory // per_block
+        if blocks < 1:
+            raise EngineConfigError(
+                f"kv_cache_memory={config.kv_cache_memory} bytes holds no block "
+                f"({per_block} bytes each)"
+            )
+        return int(blocks)
+    return _cuda_blocks(config, runner, per_block)
+
+
+def _cuda_blocks(config: EngineConfig, runner: ModelRunner, per_block: int) -> int:
+    device = runner.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    runner.profile_run(config.max_num_batched_tokens, config.max_num_seqs)
+    torch.cuda.synchronize(device)
+    activation_peak = torch.cuda.max_memory_allocated(device) - base
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    budget = int(total * config.gpu_memory_utilization) - used - activation_peak
+    budget -= _CUDA_RESERVE_BYTES
+    blocks = budget // per_block
+    log.info(
+        "KV sizing: device %.1f GiB, in use %.1f GiB, activation peak %.2f GiB -> %d blocks "
+        "(%.1f GiB)", total / 2**30, used / 2**30, activation_peak / 2**30, blocks,
+        blocks * per_block / 2**30,
+    )
+    if blocks < 1:
+        raise EngineConfigError(
+            f"no GPU memory left for the KV cache at gpu_memory_utilization="
+            f"{config.gpu_memory_utilization}: raise it or lower max_num_batched_tokens"
+        )
+    return int(blocks)

@@ -1,0 +1,79 @@
+"""What the engine hands back: per-step deltas for streaming, whole outputs at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """A sampled token's log-probability and the most likely alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class CompletionChoice:
+    """One sampled completion of a prompt."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A finished request. ``text``, ``token_ids``, ... mirror the first choice."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    choices: list[CompletionChoice]
+    num_cached_tokens: int = 0
+    prompt: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.choices[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        return self.choices[0].logprobs
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.choices)
+
+
+@dataclass
+class ChoiceDelta:
+    """What one choice produced in one step (``finish_reason`` set on its last delta)."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class StepOutput:
+    """One request's news from one engine step; ``output`` is set once it finished."""
+
+    request_id: str
+    deltas: list[ChoiceDelta]
+    finished: bool
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    output: RequestOutput | None = None

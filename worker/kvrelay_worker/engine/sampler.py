@@ -1,0 +1,144 @@
+"""Vectorised sampling for a whole batch, every row with its own parameters.
+
+Order of operations (per row): logit bias and min-tokens bans, then repetition /
+presence / frequency penalties, then temperature; greedy rows take the argmax there.
+Random rows then apply top-k, top-p and min-p (Hugging Face's order) and sample with an
+exponential race (``argmax(p / E)``, ``E ~ Exp(1)``), which equals drawing from ``p``.
+A seeded row draws its noise from a generator keyed by (seed, choice, position), so its
+tokens depend only on those and the logits, whatever else shares the batch.
+Log-probabilities are ``log_softmax`` of the processed logits (after penalties and
+temperature, before top-k/top-p/min-p filtering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def noise_seed(seed: int, choice: int, position: int) -> int:
+    """Mix a request seed, its choice index and the output position into one 63-bit seed."""
+    x = (seed & _MASK64) ^ (choice * 0x9E3779B97F4A7C15 & _MASK64) ^ (position * 0xBF58476D1CE4E5B9 & _MASK64)
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return (x ^ (x >> 31)) & ((1 << 63) - 1)
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling parameters for the rows of one step's logits."""
+
+    temperature: torch.Tensor  # [N] float32; 1.0 on greedy rows
+    greedy: torch.Tensor  # [N] bool
+    all_greedy: bool
+    top_k: torch.Tensor | None = None  # [N] int64, vocab size where off
+    top_p: torch.Tensor | None = None  # [N] float32, 1.0 where off
+    min_p: torch.Tensor | None = None  # [N] float32, 0.0 where off
+    repetition_penalty: torch.Tensor | None = None  # [N]
+    presence_penalty: torch.Tensor | None = None  # [N]
+    frequency_penalty: torch.Tensor | None = None  # [N]
+    seen_mask: torch.Tensor | None = None  # [N, V] bool: in prompt or output
+    output_counts: torch.Tensor | None = None  # [N, V] float32: occurrences in output
+    bias_index: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids)
+    bias_values: torch.Tensor | None = None
+    ban_index: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) -> -inf
+    # (row, seed noise) for rows with a seed; other random rows use the engine generator.
+    seeded_rows: tuple[tuple[int, int], ...] = ()
+    # Largest number of top logprobs any row asked for; -1 when none asked.
+    max_logprobs: int = -1
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # Only when some row asked for logprobs: [N] sampled token's logprob, [N, K] top-K.
+    token_logprobs: list[float] | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Bias, bans and penalties, in place on float32 ``logits`` ([N, V])."""
+    if batch.bias_index is not None and batch.bias_values is not None:
+        logits.index_put_(batch.bias_index, batch.bias_values, accumulate=True)
+    if batch.repetition_penalty is not None and batch.seen_mask is not None:
+        penalty = batch.repetition_penalty[:, None].expand_as(logits)
+        penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+        logits = torch.where(batch.seen_mask, penalized, logits)
+    if batch.output_counts is not None:
+        counts = batch.output_counts
+        if batch.frequency_penalty is not None:
+            logits = logits - batch.frequency_penalty[:, None] * counts
+        if batch.presence_penalty is not None:
+            logits = logits - batch.presence_penalty[:, None] * (counts > 0).float()
+    if batch.ban_index is not None:
+        logits = logits.index_put(batch.ban_index, torch.tensor(float("-inf"), device=logits.device))
+    return logits
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Mask (to -inf) tokens outside each row's top-k, nucleus and min-p sets."""
+    if batch.top_k is not None or batch.top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        if batch.top_k is not None:
+            kth = sorted_logits.gather(1, (batch.top_k - 1).clamp(min=0)[:, None])
+            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+        if batch.top_p is not None:
+            probs = sorted_logits.softmax(dim=-1)
+            before = probs.cumsum(dim=-1) - probs  # probability mass ranked above each token
+            outside = before >= batch.top_p[:, None]
+            outside[:, 0] = False
+            sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    if batch.min_p is not None:
+        probs = logits.softmax(dim=-1)
+        floor = batch.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def _exponential_noise(shape: tuple[int, int], batch: SamplingBatch, device: torch.device,
+                       generator: torch.Generator | None) -> torch.Tensor:
+    noise = torch.empty(shape, device=device, dtype=torch.float32)
+    noise.exponential_(generator=generator)
+    for row, seed in batch.seeded_rows:
+        row_gen = torch.Generator(device=device).manual_seed(seed)
+        noise[row].exponential_(generator=row_gen)
+    # A zero draw would divide by zero; the smallest normal float is as good as zero.
+    return noise.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+class Sampler:
+    """Turns a step's logits into one token per row (plus logprobs when asked)."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        logits = apply_penalties(logits.to(torch.float32), batch)
+        if batch.all_greedy:
+            processed = logits
+            tokens = logits.argmax(dim=-1)
+        else:
+            processed = logits / batch.temperature[:, None]
+            filtered = apply_top_k_top_p_min_p(processed, batch)
+            probs = filtered.softmax(dim=-1)
+            noise = _exponential_noise((probs.shape[0], probs.shape[1]), batch, probs.device,
+                                       self.generator)
+            sampled = (probs / noise).argmax(dim=-1)
+            tokens = torch.where(batch.greedy, processed.argmax(dim=-1), sampled)
+        out = SamplerOutput(token_ids=tokens.tolist())
+        if batch.max_logprobs >= 0:
+            logprobs = processed.log_softmax(dim=-1)
+            out.token_logprobs = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
+            if batch.max_logprobs > 0:
+                top = logprobs.topk(batch.max_logprobs, dim=-1)
+                out.top_ids = top.indices.tolist()
+                out.top_logprobs = top.values.tolist()
+            else:
+                out.top_ids = [[] for _ in out.token_ids]
+                out.top_logprobs = [[] for _ in out.token_ids]
+        return out

@@ -1,0 +1,195 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+Every step, running sequences go first (a decode is one token; a prompt still being
+prefilled gets its next chunk), then waiting ones are admitted by priority and arrival
+while the token budget, the sequence limit and the KV pool allow. When the pool cannot
+hold a running sequence's next tokens, the lowest-priority, most recently admitted running
+sequence is preempted: its blocks are freed and it waits to be recomputed (its full
+blocks usually survive in the prefix cache, so recompute is cheap).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from kvrelay_worker.engine.kv_cache import KVCacheManager
+from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the sequence, so a token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens >= self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class SchedulerStats:
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    max_batch_size: int = 0
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool = True) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.running: list[Sequence] = []
+        self._waiting: list[tuple[int, int, int, Sequence]] = []
+        self.stats = SchedulerStats()
+
+    # ----------------------------------------------------------------- queue handling
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def waiting_sequences(self) -> list[Sequence]:
+        return [entry[3] for entry in sorted(self._waiting)]
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        # Higher priority first, then arrival order; the seq id breaks the last ties.
+        heapq.heappush(self._waiting, (-seq.priority, seq.arrival_order, seq.seq_id, seq))
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """Mark ``seq`` finished and free its blocks, wherever it is."""
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            self._remove_waiting(seq)
+        seq.status = status
+        self.kv.free(seq)
+
+    def _remove_waiting(self, seq: Sequence) -> None:
+        for i, entry in enumerate(self._waiting):
+            if entry[3] is seq:
+                self._waiting[i] = self._waiting[-1]
+                self._waiting.pop()
+                heapq.heapify(self._waiting)
+                return
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self._waiting)
+
+    # ---------------------------------------------------------------------- schedule
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+
+        # Running sequences first, oldest admission first.
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            num_new = min(remaining, budget) if self.enable_chunked_prefill else remaining
+            if num_new <= 0 or num_new > budget:
+                continue
+            if not self._make_room(seq, num_new, out, scheduled_ids):
+                continue
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+
+        # Then admit waiting sequences, unless this step already had to preempt.
+        if not out.preempted:
+            self._admit(out, budget)
+
+        self.stats.max_batch_size = max(self.stats.max_batch_size, len(out.scheduled))
+        return out
+
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput,
+                   scheduled_ids: set[int]) -> bool:
+        """Allocate for ``seq``, preempting others (or ``seq`` itself) until it fits."""
+        while not self.kv.allocate_slots(seq, num_new):
+            victim = self._pick_victim(scheduled_ids)
+            if victim is None or victim is seq:
+                self._preempt(seq, out)
+                return False
+            self._preempt(victim, out)
+        return True
+
+    def _pick_victim(self, scheduled_ids: set[int]) -> Sequence | None:
+        """Lowest priority first, then the most recently admitted; never one already batched."""
+        candidates = [s for s in self.running if s.seq_id not in scheduled_ids]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda s: (s.priority, -s.arrival_order, -s.seq_id))
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.stats.preemptions += 1
+        out.preempted.append(seq)
+        self.add(seq)
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        deferred: list[tuple[int, int, int, Sequence]] = []
+        while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            entry = self._waiting[0]
+            seq = entry[3]
+            if seq.waits_for is not None and not self._sibling_ready(seq):
+                # Choices 2..n wait for choice 1's prompt so they hit its cached blocks.
+                deferred.append(heapq.heappop(self._waiting))
+                continue
+            cached = self.kv.find_cached_prefix(seq)
+            num_cached = len(cached) * self.kv.block_size
+            remaining = seq.num_tokens - num_cached
+            if remaining > budget and not self.enable_chunked_prefill:
+                break
+            num_new = min(remaining, budget)
+            if not self.kv.allocate_slots(seq, num_new, cached):
+                break
+            heapq.heappop(self._waiting)
+            self.stats.prefix_cache_queries += seq.num_tokens
+            self.stats.prefix_cache_hits += num_cached
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = min(num_cached, seq.num_prompt_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+        for entry in deferred:
+            heapq.heappush(self._waiting, entry)
+
+    def _sibling_ready(self, seq: Sequence) -> bool:
+        first = seq.waits_for
+        if first is None or first.is_finished or first.prompt_computed:
+            seq.waits_for = None
+            return True
+        return False

@@ -1,0 +1,91 @@
+"""A request's state inside the engine: one ``Sequence`` per sampled choice."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from kvrelay_worker.engine.sampling_params import SamplingParams
+
+_seq_counter = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {
+    SequenceStatus.FINISHED_STOPPED,
+    SequenceStatus.FINISHED_LENGTH,
+    SequenceStatus.FINISHED_ABORTED,
+}
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Tokens (prompt then output), how many have KV in the cache, and where that KV lives.
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache (computed or served
+    from the prefix cache); the next step computes ``token_ids[num_computed_tokens:]`` (or
+    a chunk of it). ``block_table`` lists the cache blocks holding the sequence's tokens
+    in order. ``num_resumed_tokens`` are output tokens carried over from an earlier
+    attempt (failover): part of the context, already reported, never reported again.
+    """
+
+    request_id: str
+    choice_index: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    priority: int = 0
+    arrival_order: int = 0
+    cache_salt: str | None = None
+    num_resumed_tokens: int = 0
+    seq_id: int = field(default_factory=lambda: next(_seq_counter))
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    # Hashes of the full blocks of token_ids, in order (chained: each covers its prefix).
+    block_hashes: list[bytes] = field(default_factory=list)
+    # Prompt tokens served from the prefix cache at first admission.
+    num_cached_tokens: int = -1
+    num_preemptions: int = 0
+    # Set on choices 1..n-1: they wait until the first choice's prompt is in the cache.
+    waits_for: Sequence | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def prompt_computed(self) -> bool:
+        """True once every prompt token's K/V is in the cache."""
+        return self.num_computed_tokens >= self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

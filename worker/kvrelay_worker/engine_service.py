@@ -1,0 +1,245 @@
+"""The engine thread: the only thread that touches the ``LLMEngine``.
+
+Task threads ``submit`` claimed jobs and anyone may ``abort`` one; both are commands on a
+queue that this thread applies between steps. It loops ``step()`` while there is work,
+turns each step's outputs into events and hands them to the publisher in one batch, so
+it never waits on the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kvrelay.protocol import (
+    ErrorCode,
+    Failed,
+    Finished,
+    Timings,
+    TokenLogprob,
+    Tokens,
+    TopLogprob,
+    Usage,
+)
+from kvrelay_worker.active_job import ActiveJob, Outcome
+from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
+from kvrelay_worker.engine.llm_engine import LLMEngine
+from kvrelay_worker.engine.outputs import ChoiceDelta, StepOutput
+from kvrelay_worker.engine.outputs import TokenLogprob as EngineLogprob
+from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.publisher import DoneItem, EventItem, HandbackItem, Item, Publisher
+
+log = logging.getLogger(__name__)
+
+_ABORT_FAILURES = {
+    Outcome.CANCELLED: (ErrorCode.CANCELLED, "the job was cancelled"),
+    Outcome.DEADLINE: (ErrorCode.DEADLINE_EXCEEDED, "the job's deadline passed while it ran"),
+}
+
+
+@dataclass
+class _Add:
+    job: ActiveJob
+
+
+@dataclass
+class _Abort:
+    job_id: str
+    reason: str
+
+
+class EngineService:
+    def __init__(self, engine: LLMEngine, publisher: Publisher, metrics: WorkerMetrics) -> None:
+        self.engine = engine
+        self.publisher = publisher
+        self.metrics = metrics
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._jobs: dict[str, ActiveJob] = {}
+        self._thread = threading.Thread(target=self._run, name="kvrelay-engine", daemon=True)
+        self._stopping = threading.Event()
+        self._stats: dict[str, Any] = engine.stats()
+        self._stats_lock = threading.Lock()
+        self.num_active = 0
+
+    # ------------------------------------------------------------ any thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    def submit(self, job: ActiveJob) -> None:
+        self._commands.put(_Add(job))
+
+    def abort(self, job_id: str, reason: str) -> None:
+        self._commands.put(_Abort(job_id, reason))
+
+    def stats(self) -> dict[str, Any]:
+        with self._stats_lock:
+            return dict(self._stats)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    # --------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            idle = not self.engine.has_unfinished_requests()
+            self._apply_commands(block=idle)
+            self._expire_deadlines()
+            if self.engine.has_unfinished_requests():
+                try:
+                    outputs = self.engine.step()
+                except Exception:
+                    log.exception("engine step failed; failing the jobs it held")
+                    self._fail_all(ErrorCode.INTERNAL, "the engine failed while running the job")
+                    continue
+                self._publish(outputs)
+            self._refresh_stats()
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while command is not None:
+            if isinstance(command, _Add):
+                self._add(command.job)
+            else:
+                self._abort(command.job_id, command.reason)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, job: ActiveJob) -> None:
+        prior = job.prior
+        n = job.params.n
+        try:
+            self.engine.add_request(
+                job.job_id, job.prompt_ids, job.params,
+                priority=job.request.priority, cache_salt=job.request.cache_salt,
+                prior_outputs=prior.choice_tokens(n) if prior.has_tokens else None,
+                prior_texts=prior.choice_texts(n) if prior.has_tokens else None,
+                prior_finish_reasons=prior.choice_finish_reasons(n),
+            )
+        except EngineInputError as exc:
+            code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError)
+                    else ErrorCode.INVALID_REQUEST)
+            self._send([EventItem(job, Failed(seq=0, code=code, message=str(exc)),
+                                  Outcome.FAILED)])
+            return
+        except Exception as exc:
+            log.exception("could not add job %s", job.job_id)
+            self._send([EventItem(job, Failed(seq=0, code=ErrorCode.INTERNAL, message=str(exc)),
+                                  Outcome.FAILED)])
+            return
+        self._jobs[job.job_id] = job
+        self.num_active = len(self._jobs)
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+
+    def _abort(self, job_id: str, reason: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or job.abort_reason is not None:
+            return
+        job.abort_reason = reason
+        self.engine.abort_request(job_id)
+
+    def _expire_deadlines(self) -> None:
+        now = time.time()
+        for job in list(self._jobs.values()):
+            if job.deadline is not None and job.deadline <= now and job.abort_reason is None:
+                self._abort(job.job_id, Outcome.DEADLINE)
+
+    def _fail_all(self, code: str, message: str) -> None:
+        items: list[Item] = []
+        for job in list(self._jobs.values()):
+            try:
+                self.engine.abort_request(job.job_id)
+            except Exception:
+                log.exception("abort of %s failed during recovery", job.job_id)
+            items.append(EventItem(job, Failed(seq=0, code=code, message=message),
+                                   Outcome.FAILED))
+        self._jobs.clear()
+        self.num_active = 0
+        try:
+            self.engine.step()  # drain the aborts
+        except Exception:
+            log.exception("engine could not drain after a failure")
+        self._send(items)
+
+    def _publish(self, outputs: list[StepOutput]) -> None:
+        items: list[Item] = []
+        for out in outputs:
+            job = self._jobs.get(out.request_id)
+            if job is None:
+                continue
+            for delta in out.deltas:
+                if delta.token_ids or delta.text or (
+                        delta.finish_reason and delta.finish_reason != "abort"):
+                    items.append(EventItem(job, self._tokens_event(delta)))
+            if out.finished:
+                items.extend(self._end(job, out))
+                del self._jobs[job.job_id]
+        self.num_active = len(self._jobs)
+        self._send(items)
+
+    def _end(self, job: ActiveJob, out: StepOutput) -> list[Item]:
+        reason = job.abort_reason
+        if reason is None:
+            return [EventItem(job, self._finished_event(job, out), Outcome.FINISHED)]
+        if reason == Outcome.HANDBACK:
+            return [HandbackItem(job)]
+        if reason == Outcome.FENCED:
+            return [DoneItem(job, Outcome.FENCED)]
+        code, message = _ABORT_FAILURES.get(reason, (ErrorCode.INTERNAL, reason))
+        return [EventItem(job, Failed(seq=0, code=code, message=message), reason)]
+
+    @staticmethod
+    def _tokens_event(delta: ChoiceDelta) -> Tokens:
+        return Tokens(
+            seq=0, token_ids=list(delta.token_ids), text=delta.text, index=delta.index,
+            logprobs=None if delta.logprobs is None else [_wire_logprob(lp) for lp in delta.logprobs],
+            finish_reason=delta.finish_reason if delta.finish_reason != "abort" else None,
+        )
+
+    def _finished_event(self, job: ActiveJob, out: StepOutput) -> Finished:
+        assert out.output is not None
+        reasons = [c.finish_reason or "stop" for c in out.output.choices]
+        now = time.time()
+        first = job.first_token_at or now
+        return Finished(
+            seq=0,
+            finish_reason=reasons[0],
+            finish_reasons=reasons,
+            usage=Usage(prompt_tokens=out.num_prompt_tokens,
+                        completion_tokens=out.output.num_output_tokens,
+                        cached_tokens=out.num_cached_tokens),
+            timings=Timings(queue=max(0.0, job.claimed_at - job.enqueued_at),
+                            ttft=max(0.0, first - job.enqueued_at),
+                            decode=max(0.0, now - first),
+                            total=max(0.0, now - job.enqueued_at)),
+        )
+
+    def _send(self, items: list[Item]) -> None:
+        self.publisher.put(items)
+
+    def _refresh_stats(self) -> None:
+        stats = self.engine.stats()
+        stats["jobs"] = self.num_active
+        with self._stats_lock:
+            self._stats = stats
+
+
+def _wire_logprob(lp: EngineLogprob) -> TokenLogprob:
+    return TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
+                        top=[TopLogprob(t, v) for t, v in lp.top])

@@ -1,0 +1,116 @@
+"""Check a task's payload and turn it into what the engine takes, or say precisely why not.
+
+Every refusal is a ``JobRejected`` with a stable code from ``ErrorCode``; the worker
+reports it as a ``Failed`` event and moves on. Nothing here may raise anything else for
+any input: the fuzz tests send random bytes, wrong types and huge prompts through it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from kvrelay.protocol import PROTOCOL_MAJOR, ErrorCode, GenerateRequest, decode_request_json
+from kvrelay_worker.engine.chat import apply_chat_template
+from kvrelay_worker.engine.errors import EngineInputError, InvalidPromptError
+from kvrelay_worker.engine.sampling_params import SamplingParams
+
+_encoder = msgspec.json.Encoder()
+
+
+class JobRejected(Exception):
+    """A job the worker will not run; ``code`` goes on the wire."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def decode_payload(payload: object, task_id: str, model: str,
+                   max_bytes: int) -> tuple[GenerateRequest, str]:
+    """Validate the task argument; return the request and its JSON (kept for failover)."""
+    try:
+        raw = payload if isinstance(payload, (str, bytes)) else _encoder.encode(payload)
+    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        raise JobRejected(ErrorCode.INVALID_REQUEST, f"payload is not JSON-encodable: {exc}") from None
+    size = len(raw.encode() if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise JobRejected(ErrorCode.PAYLOAD_TOO_LARGE,
+                          f"payload is {size} bytes; the limit is {max_bytes}")
+    try:
+        parsed = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise JobRejected(ErrorCode.INVALID_REQUEST, f"payload is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise JobRejected(ErrorCode.INVALID_REQUEST,
+                          f"payload must be a JSON object, got {type(parsed).__name__}")
+    major = parsed.get("protocol_major", PROTOCOL_MAJOR)
+    if major != PROTOCOL_MAJOR:
+        raise JobRejected(ErrorCode.PROTOCOL_VERSION,
+                          f"request speaks protocol {major!r}; this worker speaks {PROTOCOL_MAJOR}")
+    try:
+        request = decode_request_json(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise JobRejected(ErrorCode.INVALID_REQUEST, f"invalid request: {exc}") from None
+    if request.job_id != task_id:
+        raise JobRejected(ErrorCode.INVALID_REQUEST,
+                          f"job_id {request.job_id!r} does not match the task id {task_id!r}")
+    if request.model != model:
+        raise JobRejected(ErrorCode.UNKNOWN_MODEL,
+                          f"this worker serves {model!r}, not {request.model!r}")
+    given = [request.prompt is not None, request.messages is not None,
+             request.prompt_token_ids is not None]
+    if sum(given) != 1:
+        raise JobRejected(ErrorCode.INVALID_REQUEST,
+                          "exactly one of prompt, messages, prompt_token_ids must be given")
+    return request, raw.decode() if isinstance(raw, bytes) else raw
+
+
+def sampling_params_from(request: GenerateRequest) -> SamplingParams:
+    o = request.sampling
+    try:
+        return SamplingParams(
+            n=o.n, max_tokens=o.max_tokens,
+            temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p,
+            repetition_penalty=o.repetition_penalty, presence_penalty=o.presence_penalty,
+            frequency_penalty=o.frequency_penalty, logit_bias=dict(o.logit_bias) or None,
+            seed=o.seed, logprobs=o.logprobs, min_tokens=o.min_tokens, stop=list(o.stop),
+            stop_token_ids=list(o.stop_token_ids), ignore_eos=o.ignore_eos,
+        )
+    except EngineInputError as exc:
+        raise JobRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
+
+
+def prompt_ids_for(request: GenerateRequest, tokenizer: Any, vocab_size: int,
+                   max_model_len: int) -> list[int]:
+    """Tokens of the prompt (chat template applied to messages), checked against the model."""
+    try:
+        if request.messages is not None:
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            ids = apply_chat_template(tokenizer, messages)
+        elif request.prompt is not None:
+            if not request.prompt:
+                raise InvalidPromptError("the prompt is empty")
+            ids = list(tokenizer.encode(request.prompt))
+        else:
+            ids = list(request.prompt_token_ids or [])
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise InvalidPromptError(
+                    f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+                )
+    except EngineInputError as exc:
+        raise JobRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
+    except Exception as exc:  # a tokenizer or template blowing up on odd input
+        raise JobRejected(ErrorCode.INVALID_REQUEST, f"could not tokenize the prompt: {exc}") from None
+    if not ids:
+        raise JobRejected(ErrorCode.INVALID_REQUEST, "the prompt is empty")
+    if len(ids) >= max_model_len:
+        raise JobRejected(
+            ErrorCode.PROMPT_TOO_LONG,
+            f"the prompt has {len(ids)} tokens; this model's limit is {max_model_len} "
+            f"including at least one output token",
+        )
+    return ids

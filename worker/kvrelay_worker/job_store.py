@@ -1,0 +1,222 @@
+"""A job's state in Redis: claim, lease, event log, release, hand-back, failover.
+
+Thin, typed wrappers over the Lua scripts in ``redis_scripts``; one instance per thread
+that needs one (each owns its Redis connection pool).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from kvrelay import keys
+from kvrelay.protocol import (
+    AnyEvent,
+    Failed,
+    Finished,
+    Started,
+    Tokens,
+    decode_event,
+    encode_event,
+)
+from kvrelay_worker import redis_scripts
+from kvrelay_worker.settings import WorkerSettings
+
+_RECORD_TTL_S = 7 * 24 * 3600
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Claim:
+    """Outcome of trying to take a job: ``claimed`` (with the attempt), ``owned``, ``done``."""
+
+    status: str
+    attempt: int = 0
+    owner: str | None = None
+
+
+@dataclass
+class PriorProgress:
+    """What earlier attempts already reported, read back from the job's event log."""
+
+    next_seq: int = 0
+    terminal: bool = False
+    prompt_tokens: int = 0
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    texts: dict[int, list[str]] = field(default_factory=dict)
+    finish_reasons: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def has_tokens(self) -> bool:
+        return any(self.tokens.values())
+
+    def choice_tokens(self, n: int) -> list[list[int]]:
+        return [self.tokens.get(i, []) for i in range(n)]
+
+    def choice_texts(self, n: int) -> list[str]:
+        return ["".join(self.texts.get(i, [])) for i in range(n)]
+
+    def choice_finish_reasons(self, n: int) -> list[str | None]:
+        return [self.finish_reasons.get(i) for i in range(n)]
+
+
+def progress_from_events(events: list[AnyEvent]) -> PriorProgress:
+    progress = PriorProgress()
+    for event in events:
+        progress.next_seq = max(progress.next_seq, event.seq + 1)
+        if isinstance(event, Tokens):
+            progress.tokens.setdefault(event.index, []).extend(event.token_ids)
+            progress.texts.setdefault(event.index, []).append(event.text)
+            if event.finish_reason:
+                progress.finish_reasons[event.index] = event.finish_reason
+        elif isinstance(event, Started):
+            progress.prompt_tokens = event.prompt_tokens
+        elif isinstance(event, (Finished, Failed)):
+            progress.terminal = True
+    return progress
+
+
+class JobStore:
+    """Job-state operations for one worker, over one Redis connection pool."""
+
+    def __init__(self, client: redis.Redis, settings: WorkerSettings) -> None:
+        self.redis = client
+        self.settings = settings
+        self.worker_id = settings.worker_id
+        self.running_key = keys.running_jobs(settings.model)
+        self._claim = client.register_script(redis_scripts.CLAIM)
+        self._release_done = client.register_script(redis_scripts.RELEASE_DONE)
+        self._mark_handback = client.register_script(redis_scripts.MARK_HANDBACK)
+        self._release_handback = client.register_script(redis_scripts.RELEASE_HANDBACK)
+        self._refresh = client.register_script(redis_scripts.REFRESH_LEASE)
+        self._append = client.register_script(redis_scripts.APPEND_EVENT)
+        self._check_expired = client.register_script(redis_scripts.CHECK_EXPIRED)
+        self._commit_requeue = client.register_script(redis_scripts.COMMIT_REQUEUE)
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.settings.lease_ttl * 1000)
+
+    # ------------------------------------------------------------------ claiming
+
+    def is_aborted(self, job_id: str) -> bool:
+        return bool(self.redis.exists(keys.abort_flag(job_id)))
+
+    def claim(self, job_id: str, payload_json: str) -> Claim:
+        result = self._claim(
+            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key,
+                  keys.event_log(job_id)],
+            args=[job_id, self.worker_id, self.lease_ms, payload_json, now_ms(), _RECORD_TTL_S],
+        )
+        status = _text(result[0])
+        if status == "claimed":
+            return Claim("claimed", attempt=int(result[1]))
+        if status == "owned":
+            return Claim("owned", owner=_text(result[1]))
+        return Claim("done")
+
+    def read_progress(self, job_id: str) -> PriorProgress:
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = self.redis.xrange(  # type: ignore[assignment]
+            keys.event_log(job_id)
+        )
+        return progress_from_events([decode_event(fields[b"e"]) for _, fields in entries])
+
+    def release_done(self, job_id: str) -> bool:
+        return bool(self._release_done(
+            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
+            args=[job_id, self.worker_id, _RECORD_TTL_S],
+        ))
+
+    def mark_handback(self, job_id: str) -> bool:
+        return bool(self._mark_handback(keys=[keys.job_record(job_id), keys.lease(job_id)],
+                                        args=[self.worker_id]))
+
+    def release_handback(self, job_id: str) -> bool:
+        return bool(self._release_handback(
+            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
+            args=[job_id, self.worker_id],
+        ))
+
+    # -------------------------------------------------------------------- events
+
+    def append_args(self, job_id: str, event: AnyEvent, fenced: bool) -> tuple[list[str], list[Any]]:
+        terminal = isinstance(event, (Finished, Failed))
+        return (
+            [keys.event_log(job_id), keys.lease(job_id)],
+            [keys.events_channel(job_id), self.worker_id if fenced else "",
+             event.seq, encode_event(event), self.settings.log_max_len,
+             1 if terminal else 0, int(self.settings.log_ttl)],
+        )
+
+    def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool,
+                     pipe: Any = None) -> Any:
+        """Append + publish; returns the seq written, -1 if fenced, -2 if already ended.
+
+        With ``fenced`` the write happens only while this worker holds the job's lease, so
+        a worker presumed dead can never interleave events with its successor. An
+        unfenced write with ``seq=-1`` takes the next seq after the log's last entry.
+        """
+        key_list, args = self.append_args(job_id, event, fenced)
+        return self._append(keys=key_list, args=args, client=pipe or self.redis)
+
+    def fail_unclaimed(self, job_id: str, code: str, message: str) -> int:
+        """Report a job that never ran (bad payload, deadline, cancelled) and end it."""
+        seq = int(self.append_event(job_id, Failed(seq=-1, code=code, message=message),
+                                    fenced=False))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(keys.job_record(job_id), "state", "done")
+        pipe.expire(keys.job_record(job_id), _RECORD_TTL_S)
+        pipe.execute()
+        return seq
+
+    # ----------------------------------------------------------- leases/failover
+
+    def refresh_leases(self, job_ids: list[str]) -> dict[str, bool]:
+        """Extend the leases this worker holds; False for a job whose lease it lost."""
+        if not job_ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        now = now_ms()
+        for job_id in job_ids:
+            self._refresh(keys=[keys.lease(job_id), self.running_key],
+                          args=[job_id, self.worker_id, self.lease_ms, now], client=pipe)
+        return {j: bool(r) for j, r in zip(job_ids, pipe.execute(), strict=True)}
+
+    def aborted(self, job_ids: list[str]) -> list[str]:
+        if not job_ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(keys.abort_flag(job_id))
+        return [j for j, hit in zip(job_ids, pipe.execute(), strict=True) if hit]
+
+    def expired_candidates(self, limit: int = 100) -> list[str]:
+        """Jobs of this model whose lease expiry (as last refreshed) has passed."""
+        ids = self.redis.zrangebyscore(self.running_key, "-inf", now_ms(), start=0, num=limit)
+        return [_text(i) for i in ids]
+
+    def check_expired(self, job_id: str) -> tuple[str, str | None]:
+        result = self._check_expired(
+            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key,
+                  keys.requeue_marker(job_id)],
+            args=[job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000)],
+        )
+        status = _text(result[0])
+        payload = _text(result[1]) if status == "requeue" and len(result) > 1 else None
+        return status, payload
+
+    def commit_requeue(self, job_id: str) -> None:
+        self._commit_requeue(
+            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
+            args=[job_id],
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

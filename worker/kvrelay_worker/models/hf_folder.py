@@ -1,0 +1,329 @@
+"""Read a Hugging Face model folder: ``config.json`` into a ModelConfig, safetensors into tensors.
+
+This is also the format the GGUF converter writes into the cache, so ``hf_dict_from_config``
+(the inverse of ``config_from_hf_dict``) lives here too: one place knows the mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from kvrelay_worker.models.errors import UnsupportedModelError
+from kvrelay_worker.models.model_config import ModelConfig
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
+
+# Hugging Face architecture class -> the model_type we keep in ModelConfig.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+_ARCHITECTURE_BY_TYPE = {model_type: arch for arch, model_type in SUPPORTED_ARCHITECTURES.items()}
+
+# transformers' class defaults for keys a config.json may leave out.
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
+_DEFAULT_RMS_EPS = {"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6}
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A folder we can read as a Hugging Face checkpoint (it has a ``config.json``)."""
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    """Parse ``folder/config.json`` (plus the eos ids of ``generation_config.json``).
+
+    ``generation.eos_token_id`` is what ``transformers.generate`` stops on; Llama 3 instruct
+    lists more ids there than in config.json, so both are merged.
+    """
+    raw = _read_json(folder / CONFIG_FILE)
+    config = config_from_hf_dict(raw, source=str(folder))
+    generation_file = folder / GENERATION_CONFIG_FILE
+    if generation_file.is_file():
+        extra_eos = _as_id_tuple(_read_json(generation_file).get("eos_token_id"))
+        merged = tuple(dict.fromkeys(config.eos_token_ids + extra_eos))
+        if merged != config.eos_token_ids:
+            config = dataclasses.replace(config, eos_token_ids=merged)
+    return config
+
+
+def config_from_hf_dict(raw: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
+    """Map a ``config.json`` dict to ModelConfig, refusing what the decoder cannot run."""
+    model_type = _model_type(raw, source)
+    if raw.get("quantization_config"):
+        method = raw["quantization_config"].get("quant_method", "?")
+        raise UnsupportedModelError(
+            f"{source}: pre-quantized checkpoints ({method}) are not supported; "
+            "use float16/bfloat16/float32 safetensors or a GGUF file"
+        )
+    activation = raw.get("hidden_act", "silu")
+    if activation != "silu":
+        raise UnsupportedModelError(
+            f"{source}: hidden_act {activation!r} is not supported (silu only)"
+        )
+
+    hidden = _required_int(raw, "hidden_size", source)
+    heads = _required_int(raw, "num_attention_heads", source)
+    layers = _required_int(raw, "num_hidden_layers", source)
+    kv_heads = int(raw.get("num_key_value_heads") or heads)
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    max_positions = int(raw.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[model_type])
+    rope_theta, rope_scaling = _rope(raw, source)
+    _refuse_sliding_window(raw, model_type, layers, max_positions, source)
+
+    # Qwen2 always biases q/k/v (never o); Llama's single switch covers q/k/v/o.
+    llama_bias = model_type == "llama" and bool(raw.get("attention_bias", False))
+    extra: dict[str, Any] = {}
+    declared_dtype = raw.get("dtype") or raw.get("torch_dtype")
+    if declared_dtype is not None:
+        extra["dtype"] = str(declared_dtype)
+    return ModelConfig(
+        vocab_size=_required_int(raw, "vocab_size", source),
+        hidden_size=hidden,
+        intermediate_size=_required_int(raw, "intermediate_size", source),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(raw.get("rms_norm_eps") or _DEFAULT_RMS_EPS[model_type]),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=model_type == "qwen2" or llama_bias,
+        attention_output_bias=llama_bias,
+        mlp_bias=model_type == "llama" and bool(raw.get("mlp_bias", False)),
+        bos_token_id=_optional_int(raw.get("bos_token_id")),
+        eos_token_ids=_as_id_tuple(raw.get("eos_token_id")),
+        pad_token_id=_optional_int(raw.get("pad_token_id")),
+        model_type=model_type,
+        sliding_window=None,
+        extra=extra,
+    )
+
+
+def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
+    """The ``config.json`` that makes transformers build the same model as ``config``.
+
+    Uses the legacy ``rope_theta``/``rope_scaling`` keys, which transformers 4.x reads
+    natively and 5.x converts into ``rope_parameters``.
+    """
+    if config.model_type not in _ARCHITECTURE_BY_TYPE:
+        raise UnsupportedModelError(
+            f"cannot write a config.json for model_type {config.model_type!r}"
+        )
+    if config.model_type == "qwen2" and (config.attention_output_bias or config.mlp_bias):
+        raise UnsupportedModelError("Qwen2 has no o_proj or MLP bias")
+    if config.model_type == "llama" and config.attention_bias != config.attention_output_bias:
+        raise UnsupportedModelError(
+            "Llama's attention_bias switches q/k/v and o biases together; this model has only some"
+        )
+    eos: int | list[int] | None
+    if not config.eos_token_ids:
+        eos = None
+    elif len(config.eos_token_ids) == 1:
+        eos = config.eos_token_ids[0]
+    else:
+        eos = list(config.eos_token_ids)
+    out: dict[str, Any] = {
+        "architectures": [_ARCHITECTURE_BY_TYPE[config.model_type]],
+        "model_type": config.model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": eos,
+        "pad_token_id": config.pad_token_id,
+        "torch_dtype": dtype,
+    }
+    if config.rope_scaling is not None:
+        out["rope_scaling"] = dict(config.rope_scaling)
+    if config.model_type == "llama":
+        out["attention_bias"] = config.attention_bias
+        out["mlp_bias"] = config.mlp_bias
+    elif config.model_type == "qwen2":
+        out.update(use_sliding_window=False, sliding_window=None)
+        out["max_window_layers"] = config.num_hidden_layers
+    else:
+        out["sliding_window"] = None
+    return out
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's safetensors files: the index's shards, else every ``*.safetensors``."""
+    index = folder / SAFETENSORS_INDEX_FILE
+    if index.is_file():
+        shard_names = sorted(set(_read_json(index)["weight_map"].values()))
+        files = [folder / name for name in shard_names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are missing: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
+        raise UnsupportedModelError(
+            f"{folder} holds only pickled PyTorch weights (*.bin/*.pt), which we never unpickle; "
+            "convert them to safetensors first"
+        )
+    raise UnsupportedModelError(f"{folder} has no *.safetensors weights")
+
+
+def iter_safetensors_weights(
+    folder: Path, config: ModelConfig | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, tensor)`` one tensor at a time, in the dtype stored on disk.
+
+    Files are memory-mapped and each tensor is materialised only when yielded, so peak
+    memory is one tensor beyond what the consumer keeps. With tied embeddings
+    ``lm_head.weight`` is never yielded (some exporters store a copy), and rotary
+    ``inv_freq`` buffers from old checkpoints are skipped.
+    """
+    config = config if config is not None else read_hf_config(folder)
+    seen: set[str] = set()
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                name = _normalise_name(key)
+                if name is None or (config.tie_word_embeddings and name == "lm_head.weight"):
+                    continue
+                if name in seen:
+                    raise ValueError(f"{folder}: tensor {name} appears in more than one shard")
+                seen.add(name)
+                yield name, handle.get_tensor(key)
+
+
+def _normalise_name(key: str) -> str | None:
+    """Map a stored key to the ``LlamaForCausalLM`` name, or None for a key to skip."""
+    if key.endswith("rotary_emb.inv_freq"):
+        return None
+    if key.startswith("model.") or key == "lm_head.weight":
+        return key
+    # A bare LlamaModel/Qwen2Model export has no "model." prefix.
+    return f"model.{key}"
+
+
+def _model_type(raw: Mapping[str, Any], source: str) -> str:
+    architectures = raw.get("architectures") or []
+    supported = ", ".join(SUPPORTED_ARCHITECTURES)
+    if architectures:
+        arch = architectures[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{source}: architecture {arch} is not supported (supported: {supported})"
+            )
+        return SUPPORTED_ARCHITECTURES[arch]
+    model_type = raw.get("model_type")
+    if model_type not in _ARCHITECTURE_BY_TYPE:
+        raise UnsupportedModelError(
+            f"{source}: model_type {model_type!r} is not supported (supported: {supported})"
+        )
+    return str(model_type)
+
+
+def _rope(raw: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, rope_scaling)`` from either transformers 4 or 5 spelling.
+
+    transformers 5 writes ``rope_parameters`` (holding ``rope_theta`` and ``rope_type``,
+    ``"default"`` for plain RoPE); 4.x writes ``rope_theta`` and ``rope_scaling`` (whose
+    type key was once ``type``). Plain RoPE comes back as ``None``.
+    """
+    scaling: dict[str, Any] | None = None
+    for key in ("rope_parameters", "rope_scaling"):
+        value = raw.get(key)
+        if isinstance(value, Mapping) and value:
+            scaling = dict(value)
+            break
+    theta = float(raw.get("rope_theta") or 10000.0)
+    if scaling is None:
+        return theta, None
+    if scaling.get("rope_theta") is not None:
+        theta = float(scaling["rope_theta"])
+    scaling.pop("rope_theta", None)
+    legacy_type = scaling.pop("type", None)
+    rope_type = scaling.pop("rope_type", None) or legacy_type or "default"
+    partial = scaling.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial is not None and float(partial) != 1.0:
+        raise UnsupportedModelError(f"{source}: partial rotary embeddings are not supported")
+    if rope_type == "default":
+        return theta, None
+    if "original_max_position_embeddings" not in scaling and raw.get(
+        "original_max_position_embeddings"
+    ):
+        scaling["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
+    return theta, {"rope_type": rope_type, **scaling}
+
+
+def _refuse_sliding_window(
+    raw: Mapping[str, Any], model_type: str, layers: int, max_positions: int, source: str
+) -> None:
+    """Raise when some layer would attend through a window shorter than the context.
+
+    A window at least as long as ``max_position_embeddings`` never drops a token, and Qwen2
+    only windows when ``use_sliding_window`` is on, and then only layers from
+    ``max_window_layers`` on (or those ``layer_types`` marks as sliding).
+    """
+    window = raw.get("sliding_window")
+    if model_type == "llama" or window is None or int(window) >= max_positions:
+        return
+    if model_type == "qwen2":
+        if not raw.get("use_sliding_window", False):
+            return
+        layer_types = raw.get("layer_types")
+        if layer_types is not None:
+            windowed = "sliding_attention" in layer_types
+        else:
+            windowed = int(raw.get("max_window_layers", 28)) < layers
+        if not windowed:
+            return
+    raise UnsupportedModelError(
+        f"{source}: sliding-window attention (window {window} < {max_positions} positions) "
+        "is not supported"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    with path.open(encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _required_int(raw: Mapping[str, Any], key: str, source: str) -> int:
+    if raw.get(key) is None:
+        raise UnsupportedModelError(f"{source}: config lacks {key!r}")
+    return int(raw[key])
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _as_id_tuple(value: Any) -> tuple[int, ...]:
+    """eos_token_id may be absent, one id, or a list of ids."""
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value),)

@@ -1,0 +1,64 @@
+"""The one entry point the engine uses to get a model's config, weights and tokenizer.
+
+Whatever the source (a known name, a Hugging Face folder, a ``.gguf`` file), the result is
+read from a Hugging Face folder: GGUF sources are converted into the cache first, so the
+decoder sees one naming scheme and one layout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from kvrelay_worker.models.hf_folder import iter_safetensors_weights, read_hf_config
+from kvrelay_worker.models.model_cache import prepare_model
+from kvrelay_worker.models.model_config import ModelConfig
+from kvrelay_worker.models.model_source import ModelSource, resolve_model
+from kvrelay_worker.models.tokenizer import load_tokenizer
+
+__all__ = ["LoadedModelFiles", "ModelSource", "load_model_source", "resolve_model"]
+
+
+class LoadedModelFiles:
+    """A model ready to build: its config now, its weights and tokenizer on demand.
+
+    ``weights()`` streams ``(name, tensor)`` pairs named as in Hugging Face's
+    ``LlamaForCausalLM`` (q/k in rotate-half order; no ``lm_head.weight`` when embeddings
+    are tied), in the dtype stored on disk (float32 for converted GGUF files). Each call
+    starts a fresh pass over the files.
+    """
+
+    def __init__(self, source: ModelSource, path: Path, config: ModelConfig) -> None:
+        self.source = source
+        self.name = source.name
+        self.path = path
+        self.config = config
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter_safetensors_weights(self.path, self.config)
+
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """Loaded on first use (about a second), since weight-only callers never need it."""
+        return load_tokenizer(self.path)
+
+    def __repr__(self) -> str:
+        return f"LoadedModelFiles(name={self.name!r}, path={str(self.path)!r})"
+
+
+def load_model_source(
+    name_or_path: str | os.PathLike[str], progress: bool = False
+) -> LoadedModelFiles:
+    """Resolve ``name_or_path``, convert it into the cache if it is a GGUF, read its config.
+
+    Raises UnknownModelError for an unknown name or a missing path, and
+    UnsupportedModelError for a model the decoder cannot run.
+    """
+    source = resolve_model(name_or_path)
+    folder = prepare_model(source, progress=progress)
+    return LoadedModelFiles(source, folder, read_hf_config(folder))

@@ -1,0 +1,205 @@
+"""The publisher thread: every event leaves the worker here, one pipeline per batch.
+
+The engine thread hands over a batch per step and never waits. This thread numbers each
+job's events (``seq``), merges consecutive token events of one choice when it has fallen
+behind, and sends the whole batch in one pipelined round trip: for each event one script
+call that appends it to the job's log (fenced by the lease) and publishes it. After a
+job's terminal event is written the job's task thread is woken.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from kvrelay.protocol import AnyEvent, Tokens
+from kvrelay_worker.active_job import ActiveJob, Outcome
+from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EventItem:
+    job: ActiveJob
+    event: AnyEvent
+    # For a terminal event: the outcome to record once it is written.
+    outcome: str | None = None
+
+
+@dataclass
+class HandbackItem:
+    """Give the job back to the queue after its earlier events are written."""
+
+    job: ActiveJob
+
+
+@dataclass
+class DoneItem:
+    """End a job without an event (fenced: another worker owns it now)."""
+
+    job: ActiveJob
+    outcome: str
+
+
+Item = EventItem | HandbackItem | DoneItem
+
+_STOP = object()
+
+
+class Publisher:
+    def __init__(self, store: JobStore, metrics: WorkerMetrics,
+                 requeue: Callable[[str, str], None],
+                 on_fenced: Callable[[ActiveJob], None]) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.requeue = requeue
+        self.on_fenced = on_fenced
+        self._queue: queue.SimpleQueue[list[Item] | object] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="kvrelay-publisher", daemon=True)
+        self.batches_sent = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def put(self, items: list[Item]) -> None:
+        if items:
+            self._queue.put(items)
+
+    # ------------------------------------------------------------------ thread
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            batches = [first]
+            while True:
+                try:
+                    batches.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            items: list[Item] = []
+            for batch in batches:
+                if batch is _STOP:
+                    stopping = True
+                else:
+                    items.extend(batch)  # type: ignore[arg-type]
+            if items:
+                self._process(coalesce(items))
+
+    def _process(self, items: list[Item]) -> None:
+        events = [i for i in items if isinstance(i, EventItem)]
+        for item in events:
+            item.event.seq = item.job.next_seq
+            item.job.next_seq += 1
+        results = self._send(events)
+        now = time.time()
+        for item, result in zip(events, results, strict=True):
+            self._after_write(item, result, now)
+        for other in items:
+            if isinstance(other, HandbackItem):
+                self._hand_back(other.job)
+            elif isinstance(other, DoneItem):
+                other.job.finish(other.outcome)
+
+    def _send(self, events: list[EventItem]) -> list[object]:
+        """One pipelined round trip; retried while Redis is unreachable."""
+        if not events:
+            return []
+        delay = 0.05
+        while True:
+            pipe = self.store.redis.pipeline(transaction=False)
+            for item in events:
+                self.store.append_event(item.job.job_id, item.event, fenced=True, pipe=pipe)
+            try:
+                results: list[object] = pipe.execute(raise_on_error=False)
+                self.batches_sent += 1
+                return results
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _after_write(self, item: EventItem, result: object, now: float) -> None:
+        job = item.job
+        if isinstance(result, Exception):
+            # XADD refused a seq the log already has: an earlier try of this batch wrote it.
+            if "equal or smaller" not in str(result):
+                log.error("publisher: event for job %s failed: %s", job.job_id, result)
+        elif result == -1:
+            log.warning("publisher: job %s is owned by another worker now; dropping it",
+                        job.job_id)
+            self.on_fenced(job)
+            return
+        if isinstance(item.event, Tokens) and item.event.token_ids:
+            if job.first_token_at is None:
+                job.first_token_at = now
+                self.metrics.ttft.observe(max(0.0, now - job.enqueued_at))
+            elif job.last_token_at is not None:
+                self.metrics.itl.observe(now - job.last_token_at)
+            job.last_token_at = now
+            self.metrics.generated_tokens.inc(len(item.event.token_ids))
+        if item.outcome is not None:
+            self.metrics.e2e.observe(max(0.0, now - job.enqueued_at))
+            self.metrics.jobs.labels(outcome=item.outcome).inc()
+            job.finish(item.outcome)
+
+    def _hand_back(self, job: ActiveJob) -> None:
+        """Let another worker continue the job: mark, send a copy, release the lease."""
+        try:
+            if self.store.mark_handback(job.job_id):
+                self.requeue(job.job_id, job.payload_json)
+                self.store.release_handback(job.job_id)
+            self.metrics.jobs.labels(outcome=Outcome.HANDBACK).inc()
+        except Exception:
+            log.exception("publisher: hand-back of job %s failed; its lease will expire and "
+                          "another worker will take it over", job.job_id)
+        job.finish(Outcome.HANDBACK)
+
+
+def coalesce(items: list[Item]) -> list[Item]:
+    """Merge runs of token events of one job and choice into one event each.
+
+    Only events with nothing else of that job between them merge, so each job's event
+    order is kept; other jobs' events may sit between them.
+    """
+    out: list[Item] = []
+    open_tokens: dict[tuple[int, int], EventItem] = {}
+    for item in items:
+        job_key = id(item.job)
+        if isinstance(item, EventItem) and isinstance(item.event, Tokens):
+            key = (job_key, item.event.index)
+            prev = open_tokens.get(key)
+            if prev is not None and prev.event.finish_reason is None:  # type: ignore[union-attr]
+                _merge_tokens(prev.event, item.event)  # type: ignore[arg-type]
+                continue
+            for k in [k for k in open_tokens if k[0] == job_key]:
+                del open_tokens[k]
+            open_tokens[key] = item
+            out.append(item)
+            continue
+        for k in [k for k in open_tokens if k[0] == job_key]:
+            del open_tokens[k]
+        out.append(item)
+    return out
+
+
+def _merge_tokens(into: Tokens, extra: Tokens) -> None:
+    into.token_ids = into.token_ids + extra.token_ids
+    into.text = into.text + extra.text
+    if into.logprobs is not None or extra.logprobs is not None:
+        into.logprobs = (into.logprobs or []) + (extra.logprobs or [])
+    into.finish_reason = extra.finish_reason
+
+

@@ -1,0 +1,129 @@
+"""Lua scripts that make each job-state transition atomic in Redis.
+
+Every key a script touches is built by ``kvrelay.keys`` and passed in ``KEYS``. The
+job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload``,
+``attempts`` (claims so far), ``lost`` (attempts that died with their worker),
+``handback`` (owner handing the job back on shutdown).
+"""
+
+from __future__ import annotations
+
+# KEYS: job record, lease, running zset, event log
+# ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s
+# -> {"done"} | {"owned", owner} | {"claimed", attempt}
+CLAIM = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'done' then return {'done'} end
+local owner = redis.call('GET', KEYS[2])
+if owner and owner ~= ARGV[2] then
+  local handback = redis.call('HGET', KEYS[1], 'handback')
+  if handback ~= owner then return {'owned', owner} end
+end
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'payload', ARGV[4])
+redis.call('HDEL', KEYS[1], 'handback')
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[3]), ARGV[1])
+return {'claimed', attempt}
+"""
+
+# KEYS: job record, lease, running zset
+# ARGV: job id, worker id, record ttl s -> 1 if this worker owned the job
+RELEASE_DONE = """
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 'done')
+redis.call('HDEL', KEYS[1], 'payload')
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# KEYS: job record, lease -- ARGV: worker id -> 1 if marked
+MARK_HANDBACK = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'handback', ARGV[1])
+return 1
+"""
+
+# KEYS: job record, lease, running zset -- ARGV: job id, worker id -> 1 if released
+RELEASE_HANDBACK = """
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 'queued')
+return 1
+"""
+
+# KEYS: lease, running zset -- ARGV: job id, worker id, lease ms, now ms -> 1 if still ours
+REFRESH_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+
+# Append one event to a job's log and publish it. Terminal events carry a second
+# field ``t`` so an unfenced writer can tell that the job already ended.
+# KEYS: event log, lease
+# ARGV: channel, worker id ('' = no fencing), seq (-1 = next after the log's last),
+#       event bytes, max log length, terminal (0/1), log ttl s (after a terminal event)
+# -> seq written; -1 when fenced (the lease is someone else's); -2 when an unfenced
+#    write finds the log already ended.
+APPEND_EVENT = """
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
+local seq = tonumber(ARGV[3])
+if seq < 0 then
+  seq = 0
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  if #last > 0 then
+    local fields = last[1][2]
+    for i = 1, #fields, 2 do
+      if fields[i] == 't' then return -2 end
+    end
+    seq = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+  end
+end
+if ARGV[6] == '1' then
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], seq .. '-1', 'e', ARGV[4], 't', '1')
+  redis.call('EXPIRE', KEYS[1], ARGV[7])
+else
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], seq .. '-1', 'e', ARGV[4])
+  redis.call('EXPIRE', KEYS[1], 86400)
+end
+redis.call('PUBLISH', ARGV[1], ARGV[4])
+return seq
+"""
+
+# Failover check for one job whose lease looked expired.
+# KEYS: job record, lease, running zset, requeue marker
+# ARGV: job id, max attempts, marker ms
+# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted"} | {"requeue", payload}
+CHECK_EXPIRED = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'running' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  return {'gone'}
+end
+local lost = tonumber(redis.call('HGET', KEYS[1], 'lost') or '0')
+if lost + 1 >= tonumber(ARGV[2]) then
+  redis.call('HINCRBY', KEYS[1], 'lost', 1)
+  redis.call('HSET', KEYS[1], 'state', 'done')
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  return {'exhausted'}
+end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', ARGV[3]) then return {'busy'} end
+return {'requeue', redis.call('HGET', KEYS[1], 'payload')}
+"""
+
+# After the requeued copy was sent. KEYS: job record, lease, running zset -- ARGV: job id
+COMMIT_REQUEUE = """
+redis.call('HINCRBY', KEYS[1], 'lost', 1)
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('HSET', KEYS[1], 'state', 'queued')
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+return 1
+"""

@@ -1,0 +1,155 @@
+"""Worker configuration from ``KVRELAY_*`` environment variables, validated at start.
+
+The ``kvrelay worker`` command turns its flags into these variables, so a worker started
+through plain ``celery -A kvrelay_worker.app worker`` reads exactly the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+class SettingsError(ValueError):
+    """A ``KVRELAY_*`` variable has a value the worker cannot use."""
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything one worker process needs to know (see the README's configuration table)."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    model: str = "smollm2-135m-instruct"
+    device: str = "auto"
+    dtype: str = "auto"
+    concurrency: int = 64
+    metrics_port: int | None = None
+    # Lease: how long a job stays owned without a refresh, and the refresh period.
+    lease_ttl: float = 5.0
+    lease_refresh: float = 1.0
+    # How often live workers look for jobs whose owner died.
+    watchdog_interval: float = 1.0
+    # A job whose workers died this many times fails with worker_lost.
+    max_attempts: int = 3
+    # Celery's redelivery of unacknowledged messages: the last resort, longer than any job.
+    visibility_timeout: float = 6 * 3600.0
+    # On SIGTERM: how long running jobs may take to finish before being handed back.
+    shutdown_grace: float = 30.0
+    max_payload_bytes: int = 1 << 20
+    # Event log: bounded length, and how long it lives after the job ends.
+    log_max_len: int = 100_000
+    log_ttl: float = 3600.0
+    # Engine options.
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float | None = None
+    enable_prefix_caching: bool = True
+    enable_cuda_graphs: bool = True
+    seed: int = 0
+    worker_id: str = field(default_factory=_worker_id)
+
+    def __post_init__(self) -> None:
+        positive = {
+            "concurrency": self.concurrency,
+            "lease_ttl": self.lease_ttl,
+            "lease_refresh": self.lease_refresh,
+            "watchdog_interval": self.watchdog_interval,
+            "max_attempts": self.max_attempts,
+            "visibility_timeout": self.visibility_timeout,
+            "max_payload_bytes": self.max_payload_bytes,
+            "log_max_len": self.log_max_len,
+            "log_ttl": self.log_ttl,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise SettingsError(f"KVRELAY_{name.upper()} must be positive, got {value}")
+        if self.shutdown_grace < 0:
+            raise SettingsError("KVRELAY_SHUTDOWN_GRACE must be >= 0")
+        if self.lease_refresh >= self.lease_ttl:
+            raise SettingsError(
+                f"KVRELAY_LEASE_REFRESH ({self.lease_refresh}) must be shorter than "
+                f"KVRELAY_LEASE_TTL ({self.lease_ttl})"
+            )
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise SettingsError(
+                f"KVRELAY_REDIS_URL must start with redis://, rediss:// or unix://, "
+                f"got {self.redis_url!r}"
+            )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise SettingsError(f"KVRELAY_METRICS_PORT must be a port number, got {self.metrics_port}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise SettingsError(f"KVRELAY_DEVICE must be auto, cpu or cuda, got {self.device!r}")
+
+    @property
+    def host(self) -> str:
+        return self.worker_id.split(":", 1)[0]
+
+    @property
+    def worker_name(self) -> str:
+        """Host and process, as shown in ``Started`` events."""
+        host, pid, _ = self.worker_id.split(":", 2)
+        return f"{host}:{pid}"
+
+    def engine_options(self) -> dict[str, object]:
+        """Keyword arguments for ``EngineConfig``: only what was set."""
+        options: dict[str, object] = {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "enable_cuda_graphs": self.enable_cuda_graphs,
+            "seed": self.seed,
+            "max_num_seqs": self.max_num_seqs or max(self.concurrency, 1),
+        }
+        optional = {
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "kv_cache_memory": self.kv_cache_memory,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        options.update({k: v for k, v in optional.items() if v is not None})
+        return options
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            if f.name == "worker_id":
+                continue
+            raw = env.get(f"KVRELAY_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(f.name, str(f.type), raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _parse(name: str, type_name: str, raw: str) -> object:
+    var = f"KVRELAY_{name.upper()}"
+    try:
+        if "bool" in type_name:
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if "int" in type_name:
+            return int(raw)
+        if "float" in type_name:
+            return float(raw)
+    except ValueError:
+        kind = "true/false" if "bool" in type_name else type_name.split(" ")[0]
+        raise SettingsError(f"{var} must be {kind}, got {raw!r}") from None
+    return raw
