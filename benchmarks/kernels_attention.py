@@ -146,7 +146,8 @@ def run_attention_benchmark(
 
     from kvrelay_kernels.triton_kernels import launch_config
 
-    tuning = {"decode_programs_per_sm": launch_config.DECODE_PROGRAMS_PER_SM,
+    tuning = {"decode_max_splits": launch_config.DECODE_MAX_SPLITS,
+              "decode_programs_per_sm": launch_config.DECODE_PROGRAMS_PER_SM,
               "decode_tile_n": launch_config.DECODE_TILE_N,
               "decode_num_stages": launch_config.DECODE_NUM_STAGES}
     copy = measure_copy_bandwidth()
@@ -211,10 +212,12 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _override_decode_tuning(programs_per_sm: int | None, tile_n: int | None,
-                            num_stages: int | None) -> None:
+                            num_stages: int | None, max_splits: int | None = None) -> None:
     """Set the decode kernel's tuning knobs for this process (for a sweep by hand)."""
     from kvrelay_kernels.triton_kernels import launch_config
 
+    if max_splits is not None:
+        launch_config.DECODE_MAX_SPLITS = max_splits
     if programs_per_sm is not None:
         launch_config.DECODE_PROGRAMS_PER_SM = programs_per_sm
     if tile_n is not None:

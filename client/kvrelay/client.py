@@ -80,7 +80,7 @@ class AsyncClient:
         connect_timeout: float = 5.0,
         reconnect_timeout: float = 30.0,
         health_check_interval: float = 10.0,
-        enqueue_threads: int = 4,
+        enqueue_threads: int = 2,
         max_connections: int = 64,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         redis: Redis | None = None,

@@ -64,4 +64,5 @@ def make_redis(url: str, *, max_connections: int, connect_timeout: float) -> Red
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
         decode_responses=False,
     )
-    return Redis(connection_pool=pool)
+    # from_pool: the client owns the pool, so ``aclose()`` disconnects it too.
+    return Redis.from_pool(pool)

@@ -160,21 +160,23 @@ class RedisPyTransport:
             await self._pubsub.aclose()
 
 
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
-
-
 class Mailbox:
-    """One stream's inbox: raw event bytes and markers in arrival order."""
+    """One stream's inbox: raw event bytes and markers in arrival order.
 
-    __slots__ = ("channel", "error", "items", "waiter")
+    Its timer is lazy: armed for the earliest deadline asked for and left alone while
+    later deadlines come and go, so the per-event path schedules no timer at all. A
+    wake-up for an older, earlier deadline is spurious; ``wait`` callers re-check.
+    """
+
+    __slots__ = ("channel", "error", "items", "timer", "timer_at", "waiter")
 
     def __init__(self, channel: bytes) -> None:
         self.channel = channel
         self.items: deque[MailItem] = deque()
         self.waiter: asyncio.Future[bool] | None = None
         self.error: BaseException | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
 
     def put(self, item: MailItem) -> None:
         self.items.append(item)
@@ -190,19 +192,33 @@ class Mailbox:
         if waiter is not None and not waiter.done():
             waiter.set_result(True)
 
-    async def wait(self, deadline: float) -> bool:
-        """Wait for an item or an error (True) or until loop time ``deadline`` (False)."""
+    async def wait(self, loop: asyncio.AbstractEventLoop, deadline: float) -> bool:
+        """Wait for an item or an error (True) or a timer at or before ``deadline`` (False)."""
         if self.items or self.error is not None:
             return True
-        loop = asyncio.get_running_loop()
+        if self.timer is None or self.timer_at > deadline:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer_at = deadline
+            self.timer = loop.call_at(deadline, self._on_timer)
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiter = waiter
-        handle = loop.call_at(deadline, _expire, waiter)
         try:
             return await waiter
         finally:
-            handle.cancel()
             self.waiter = None
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(False)
+
+    def close(self) -> None:
+        """Cancel the timer (the stream is done with this mailbox)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class _Channel:
@@ -303,6 +319,7 @@ class Dispatcher:
 
     def unsubscribe(self, mailbox: Mailbox) -> None:
         """Stop delivering to ``mailbox``; the channel is released when nobody is left."""
+        mailbox.close()
         ch = self._channels.get(mailbox.channel)
         if ch is None:
             return
@@ -318,10 +335,15 @@ class Dispatcher:
             return
         self._closed = True
         reader, self._reader = self._reader, None
-        if reader is not None and not reader.done():
+        # Some awaitables (``asyncio.wait_for`` on 3.11, inside redis-py/fakeredis) can
+        # swallow a cancel that races with their own completion: insist, briefly.
+        for _ in range(20):
+            if reader is None or reader.done():
+                break
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            await asyncio.wait({reader}, timeout=0.05)
+        if reader is not None and reader.done() and not reader.cancelled():
+            reader.exception()
         transport, self._transport = self._transport, None
         if transport is not None:
             await transport.aclose()
@@ -417,23 +439,22 @@ class Dispatcher:
             backoff = 0.05
             self.connects += 1
             self._attach(transport)
+            refused: RespError | None = None
             try:
                 await self._read_loop(transport)
-            except asyncio.CancelledError:
-                self._detach()
-                await transport.aclose()
-                raise
             except RespError as exc:
-                self._detach()
-                await transport.aclose()
-                self._fail_all(
-                    ConnectionError, f"Redis at {self._where} refused a pub/sub command: {exc}"
-                )
-                return
+                refused = exc
             except Exception as exc:
                 log.warning("pub/sub connection to %s lost (%s); reconnecting", self._where, exc)
-                self._detach()
+            finally:
+                if self._transport is transport:
+                    self._detach()
                 await transport.aclose()
+            if refused is not None:
+                self._fail_all(
+                    ConnectionError, f"Redis at {self._where} refused a pub/sub command: {refused}"
+                )
+                return
             if self._closed or not self._has_live():
                 return
             lost_at = loop.time()
@@ -467,7 +488,7 @@ class Dispatcher:
     async def _read_loop(self, transport: Transport) -> None:
         pinged = False
         handle = self._handle
-        while True:
+        while not self._closed:
             frames = await transport.read(self._health_interval)
             if frames is None:
                 if pinged:

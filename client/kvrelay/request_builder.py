@@ -304,7 +304,9 @@ def build_request(
     if ids is not None and not ids:
         raise InvalidRequest("prompt_token_ids must not be empty")
 
-    model: object = options.get("model") or default_model
+    model: object = options.get("model")
+    if model is None:
+        model = default_model
     if not isinstance(model, str) or not model:
         raise InvalidRequest("no model: pass model=... to the client or to this call")
 

@@ -11,6 +11,7 @@ Reconnecting is the dispatcher's job; a connection here lives once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,6 +149,55 @@ class RespParser:
             del buf[:pos]
         return values
 
+    def feed_frames(self, data: bytes) -> list[Frame]:
+        """Like ``feed`` but returns pub/sub frames, with a fast path for ``message``."""
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        append = frames.append
+        pos = 0
+        size = len(buf)
+        prefix = _MESSAGE_PREFIX
+        skip = len(prefix)
+        while pos < size:
+            if buf.startswith(prefix, pos):
+                # *3 $7 message $<n> <channel> $<m> <data>: two lengths, two slices.
+                start = pos + skip
+                end = buf.find(b"\r\n", start)
+                if end < 0:
+                    break
+                channel_start = end + 2
+                channel_end = channel_start + int(buf[start:end])
+                data_head = channel_end + 3  # past "\r\n$"
+                end = buf.find(b"\r\n", data_head)
+                if end < 0:
+                    break
+                data_start = end + 2
+                data_end = data_start + int(buf[data_head:end])
+                if data_end + 2 > size:
+                    break
+                append(
+                    (
+                        b"message",
+                        bytes(buf[channel_start:channel_end]),
+                        bytes(buf[data_start:data_end]),
+                    )
+                )
+                pos = data_end + 2
+                continue
+            try:
+                value, pos_next = _parse(buf, pos)
+            except _Incomplete:
+                break
+            append(_to_frame(value))
+            pos = pos_next
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+_MESSAGE_PREFIX = b"*3\r\n$7\r\nmessage\r\n$"
+
 
 def _to_frame(value: Any) -> Frame:
     if isinstance(value, list) and len(value) >= 2:
@@ -241,10 +291,13 @@ class RespConnection:
             raise TransportLost(f"pub/sub connection lost: {exc}") from exc
         if not data:
             raise TransportLost("Redis closed the pub/sub connection")
-        return [_to_frame(value) for value in self._parser.feed(data)]
+        return self._parser.feed_frames(data)
 
     async def aclose(self) -> None:
         self.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await self._writer.wait_closed()
 
     def close(self) -> None:
         if not self._closed:

@@ -17,6 +17,7 @@ nothing. The normal path costs one deque pop and one msgspec decode per event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +26,7 @@ from types import TracebackType
 from typing import Any, Final
 
 import msgspec
+import redis.exceptions as redis_exceptions
 from redis.asyncio import Redis
 
 from kvrelay import keys
@@ -60,6 +62,8 @@ _LOG_PAGE: Final = 256
 _GAP_RETRY_FIRST: Final = 0.05
 _GAP_RETRY_MAX: Final = 1.0
 _GAP_RETRIES_WITH_TERMINAL: Final = 4
+# Events one stream may deliver back to back before it yields to the event loop.
+_MAX_BURST: Final = 64
 
 
 class _SeqOnly(msgspec.Struct):
@@ -162,6 +166,9 @@ class AsyncStream:
         self._error: KvrelayError | None = None
         self._abort_on_exit = False
         self._busy = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Events handed out since this stream last let the loop run (see ``__anext__``).
+        self._burst = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -210,6 +217,7 @@ class AsyncStream:
                 raise RuntimeError("this stream is already being started by another task")
             return
         self._state = _STARTING
+        self._loop = asyncio.get_running_loop()
         try:
             if self._request is not None:
                 await self._start_job(self._request)
@@ -225,14 +233,13 @@ class AsyncStream:
             self._last_progress = asyncio.get_running_loop().time()
 
     async def _start_job(self, request: GenerateRequest) -> None:
-        loop = asyncio.get_running_loop()
+        # The job's clock starts now, not when the stream object was made.
+        now = time.time()
+        deadline = None if self._timeout is None else now + self._timeout
+        request = msgspec.structs.replace(request, deadline=deadline, enqueued_at=now)
+        self._request = request
         if self._timeout is not None:
-            self._deadline = loop.time() + self._timeout
-            now = time.time()
-            request = msgspec.structs.replace(
-                request, deadline=now + self._timeout, enqueued_at=now
-            )
-            self._request = request
+            self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._ctx.admit(request)
         self._mailbox = await self._ctx.dispatcher.subscribe(keys.events_channel(self._job_id))
         self._ctx.track(self)
@@ -248,13 +255,26 @@ class AsyncStream:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         # Subscribed first, so nothing published from now on is missed; the log has the
         # rest. Events up to ``after_seq`` only feed ``final()``; later ones are delivered.
-        for event in await self._read_log("-"):
+        try:
+            replay = await self._read_log("-")
+        except REDIS_ERRORS as exc:
+            raise self._ctx.connection_error(
+                exc, f"reading the event log of job {self._job_id}"
+            ) from exc
+        for event in replay:
             if event.seq <= self._after_seq:
                 self._absorb(event)
                 if self._state == _DONE:
                     return
             elif event.seq >= self._next_seq:
                 self._pending.setdefault(event.seq, event)
+
+    def __del__(self) -> None:
+        # Dropped while live (iterated without ``async with``, then abandoned): release
+        # the subscription and abort, as leaving early would.
+        if self._state == _LIVE and self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._end, _CLOSED)
 
     async def aclose(self) -> None:
         """Stop listening; abort the job unless it already ended."""
@@ -296,6 +316,12 @@ class AsyncStream:
                         raise self._error
                     raise StopAsyncIteration
                 event = await self._next_event()
+                self._burst += 1
+                if self._burst >= _MAX_BURST:
+                    # A backlog (a replayed log, a slow consumer) is served without ever
+                    # suspending: yield now and then so other streams are not starved.
+                    self._burst = 0
+                    await asyncio.sleep(0)
                 if type(event) is Tokens:
                     self._builder.add_tokens(event)
                     return StreamChunk(
@@ -386,7 +412,8 @@ class AsyncStream:
                 wake_at = self._deadline
             if pending and self._gap_retry_at < wake_at:
                 wake_at = self._gap_retry_at
-            if await mailbox.wait(wake_at):
+            self._burst = 0
+            if await mailbox.wait(loop, wake_at):
                 continue
             now = loop.time()
             if self._deadline is not None and now >= self._deadline:
@@ -414,6 +441,15 @@ class AsyncStream:
                 self._last_progress = now
 
     def _advance(self, event: _Event, now: float) -> _Event:
+        deadline = self._deadline
+        if deadline is not None and now >= deadline and not isinstance(event, (Finished, Failed)):
+            # Events still flowing past the job's timeout: enforce it here too.
+            raise self._fail(
+                DeadlineExceeded(
+                    f"the job did not finish within its timeout of {self._timeout:g}s",
+                    job_id=self._job_id,
+                )
+            )
         self._next_seq = event.seq + 1
         self._last_progress = now
         if self._gap_retries:
@@ -432,6 +468,8 @@ class AsyncStream:
                     self._ctx.connection_error(exc, f"reading the event log of job {self._job_id}")
                 ) from exc
             events = []  # outage: the dispatcher resyncs us after reconnecting
+        except KvrelayError as exc:
+            raise self._fail(exc) from None
         pending = self._pending
         for event in events:
             if event.seq >= self._next_seq:
@@ -458,9 +496,14 @@ class AsyncStream:
         events: list[_Event] = []
         redis = self._ctx.redis
         while True:
-            entries: list[Any] = (
-                await redis.xrange(self._log_key, min=start, max="+", count=_LOG_PAGE) or []
-            )
+            try:
+                entries: list[Any] = (
+                    await redis.xrange(self._log_key, min=start, max="+", count=_LOG_PAGE) or []
+                )
+            except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
+                raise InternalError(
+                    f"Redis refused to read the job's event log: {exc}", job_id=self._job_id
+                ) from exc
             for _entry_id, fields in entries:
                 event = _decode(fields.get(b"e") if fields else None)
                 if event is not None:

@@ -20,7 +20,7 @@ def hf_greedy(model: PreTrainedModel, prompts: list[list[int]], max_new_tokens: 
     """Greedy continuation of each prompt by ``generate``, never stopping at EOS."""
     outputs = []
     for prompt in prompts:
-        ids = torch.tensor([prompt], dtype=torch.long)
+        ids = torch.tensor([prompt], dtype=torch.long, device=model.device)
         out = model.generate(ids, attention_mask=torch.ones_like(ids),
                              max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=0)

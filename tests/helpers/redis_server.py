@@ -70,9 +70,7 @@ class RedisServer:
             "warning",
         ]
         assert self.binary is not None
-        self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
         try:

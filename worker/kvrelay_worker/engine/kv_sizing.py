@@ -8,6 +8,7 @@ rows), so start-up never over-allocates. ``num_kv_blocks`` overrides both.
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import torch
@@ -39,6 +40,7 @@ def decide_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
 
 def _cuda_blocks(config: EngineConfig, runner: ModelRunner, per_block: int) -> int:
     device = runner.device
+    gc.collect()  # engines dropped earlier in this process give their memory back first
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated(device)

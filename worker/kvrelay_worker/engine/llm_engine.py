@@ -101,7 +101,8 @@ class LLMEngine:
             max_len = capacity
         self.max_model_len = max_len
         self.runner.allocate_kv_cache(num_blocks)
-        self.runner.prepare_graphs(config, max_len)
+        self.runner.prepare_decode(min(config.max_num_seqs, config.cuda_graph_max_batch),
+                                   max_len, config.enable_cuda_graphs)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  model_id)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,

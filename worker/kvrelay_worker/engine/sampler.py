@@ -31,9 +31,10 @@ def noise_seed(seed: int, choice: int, position: int) -> int:
 class SamplingBatch:
     """Per-row sampling parameters for the rows of one step's logits."""
 
-    temperature: torch.Tensor  # [N] float32; 1.0 on greedy rows
-    greedy: torch.Tensor  # [N] bool
     all_greedy: bool
+    # Only when some row samples at random: [N] float32 (1.0 on greedy rows), [N] bool.
+    temperature: torch.Tensor | None = None
+    greedy: torch.Tensor | None = None
     top_k: torch.Tensor | None = None  # [N] int64, vocab size where off
     top_p: torch.Tensor | None = None  # [N] float32, 1.0 where off
     min_p: torch.Tensor | None = None  # [N] float32, 0.0 where off
@@ -123,6 +124,8 @@ class Sampler:
             processed = logits
             tokens = logits.argmax(dim=-1)
         else:
+            assert batch.temperature is not None
+            assert batch.greedy is not None
             processed = logits / batch.temperature[:, None]
             filtered = apply_top_k_top_p_min_p(processed, batch)
             probs = filtered.softmax(dim=-1)

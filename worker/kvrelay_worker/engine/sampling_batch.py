@@ -19,13 +19,11 @@ def build_sampling_batch(seqs: Seq[Sequence], vocab_size: int, eos_token_ids: Se
     """One row per sequence, in order; tensors for unused features stay ``None``."""
     params = [s.params for s in seqs]
     greedy = [p.greedy for p in params]
-    batch = SamplingBatch(
-        temperature=_row_tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)],
-                                device),
-        greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
-        all_greedy=all(greedy),
-    )
+    batch = SamplingBatch(all_greedy=all(greedy))
     if not batch.all_greedy:
+        batch.temperature = _row_tensor(
+            [1.0 if g else p.temperature for g, p in zip(greedy, params)], device)
+        batch.greedy = torch.tensor(greedy, dtype=torch.bool, device=device)
         if any(p.effective_top_k for p in params):
             batch.top_k = torch.tensor(
                 [p.effective_top_k or vocab_size for p in params], dtype=torch.int64, device=device

@@ -1,0 +1,247 @@
+"""A scripted stand-in for a worker's side of the event contract (no engine, no Celery).
+
+It writes events exactly as a real worker must: ``XADD keys.event_log(job)`` with entry
+id ``log_entry_id(seq)`` and field ``e``, THEN ``PUBLISH keys.events_channel(job)`` with
+the same bytes. Knobs let a test skip the publish of some events (log only), publish
+out of order, or publish duplicates, to exercise the client's ordering and gap-filling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import redis as sync_redis
+
+from kvrelay import keys
+from kvrelay.protocol import (
+    AnyEvent,
+    Failed,
+    Finished,
+    GenerateRequest,
+    Started,
+    Timings,
+    Tokens,
+    Usage,
+    WorkerInfo,
+    encode_event,
+    encode_worker_info,
+    log_entry_id,
+    payload_to_request,
+)
+
+
+def completion_events(
+    texts: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    worker: str = "fake-worker-1",
+    finish_reason: str = "stop",
+    prompt_tokens: int = 3,
+    token_base: int = 100,
+) -> list[AnyEvent]:
+    """Started, one Tokens per text delta (per choice when given a list per choice), Finished.
+
+    Token ids are ``token_base + position`` (plus ``1000 * choice``), so tests can check them.
+    """
+    per_choice: list[Sequence[str]]
+    if texts and not isinstance(texts[0], str):
+        per_choice = [list(t) for t in texts]  # type: ignore[arg-type]
+    else:
+        per_choice = [list(texts)]  # type: ignore[arg-type]
+    events: list[AnyEvent] = [Started(seq=0, worker=worker, prompt_tokens=prompt_tokens)]
+    seq = 1
+    longest = max((len(c) for c in per_choice), default=0)
+    for pos in range(longest):
+        for index, choice in enumerate(per_choice):
+            if pos < len(choice):
+                events.append(
+                    Tokens(
+                        seq=seq,
+                        index=index,
+                        token_ids=[token_base + 1000 * index + pos],
+                        text=choice[pos],
+                    )
+                )
+                seq += 1
+    completion_tokens = sum(len(c) for c in per_choice)
+    events.append(
+        Finished(
+            seq=seq,
+            finish_reason=finish_reason,
+            finish_reasons=[finish_reason] * len(per_choice),
+            usage=Usage(
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cached_tokens=1
+            ),
+            timings=Timings(queue=0.001, ttft=0.002, decode=0.003, total=0.006),
+        )
+    )
+    return events
+
+
+def failed_event(seq: int, code: str, message: str = "boom") -> Failed:
+    return Failed(seq=seq, code=code, message=message)
+
+
+async def emit(
+    redis: Any, job_id: str, event: AnyEvent, *, log: bool = True, publish: bool = True
+) -> None:
+    """Log then publish one event (the order the contract requires)."""
+    data = encode_event(event)
+    if log:
+        await redis.xadd(keys.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
+    if publish:
+        await redis.publish(keys.events_channel(job_id), data)
+
+
+async def play(
+    redis: Any,
+    job_id: str,
+    events: Iterable[AnyEvent],
+    *,
+    delay: float = 0.0,
+    skip_publish: Iterable[int] = (),
+    publish_order: Sequence[int] | None = None,
+    duplicate: Iterable[int] = (),
+) -> None:
+    """Emit ``events``: log all in order; publish in ``publish_order`` (seqs) if given."""
+    events = list(events)
+    skipped = set(skip_publish)
+    doubled = set(duplicate)
+    if publish_order is None:
+        for event in events:
+            await emit(redis, job_id, event, publish=event.seq not in skipped)
+            if event.seq in doubled:
+                await emit(redis, job_id, event, log=False)
+            if delay:
+                await asyncio.sleep(delay)
+        return
+    by_seq = {e.seq: e for e in events}
+    for event in events:
+        await emit(redis, job_id, event, publish=False)
+    for seq in publish_order:
+        await emit(redis, job_id, by_seq[seq], log=False)
+        if delay:
+            await asyncio.sleep(delay)
+
+
+def play_sync(
+    redis: sync_redis.Redis, job_id: str, events: Iterable[AnyEvent], *, delay: float = 0.0
+) -> None:
+    """``play`` for a worker running in a thread (log + publish in one pipeline per event)."""
+    for event in events:
+        data = encode_event(event)
+        pipe = redis.pipeline(transaction=False)
+        pipe.xadd(keys.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
+        pipe.publish(keys.events_channel(job_id), data)
+        pipe.execute()
+        if delay:
+            time.sleep(delay)
+
+
+async def announce(
+    redis: Any, worker_id: str, model: str, *, ttl_ms: int = 5000, **fields: Any
+) -> WorkerInfo:
+    """Register a worker as a real one does: heartbeat first, then SADD."""
+    info = WorkerInfo(
+        worker_id=worker_id,
+        model=model,
+        host="test-host",
+        pid=1234,
+        updated_at=time.time(),
+        **fields,
+    )
+    await redis.set(keys.worker_heartbeat(worker_id), encode_worker_info(info), px=ttl_ms)
+    await redis.sadd(keys.WORKERS, worker_id)
+    return info
+
+
+async def wait_until(predicate: Callable[[], Awaitable[Any]], within: float = 3.0) -> None:
+    """Poll an async predicate until it is truthy (TimeoutError after ``within`` s)."""
+    async with asyncio.timeout(within):
+        while not await predicate():  # noqa: ASYNC110 - polling Redis state, no event to wait on
+            await asyncio.sleep(0.01)
+
+
+def decode_celery_message(raw: bytes | str) -> tuple[dict[str, Any], GenerateRequest]:
+    """A Celery message as kombu's Redis transport stores it -> (headers, request)."""
+    message = json.loads(raw)
+    assert message["content-type"] == "application/json", message["content-type"]
+    body = message["body"]
+    if message["properties"].get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    args, _kwargs, _embed = json.loads(body)
+    return message["headers"], payload_to_request(args[0])
+
+
+async def serve_queue(
+    redis: Any,
+    model: str,
+    script: Callable[[GenerateRequest], list[AnyEvent]] | None = None,
+    *,
+    delay: float = 0.0,
+    seen: list[GenerateRequest] | None = None,
+) -> None:
+    """Consume ``keys.queue(model)`` like a worker (BRPOP) and play ``script`` per job.
+
+    Runs until cancelled; each job is played in its own task.
+    """
+    jobs: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            item = await redis.brpop([keys.queue(model)], timeout=1)
+            if item is None:
+                continue
+            _headers, request = decode_celery_message(item[1])
+            if seen is not None:
+                seen.append(request)
+            events = script(request) if script else completion_events(["Hel", "lo"])
+            task = asyncio.create_task(play(redis, request.job_id, events, delay=delay))
+            jobs.add(task)
+            task.add_done_callback(jobs.discard)
+    finally:
+        for task in jobs:
+            task.cancel()
+
+
+class ThreadWorker:
+    """``serve_queue`` in a thread with a sync client (for the sync ``Client``)."""
+
+    def __init__(
+        self, url: str, model: str, *, texts: Sequence[str] = ("Hel", "lo"), delay: float = 0.0
+    ) -> None:
+        self.url = url
+        self.model = model
+        self.texts = list(texts)
+        self.delay = delay
+        self.requests: list[GenerateRequest] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        client = sync_redis.Redis.from_url(self.url)
+        try:
+            while not self._stop.is_set():
+                item = client.brpop([keys.queue(self.model)], timeout=0.1)
+                if item is None:
+                    continue
+                _headers, request = decode_celery_message(item[1])
+                self.requests.append(request)
+                for event in completion_events(self.texts):
+                    if client.get(keys.abort_flag(request.job_id)):
+                        break
+                    play_sync(client, request.job_id, [event], delay=self.delay)
+        finally:
+            client.close()
+
+    def __enter__(self) -> ThreadWorker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
