@@ -23,17 +23,19 @@ from kvrelay_worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 settings = WorkerSettings.from_env()
-QUEUE = keys.queue(settings.model)
+QUEUE = keys.queue(settings.served_model)
 
 
 def make_celery(s: WorkerSettings) -> Celery:
     celery_app = Celery("kvrelay_worker")
-    queue_name = keys.queue(s.model)
+    queue_name = keys.queue(s.served_model)
     celery_app.conf.update(
         broker_url=s.redis_url,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": s.visibility_timeout,
+            "unacked_restore_interval": s.unacked_restore_interval,
+            "unacked_restore_throttle": s.unacked_restore_throttle,
             "unacked_key": keys.CELERY_UNACKED,
             "unacked_index_key": keys.CELERY_UNACKED_INDEX,
             "unacked_mutex_key": keys.CELERY_UNACKED_MUTEX,

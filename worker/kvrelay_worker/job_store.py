@@ -21,6 +21,7 @@ from kvrelay.protocol import (
     Tokens,
     decode_event,
     encode_event,
+    seq_of_entry_id,
 )
 from kvrelay_worker import redis_scripts
 from kvrelay_worker.settings import WorkerSettings
@@ -89,7 +90,7 @@ class JobStore:
         self.redis = client
         self.settings = settings
         self.worker_id = settings.worker_id
-        self.running_key = keys.running_jobs(settings.model)
+        self.running_key = keys.running_jobs(settings.served_model)
         self._claim = client.register_script(redis_scripts.CLAIM)
         self._release_done = client.register_script(redis_scripts.RELEASE_DONE)
         self._mark_handback = client.register_script(redis_scripts.MARK_HANDBACK)
@@ -156,19 +157,31 @@ class JobStore:
 
     def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool,
                      pipe: Any = None) -> Any:
-        """Append + publish; returns the seq written, -1 if fenced, -2 if already ended.
+        """Append + publish ``event`` at its ``seq``; returns that seq, or -1 if fenced.
 
         With ``fenced`` the write happens only while this worker holds the job's lease, so
-        a worker presumed dead can never interleave events with its successor. An
-        unfenced write with ``seq=-1`` takes the next seq after the log's last entry.
+        a worker presumed dead can never interleave events with its successor.
         """
         key_list, args = self.append_args(job_id, event, fenced)
         return self._append(keys=key_list, args=args, client=pipe or self.redis)
 
+    def append_unowned(self, job_id: str, event: AnyEvent) -> int:
+        """Append ``event`` after the log's last entry, for a job no worker holds.
+
+        Returns the seq it got, or -2 when the log already ended (nothing written).
+        """
+        for _ in range(16):
+            last: list[tuple[bytes, Any]] = self.redis.xrevrange(  # type: ignore[assignment]
+                keys.event_log(job_id), count=1)
+            event.seq = seq_of_entry_id(last[0][0]) + 1 if last else 0
+            result = int(self.append_event(job_id, event, fenced=False))
+            if result != -3:
+                return result
+        raise RuntimeError(f"could not append to the log of job {job_id}: too much contention")
+
     def fail_unclaimed(self, job_id: str, code: str, message: str) -> int:
         """Report a job that never ran (bad payload, deadline, cancelled) and end it."""
-        seq = int(self.append_event(job_id, Failed(seq=-1, code=code, message=message),
-                                    fenced=False))
+        seq = self.append_unowned(job_id, Failed(seq=0, code=code, message=message))
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(keys.job_record(job_id), "state", "done")
         pipe.expire(keys.job_record(job_id), _RECORD_TTL_S)

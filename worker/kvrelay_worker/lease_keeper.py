@@ -99,10 +99,10 @@ class LeaseKeeper:
             elif status == "exhausted":
                 log.warning("job %s lost %d workers; failing it", job_id,
                             self.settings.max_attempts)
-                self.store.append_event(job_id, Failed(
-                    seq=-1, code=ErrorCode.WORKER_LOST,
+                self.store.append_unowned(job_id, Failed(
+                    seq=0, code=ErrorCode.WORKER_LOST,
                     message=f"workers died {self.settings.max_attempts} times while running "
                             f"this job",
-                ), fenced=False)
+                ))
         self.takeovers += count
         return count

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0, 120.0)
@@ -27,35 +30,42 @@ class WorkerMetrics:
         self.jobs = Counter("kvrelay_jobs", "Jobs by outcome", ["outcome"], registry=r)
         self.generated_tokens = Counter("kvrelay_generated_tokens", "Output tokens", registry=r)
         self.prompt_tokens = Counter("kvrelay_prompt_tokens", "Prompt tokens", registry=r)
-        self.running = Gauge("kvrelay_running_sequences", "Sequences in the running batch",
-                             registry=r)
-        self.waiting = Gauge("kvrelay_waiting_sequences", "Sequences waiting to run",
-                             registry=r)
-        self.kv_usage = Gauge("kvrelay_kv_cache_usage_ratio", "Share of KV blocks in use",
-                              registry=r)
-        self.free_blocks = Gauge("kvrelay_kv_free_blocks", "Free KV blocks", registry=r)
-        self.total_blocks = Gauge("kvrelay_kv_total_blocks", "KV blocks in the pool",
-                                  registry=r)
-        self.prefix_hit_rate = Gauge("kvrelay_prefix_cache_hit_rate",
-                                     "Prompt tokens served from the prefix cache / queried",
-                                     registry=r)
-        self.preemptions = Gauge("kvrelay_preemptions", "Preemptions since start", registry=r)
-        self.max_batch = Gauge("kvrelay_max_batch_size", "Largest batch so far", registry=r)
         self.info = Gauge("kvrelay_worker_info", "Constant 1, labelled with the model",
                           ["model"], registry=r)
         self.info.labels(model=model).set(1)
 
-    def update_engine(self, stats: dict[str, Any]) -> None:
-        self.running.set(stats.get("running", 0))
-        self.waiting.set(stats.get("waiting", 0))
-        self.kv_usage.set(stats.get("kv_usage", 0.0))
-        self.free_blocks.set(stats.get("free_blocks", 0))
-        self.total_blocks.set(stats.get("total_blocks", 0))
-        self.prefix_hit_rate.set(stats.get("prefix_cache_hit_rate", 0.0))
-        self.preemptions.set(stats.get("preemptions", 0))
-        self.max_batch.set(stats.get("max_batch_size", 0))
+    def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:
+        """Export the engine's live state, read at scrape time (never stale)."""
+        self.registry.register(_EngineStatsCollector(stats))
 
     def serve(self, port: int) -> int:
         """Start the HTTP endpoint; returns the bound port (0 picks a free one)."""
         server, _ = start_http_server(port, registry=self.registry)
         return int(server.server_port)
+
+
+# Engine stats exported as gauges: (metric name, stats key, help).
+_ENGINE_GAUGES = (
+    ("kvrelay_running_sequences", "running", "Sequences in the running batch"),
+    ("kvrelay_waiting_sequences", "waiting", "Sequences waiting to run"),
+    ("kvrelay_kv_cache_usage_ratio", "kv_usage", "Share of KV blocks in use"),
+    ("kvrelay_kv_free_blocks", "free_blocks", "Free KV blocks"),
+    ("kvrelay_kv_total_blocks", "total_blocks", "KV blocks in the pool"),
+    ("kvrelay_prefix_cache_hit_rate", "prefix_cache_hit_rate",
+     "Prompt tokens served from the prefix cache / prompt tokens looked up"),
+    ("kvrelay_prefix_cache_hit_tokens", "prefix_cache_hits", "Prompt tokens served from cache"),
+    ("kvrelay_prefix_cache_query_tokens", "prefix_cache_queries", "Prompt tokens looked up"),
+    ("kvrelay_preemptions", "preemptions", "Sequences preempted since start"),
+    ("kvrelay_max_batch_size", "max_batch_size", "Largest batch so far"),
+    ("kvrelay_jobs_running", "jobs", "Jobs held by the engine"),
+)
+
+
+class _EngineStatsCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self._stats()
+        for name, key, doc in _ENGINE_GAUGES:
+            yield GaugeMetricFamily(name, doc, value=float(stats.get(key, 0) or 0))

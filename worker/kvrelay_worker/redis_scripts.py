@@ -14,8 +14,10 @@ from __future__ import annotations
 CLAIM = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'done' then return {'done'} end
+-- Any live lease means the job is running (here too: a redelivered copy can come back
+-- to its owner); only a lease its holder is handing back may be taken.
 local owner = redis.call('GET', KEYS[2])
-if owner and owner ~= ARGV[2] then
+if owner then
   local handback = redis.call('HGET', KEYS[1], 'handback')
   if handback ~= owner then return {'owned', owner} end
 end
@@ -67,24 +69,26 @@ return 1
 # Append one event to a job's log and publish it. Terminal events carry a second
 # field ``t`` so an unfenced writer can tell that the job already ended.
 # KEYS: event log, lease
-# ARGV: channel, worker id ('' = no fencing), seq (-1 = next after the log's last),
-#       event bytes, max log length, terminal (0/1), log ttl s (after a terminal event)
-# -> seq written; -1 when fenced (the lease is someone else's); -2 when an unfenced
-#    write finds the log already ended.
+# ARGV: channel, worker id ('' = unfenced), seq, event bytes, max log length,
+#       terminal (0/1), log ttl s (after a terminal event)
+# -> the seq written; -1 when fenced (the lease is someone else's); for unfenced writes
+#    -2 when the log already ended and -3 when ``seq`` is not the next one (retry).
 APPEND_EVENT = """
-if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
-local seq = tonumber(ARGV[3])
-if seq < 0 then
-  seq = 0
+if ARGV[2] ~= '' then
+  if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
+else
+  local expected = 0
   local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
   if #last > 0 then
     local fields = last[1][2]
     for i = 1, #fields, 2 do
       if fields[i] == 't' then return -2 end
     end
-    seq = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+    expected = tonumber(string.match(last[1][1], '^(%d+)')) + 1
   end
+  if tonumber(ARGV[3]) ~= expected then return -3 end
 end
+local seq = tonumber(ARGV[3])
 if ARGV[6] == '1' then
   redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], seq .. '-1', 'e', ARGV[4], 't', '1')
   redis.call('EXPIRE', KEYS[1], ARGV[7])

@@ -45,7 +45,7 @@ class WorkerRuntime:
                  engine: LLMEngine | None = None) -> None:
         self.settings = settings
         self.requeue_fn = requeue
-        self.metrics = WorkerMetrics(settings.model)
+        self.metrics = WorkerMetrics(settings.served_model)
         self.started_at = time.time()
         self.engine = engine or LLMEngine(EngineConfig(**settings.engine_options()),  # type: ignore[arg-type]
                                           progress=False)
@@ -53,6 +53,7 @@ class WorkerRuntime:
         self.publisher = Publisher(JobStore(self._redis(), settings), self.metrics,
                                    requeue=self._requeue, on_fenced=self._on_fenced)
         self.service = EngineService(self.engine, self.publisher, self.metrics)
+        self.metrics.watch_engine(self.service.stats)
         self.leases = LeaseKeeper(JobStore(self._redis(), settings), settings,
                                   owned_jobs=self.owned_job_ids, on_lost=self._on_fenced_id,
                                   on_aborted=self._on_abort, requeue=self._requeue,
@@ -78,7 +79,7 @@ class WorkerRuntime:
             self.metrics_port = self.metrics.serve(self.settings.metrics_port)
         stats = self.engine.stats()
         log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens",
-                 self.settings.worker_id, self.settings.model, self.engine.device,
+                 self.settings.worker_id, self.settings.served_model, self.engine.device,
                  stats["total_blocks"], stats["block_size"])
 
     def shutdown(self, grace: float | None = None) -> None:
@@ -115,7 +116,7 @@ class WorkerRuntime:
 
     def worker_info(self) -> WorkerInfo:
         return WorkerInfo(
-            worker_id=self.settings.worker_id, model=self.settings.model,
+            worker_id=self.settings.worker_id, model=self.settings.served_model,
             host=self.settings.host, pid=os.getpid(), device=str(self.engine.device),
             concurrency=self.settings.concurrency, started_at=self.started_at,
             updated_at=time.time(), jobs_running=len(self._owned), draining=self.draining,
@@ -151,7 +152,7 @@ class WorkerRuntime:
             log.warning("ignoring a task without an id")
             return "ignored"
         try:
-            request, payload_json = decode_payload(payload, job_id, self.settings.model,
+            request, payload_json = decode_payload(payload, job_id, self.settings.served_model,
                                                    self.settings.max_payload_bytes)
         except JobRejected as rejected:
             self.store.fail_unclaimed(job_id, rejected.code, rejected.message)

@@ -11,6 +11,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -28,7 +29,11 @@ class WorkerSettings:
     """Everything one worker process needs to know (see the README's configuration table)."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    # What to load: a known name, a Hugging Face folder or a .gguf file.
     model: str = "smollm2-135m-instruct"
+    # The name clients ask for (and the queue's name); defaults to ``model``, or the
+    # folder's / file's name when ``model`` is a path.
+    model_name: str = ""
     device: str = "auto"
     dtype: str = "auto"
     concurrency: int = 64
@@ -42,6 +47,9 @@ class WorkerSettings:
     max_attempts: int = 3
     # Celery's redelivery of unacknowledged messages: the last resort, longer than any job.
     visibility_timeout: float = 6 * 3600.0
+    # kombu's restore sweep of unacknowledged messages: every interval x throttle seconds.
+    unacked_restore_interval: float = 10.0
+    unacked_restore_throttle: int = 10
     # On SIGTERM: how long running jobs may take to finish before being handed back.
     shutdown_grace: float = 30.0
     max_payload_bytes: int = 1 << 20
@@ -88,8 +96,23 @@ class WorkerSettings:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise SettingsError(f"KVRELAY_METRICS_PORT must be a port number, got {self.metrics_port}")
+        if any(c in self.served_model for c in "{} \t\n"):
+            raise SettingsError(
+                f"model name {self.served_model!r} may not contain braces or whitespace; set "
+                f"KVRELAY_MODEL_NAME"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise SettingsError(f"KVRELAY_DEVICE must be auto, cpu or cuda, got {self.device!r}")
+
+    @property
+    def served_model(self) -> str:
+        if self.model_name:
+            return self.model_name
+        path = Path(self.model).expanduser()
+        if path.exists():
+            name = path.resolve().name
+            return name[: -len(".gguf")] if name.endswith(".gguf") else name
+        return self.model
 
     @property
     def host(self) -> str:

@@ -9,7 +9,7 @@ a sequence is evicted before its (more shareable) beginning.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 class KVBlock:
@@ -65,7 +65,7 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self.num_free -= 1
 
-    def __iter__(self) -> Iterable[KVBlock]:
+    def __iter__(self) -> Iterator[KVBlock]:
         block = self._head.next_free
         while block is not None and block is not self._tail:
             yield block

@@ -50,6 +50,9 @@ class LLM:
         """
         batch = self._as_batch(prompts)
         params = self._as_params(sampling_params, len(batch))
+        if priority is not None and len(priority) != len(batch):
+            # Checked up front: a short list would otherwise fail half-way with IndexError.
+            raise ValueError(f"got {len(priority)} priorities for {len(batch)} prompts")
         ids = []
         try:
             for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 Prompt = str | Seq[int]
 
+# What ``prior_finish_reasons`` may say: the finished statuses' values.
+_FINISH_REASONS = frozenset(s.value for s in SequenceStatus if s.finished)
+
 
 def eos_token_ids_of(model: LlamaForCausalLM, tokenizer: Any) -> tuple[int, ...]:
     ids = set(model.config.eos_token_ids)
@@ -99,6 +102,18 @@ class LLMEngine:
             log.warning("max_model_len lowered from %d to the KV pool's %d tokens",
                         max_len, capacity)
             max_len = capacity
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
+            # Without chunking a prompt (or a preempted sequence's recompute) runs in one
+            # step; a longer one could never be scheduled and would wait forever.
+            if config.max_model_len is not None:
+                raise EngineConfigError(
+                    f"with chunked prefill off, max_num_batched_tokens "
+                    f"({config.max_num_batched_tokens}) must be at least max_model_len "
+                    f"({max_len}); raise it, lower max_model_len or enable chunked prefill"
+                )
+            log.warning("max_model_len lowered from %d to max_num_batched_tokens=%d "
+                        "(chunked prefill is off)", max_len, config.max_num_batched_tokens)
+            max_len = config.max_num_batched_tokens
         self.max_model_len = max_len
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.prepare_decode(min(config.max_num_seqs, config.cuda_graph_max_batch),
@@ -142,6 +157,8 @@ class LLMEngine:
         ``prior_*`` resume a request an earlier attempt started (failover): per choice,
         the tokens and text it already reported, and a finish reason for choices that had
         already ended. Generation continues after them; they are never reported again.
+        Choices past the end of a ``prior_*`` list have no prior tokens, text or reason.
+        Bad input raises before anything is queued, so the engine is left as it was.
         """
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -162,8 +179,17 @@ class LLMEngine:
         for p in priors:
             if any(not 0 <= t < self.vocab_size for t in p):
                 raise InvalidPromptError("prior output has a token outside the vocabulary")
+        texts = list(prior_texts or [])
+        reasons = list(prior_finish_reasons or [])
+        for reason in reasons:
+            if reason is not None and reason not in _FINISH_REASONS:
+                raise InvalidPromptError(
+                    f"prior finish reason {reason!r} is not one of {sorted(_FINISH_REASONS)}")
         arrival = next(self._arrivals)
         choices: list[ChoiceState] = []
+        # Queued only once every choice is built: a failure half-way must not leave
+        # sequences in the scheduler that no request state owns (they would never finish).
+        to_schedule: list[Sequence] = []
         first: Sequence | None = None
         for index in range(params.n):
             prior = priors[index] if index < len(priors) else []
@@ -181,12 +207,11 @@ class LLMEngine:
             detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop_strings,
                                            params.skip_special_tokens)
             if prior:
-                detok.resume(prior, prior_texts[index] if prior_texts else "")
+                detok.resume(prior, texts[index] if index < len(texts) else "")
             choice = ChoiceState(seq=seq, detok=detok,
                                  logprobs=[] if params.logprobs is not None else None)
             choices.append(choice)
-            reason = prior_finish_reasons[index] if prior_finish_reasons and index < len(
-                prior_finish_reasons) else None
+            reason = reasons[index] if index < len(reasons) else None
             reason = reason or self._length_reason(seq)
             if reason is not None:
                 choice.finish_reason = reason
@@ -197,6 +222,8 @@ class LLMEngine:
                 first = seq
             elif self.config.enable_prefix_caching:
                 seq.waits_for = first
+            to_schedule.append(seq)
+        for seq in to_schedule:
             self.scheduler.add(seq)
         state = RequestState(request_id, prompt if isinstance(prompt, str) else None,
                              prompt_ids, params, choices)

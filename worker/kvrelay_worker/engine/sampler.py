@@ -62,9 +62,13 @@ class SamplerOutput:
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Bias, bans and penalties, in place on float32 ``logits`` ([N, V])."""
+    """Bias, bans and penalties on float32 ``logits`` ([N, V]); returns a new tensor.
+
+    Out of place: the model runner's logits are inference tensors (made under
+    ``torch.inference_mode``), which may not be modified in place outside it.
+    """
     if batch.bias_index is not None and batch.bias_values is not None:
-        logits.index_put_(batch.bias_index, batch.bias_values, accumulate=True)
+        logits = logits.index_put(batch.bias_index, batch.bias_values, accumulate=True)
     if batch.repetition_penalty is not None and batch.seen_mask is not None:
         penalty = batch.repetition_penalty[:, None].expand_as(logits)
         penalized = torch.where(logits < 0, logits * penalty, logits / penalty)

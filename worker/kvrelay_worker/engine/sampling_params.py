@@ -114,11 +114,17 @@ class SamplingParams:
         self.min_p = float(self.min_p)
 
     def _validate_stops(self) -> None:
+        # Only lists and tuples: iterating anything else would accept a dict's keys or a
+        # bytes object's ints, or fail with a TypeError instead of a clear message.
+        if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):
+            _fail(f"stop must be a string or a list of strings, got {self.stop!r}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         for s in stop:
             if not isinstance(s, str) or not s:
                 _fail(f"stop strings must be non-empty strings, got {s!r}")
         self.stop_strings = tuple(stop)
+        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, (list, tuple)):
+            _fail(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         ids = list(self.stop_token_ids or [])
         for t in ids:
             if not _is_int(t) or t < 0:

@@ -1,0 +1,51 @@
+"""Fixtures for integration tests with real worker processes and a real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.worker_process import WorkerProcess
+
+TINY = "llama-mqa"
+
+
+
+@pytest.fixture
+def tiny_model_path(tiny_model: Callable[[str], Path]) -> str:
+    return str(tiny_model(TINY))
+
+
+@pytest.fixture
+def start_worker(clean_redis_url: str, tiny_model_path: str, tmp_path: Path,
+                 request: pytest.FixtureRequest) -> Iterator[Callable[..., WorkerProcess]]:
+    """``start_worker(name, **KVRELAY_settings)`` -> a ready worker; all stopped at the end.
+
+    Worker logs are printed when the test fails, so a failure shows what the workers saw.
+    """
+    started: list[WorkerProcess] = []
+
+    def start(name: str = "w1", ready: bool = True, **settings: Any) -> WorkerProcess:
+        settings.setdefault("model", tiny_model_path)
+        model = settings.pop("model")
+        worker = WorkerProcess(name, clean_redis_url, model, tmp_path, **settings)
+        started.append(worker.start())
+        return worker.wait_ready() if ready else worker
+
+    yield start
+    failed = getattr(request.node, "rep_call", None)
+    for worker in started:
+        worker.stop()
+    if failed is not None and failed.failed:
+        for worker in started:
+            print(f"\n----- worker {worker.name} log -----\n{worker.tail(6000)}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
+    return rep

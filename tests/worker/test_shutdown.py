@@ -1,0 +1,101 @@
+"""SIGTERM: running jobs finish (or, past the grace period, move to another worker), queued
+jobs stay on the queue for the others; nothing is lost."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+from celery import Celery
+from helpers.job_log import read_events, wait_terminal
+from helpers.worker_process import WorkerProcess
+
+from kvrelay import keys
+from kvrelay.protocol import (
+    TASK_NAME,
+    Finished,
+    GenerateRequest,
+    SamplingOptions,
+    Started,
+    Tokens,
+    request_to_payload,
+)
+
+pytestmark = pytest.mark.integration
+
+MODEL = "llama-mqa"
+
+
+def _enqueue(url: str, count: int, max_tokens: int) -> list[str]:
+    app = Celery(broker=url)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    ids = []
+    try:
+        for i in range(count):
+            request = GenerateRequest(
+                job_id=uuid.uuid4().hex, model=MODEL, prompt_token_ids=[40 + i, 41, 42],
+                sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0,
+                                         ignore_eos=True),
+                enqueued_at=time.time())
+            app.send_task(TASK_NAME, args=[request_to_payload(request)],
+                          task_id=request.job_id, queue=keys.queue(MODEL))
+            ids.append(request.job_id)
+    finally:
+        app.close()
+    return ids
+
+
+def _started_by(url: str, job_id: str) -> list[str]:
+    return [e.worker for e in read_events(url, job_id) if isinstance(e, Started)]
+
+
+def _wait_started(url: str, job_ids: list[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(any(isinstance(e, Tokens) for e in read_events(url, j)) for j in job_ids):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("jobs did not start")
+
+
+def test_sigterm_finishes_running_jobs_and_leaves_queued_ones(
+        start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
+    a = start_worker("a", concurrency=2, shutdown_grace=60)
+    running = _enqueue(clean_redis_url, 2, max_tokens=800)
+    _wait_started(clean_redis_url, running)
+    queued = _enqueue(clean_redis_url, 2, max_tokens=50)
+    a.signal(signal.SIGTERM)
+    b = start_worker("b", concurrency=2)
+    assert a.wait_exit(90) == 0
+    for job_id in running + queued:
+        events = wait_terminal(clean_redis_url, job_id, timeout=90)
+        assert isinstance(events[-1], Finished), events[-1]
+        assert [e.seq for e in events] == list(range(len(events)))
+    for job_id in running:
+        workers = _started_by(clean_redis_url, job_id)
+        assert len(workers) == 1
+        assert workers[0].endswith(f":{a.pid}")
+    for job_id in queued:
+        workers = _started_by(clean_redis_url, job_id)
+        assert len(workers) == 1
+        assert workers[0].endswith(f":{b.pid}")
+
+
+def test_sigterm_hands_back_jobs_that_outlast_the_grace_period(
+        start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
+    a = start_worker("a", concurrency=2, shutdown_grace=1)
+    (job_id,) = _enqueue(clean_redis_url, 1, max_tokens=3000)
+    _wait_started(clean_redis_url, [job_id])
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(60) == 0
+    b = start_worker("b", concurrency=2)
+    events = wait_terminal(clean_redis_url, job_id, timeout=120)
+    assert isinstance(events[-1], Finished)
+    assert [e.seq for e in events] == list(range(len(events)))
+    starts = [e for e in events if isinstance(e, Started)]
+    assert [s.worker.endswith(f":{w.pid}") for s, w in zip(starts, (a, b))] == [True, True]
+    tokens = [t for e in events if isinstance(e, Tokens) for t in e.token_ids]
+    assert len(tokens) == 3000
