@@ -28,6 +28,8 @@ except ImportError:  # client-only environments have no torch
 
 SMOLLM2 = "smollm2-135m-instruct"
 
+pytest_plugins = ["helpers.worker_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:

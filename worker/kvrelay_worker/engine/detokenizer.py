@@ -22,10 +22,14 @@ class IncrementalDetokenizer:
     """Decodes one choice's output tokens as they arrive and watches for stop strings."""
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Seq[int], stop: Seq[str] = (),
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.skip_special_tokens = skip_special_tokens
+        # Stop strings count only from the min_tokens-th output token on, as stop tokens
+        # and EOS do: cutting the text earlier would end it while generation goes on.
+        self.min_tokens = min_tokens
+        self._num_output = 0
         context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._ids: list[int] = context
         self._prefix_offset = 0
@@ -44,6 +48,7 @@ class IncrementalDetokenizer:
         if self.stopped:
             return True
         self._ids.append(token_id)
+        self._num_output += 1
         new_text = self._advance(final=False)
         if new_text:
             self._append(new_text)
@@ -61,7 +66,7 @@ class IncrementalDetokenizer:
     def _append(self, new_text: str) -> None:
         start = max(0, len(self.text) - self._max_stop + 1)
         self.text += new_text
-        if not self.stop:
+        if not self.stop or self._num_output < self.min_tokens:
             return
         hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
         if hits:

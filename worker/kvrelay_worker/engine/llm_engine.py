@@ -205,7 +205,7 @@ class LLMEngine:
                 num_resumed_tokens=len(prior),
             )
             detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop_strings,
-                                           params.skip_special_tokens)
+                                           params.skip_special_tokens, params.min_tokens)
             if prior:
                 detok.resume(prior, texts[index] if index < len(texts) else "")
             choice = ChoiceState(seq=seq, detok=detok,

@@ -1,4 +1,4 @@
-"""Fixtures for integration tests with real worker processes and a real Redis."""
+"""Fixtures that start real worker processes (registered from tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from helpers.worker_process import WorkerProcess
 
 TINY = "llama-mqa"
-
 
 
 @pytest.fixture
@@ -23,22 +23,22 @@ def start_worker(clean_redis_url: str, tiny_model_path: str, tmp_path: Path,
                  request: pytest.FixtureRequest) -> Iterator[Callable[..., WorkerProcess]]:
     """``start_worker(name, **KVRELAY_settings)`` -> a ready worker; all stopped at the end.
 
-    Worker logs are printed when the test fails, so a failure shows what the workers saw.
+    The model defaults to the tiny random ``llama-mqa`` (served as "llama-mqa"). Worker
+    logs are printed when the test fails, so a failure shows what the workers saw.
     """
     started: list[WorkerProcess] = []
 
     def start(name: str = "w1", ready: bool = True, **settings: Any) -> WorkerProcess:
-        settings.setdefault("model", tiny_model_path)
-        model = settings.pop("model")
+        model = settings.pop("model", tiny_model_path)
         worker = WorkerProcess(name, clean_redis_url, model, tmp_path, **settings)
         started.append(worker.start())
         return worker.wait_ready() if ready else worker
 
     yield start
-    failed = getattr(request.node, "rep_call", None)
+    report = getattr(request.node, "rep_call", None)
     for worker in started:
         worker.stop()
-    if failed is not None and failed.failed:
+    if report is not None and report.failed:
         for worker in started:
             print(f"\n----- worker {worker.name} log -----\n{worker.tail(6000)}")
 

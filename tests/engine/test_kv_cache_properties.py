@@ -1,0 +1,274 @@
+"""Property tests: the real Scheduler + KVCacheManager + BlockPool under random traffic.
+
+A hypothesis state machine adds requests (prompts built from a few shared prefixes, so
+prefix hits are frequent; some with several choices, some salted), steps and aborts. The
+model is simulated: each step writes, for every scheduled token, the identity of the
+token's context (salt and every token up to it) into a fake KV cache at the slot the
+block table names, after checking that every context slot the model would read holds
+exactly the right identity. A wrong prefix hit, a block handed to two writers or a block
+table that misses a token therefore shows up as a wrong identity. Sampling appends a
+random token; sequences finish at random, at ``max_tokens`` or at ``max_model_len``.
+
+Checked after every operation: reference counts equal the number of sequences holding
+each block and are never negative; a block is free exactly when nobody holds it; a block
+held by two sequences is a cached, full, computed block at the same position of both;
+running block tables cover the computed tokens; waiting sequences hold nothing; the step
+respects the token budget and the sequence limit and admits by priority; when nothing is
+left, every block is free. At the end every request is driven to completion in a
+bounded number of steps (nothing livelocks) and no block leaks.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from kvrelay_worker.engine.kv_cache import KVCacheManager
+from kvrelay_worker.engine.sampling_params import SamplingParams
+from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
+from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+
+BLOCK_SIZE = 4
+# Tokens come from a tiny alphabet so that equal prompts and equal generated tails are
+# common; the shared prefixes have block-aligned and unaligned lengths.
+ALPHABET = 5
+_rng = random.Random(1234)
+PREFIXES = [[_rng.randrange(ALPHABET) for _ in range(n)] for n in (8, 13, 21)]
+
+Identity = tuple[str | None, tuple[int, ...]]
+
+
+def wait_key(seq: Sequence) -> tuple[int, int, int]:
+    return (-seq.priority, seq.arrival_order, seq.seq_id)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: list[Sequence] = []
+        self.finished: list[Sequence] = []
+        self.kv_content: dict[int, Identity] = {}
+        self.arrivals = 0
+        self.num_steps = 0
+        self.num_requests = 0
+
+    @initialize(
+        num_blocks=st.integers(4, 16),
+        max_num_seqs=st.integers(1, 5),
+        budget=st.integers(1, 24),
+        chunked=st.booleans(),
+        caching=st.booleans(),
+    )
+    def setup(self, num_blocks: int, max_num_seqs: int, budget: int, chunked: bool,
+              caching: bool) -> None:
+        # As the engine guarantees: one sequence of max_model_len fits the pool, and
+        # without chunked prefill one step's budget fits a whole sequence.
+        self.max_len = min(num_blocks * BLOCK_SIZE, 40)
+        if not chunked:
+            budget = max(budget, self.max_len)
+        self.caching = caching
+        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, caching, model_id="m")
+        self.sched = Scheduler(self.kv, max_num_seqs, budget, enable_chunked_prefill=chunked)
+
+    # ------------------------------------------------------------------ operations
+
+    @rule(
+        prefix=st.sampled_from([None, 0, 1, 2]),
+        suffix=st.lists(st.integers(0, ALPHABET - 1), max_size=10),
+        priority=st.integers(0, 2),
+        max_tokens=st.integers(1, 12),
+        n=st.sampled_from([1, 1, 1, 2, 3]),
+        salt=st.sampled_from([None, None, "tenant"]),
+    )
+    def add(self, prefix: int | None, suffix: list[int], priority: int, max_tokens: int,
+            n: int, salt: str | None) -> None:
+        prompt = (PREFIXES[prefix] if prefix is not None else []) + suffix
+        prompt = prompt[: self.max_len - 1] or [0]
+        params = SamplingParams(max_tokens=max_tokens, n=n)
+        first: Sequence | None = None
+        for index in range(n):
+            seq = Sequence(request_id=f"r{self.num_requests}", choice_index=index,
+                           token_ids=list(prompt), num_prompt_tokens=len(prompt),
+                           params=params, priority=priority, arrival_order=self.arrivals,
+                           cache_salt=salt)
+            if first is None:
+                first = seq
+            elif self.caching:
+                seq.waits_for = first
+            self.sched.add(seq)
+            self.live.append(seq)
+        self.arrivals += 1
+        self.num_requests += 1
+
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+        stop_chance = data.draw(st.sampled_from([0.0, 0.1, 0.5]))
+        self._step(rng, stop_chance)
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(self.live))
+        self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+
+    @precondition(lambda self: bool(self.live))
+    @rule()
+    def abort_everything(self) -> None:
+        for seq in list(self.live):
+            self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self._check_all_free()
+
+    # ------------------------------------------------------------ simulated engine
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        self.sched.finish(seq, status)
+        assert seq.block_table == []
+        assert self.kv.num_blocks_held(seq) == 0
+        self.live.remove(seq)
+        self.finished.append(seq)
+
+    def _identity(self, seq: Sequence, position: int) -> Identity:
+        return (seq.cache_salt, tuple(seq.token_ids[: position + 1]))
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
+
+    def _step(self, rng: random.Random, stop_chance: float) -> None:
+        waiting_before = set(self.sched.waiting_sequences())
+        out = self.sched.schedule()
+        self.num_steps += 1
+        self._check_schedule(out, waiting_before)
+        pool = self.kv.pool
+        for item in out.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            assert len(seq.block_table) * BLOCK_SIZE >= start + item.num_new_tokens
+            for position in range(start):  # the context attention reads
+                assert self.kv_content.get(self._slot(seq, position)) == self._identity(
+                    seq, position), f"seq {seq.seq_id} reads wrong KV at position {position}"
+            for position in range(start, start + item.num_new_tokens):
+                block = pool.blocks[seq.block_table[position // BLOCK_SIZE]]
+                assert block.ref_cnt == 1, "writing into a block another sequence holds"
+                assert block.block_hash is None, "writing into a published (cached) block"
+                self.kv_content[self._slot(seq, position)] = self._identity(seq, position)
+        sampling = [item.seq for item in out.scheduled if item.samples]
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.kv.publish_computed_blocks(item.seq)
+        for seq in sampling:
+            assert seq.num_computed_tokens == seq.num_tokens
+            seq.append_token(rng.randrange(ALPHABET))
+            if (seq.num_output_tokens >= (seq.params.max_tokens or 0)
+                    or seq.num_tokens >= self.max_len):
+                self._finish(seq, SequenceStatus.FINISHED_LENGTH)
+            elif rng.random() < stop_chance:
+                self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+
+    # ------------------------------------------------------------------- checks
+
+    def _check_schedule(self, out: SchedulerOutput, waiting_before: set[Sequence]) -> None:
+        sched = self.sched
+        assert out.num_batched_tokens <= sched.max_num_batched_tokens
+        assert len(sched.running) <= sched.max_num_seqs
+        seqs = [item.seq for item in out.scheduled]
+        assert len({s.seq_id for s in seqs}) == len(seqs), "a sequence scheduled twice"
+        for item in out.scheduled:
+            seq = item.seq
+            assert item.num_new_tokens >= 1
+            assert seq.status is SequenceStatus.RUNNING
+            assert seq in sched.running
+            assert seq.num_computed_tokens + item.num_new_tokens <= seq.num_tokens
+            if not sched.enable_chunked_prefill:
+                assert item.samples, "without chunked prefill a prompt runs whole"
+            assert seq.num_cached_tokens >= 0
+            assert seq.num_cached_tokens % BLOCK_SIZE == 0
+            assert seq.num_cached_tokens < seq.num_tokens
+        for seq in out.preempted:
+            assert seq not in seqs
+            assert seq.status is SequenceStatus.WAITING
+        # Admission is by (priority, arrival): a sequence admitted this step outranks
+        # every sequence left waiting, except siblings deferred until choice 0's prompt
+        # is cached.
+        admitted = [s for s in seqs if s in waiting_before]
+        if admitted:
+            assert not out.preempted, "admitted in a step that had to preempt"
+            worst = max(wait_key(s) for s in admitted)
+            for seq in sched.waiting_sequences():
+                if seq.waits_for is None:
+                    assert wait_key(seq) > worst, "a lower-priority request was admitted first"
+
+    @invariant()
+    def pool_is_consistent(self) -> None:
+        if not hasattr(self, "kv"):
+            return
+        pool = self.kv.pool
+        holders: dict[int, list[tuple[Sequence, int]]] = {}
+        for seq in self.sched.running:
+            assert seq.status is SequenceStatus.RUNNING
+            table = seq.block_table
+            assert len(set(table)) == len(table), "a block twice in one table"
+            assert len(table) * BLOCK_SIZE >= seq.num_computed_tokens
+            assert self.kv.num_blocks_held(seq) == len(table)
+            for index, block_id in enumerate(table):
+                holders.setdefault(block_id, []).append((seq, index))
+        for seq in self.sched.waiting_sequences():
+            assert seq.status is SequenceStatus.WAITING
+            assert seq.block_table == []
+            assert seq.num_computed_tokens == 0
+            assert self.kv.num_blocks_held(seq) == 0
+        assert set(self.sched.running) | set(self.sched.waiting_sequences()) == set(self.live)
+        assert len(self.sched.running) + self.sched.num_waiting == len(self.live)
+        for block in pool.blocks:
+            held_by = holders.get(block.block_id, [])
+            assert block.ref_cnt >= 0
+            assert block.ref_cnt == len(held_by), f"{block} held by {len(held_by)}"
+            assert (block in pool.free_queue) == (block.ref_cnt == 0)
+            if len(held_by) > 1:
+                assert block.block_hash is not None, "uncached block shared"
+                indices = {index for _, index in held_by}
+                assert len(indices) == 1, "a shared block at different positions"
+                (index,) = indices
+                for seq, _ in held_by:
+                    assert seq.num_computed_tokens >= (index + 1) * BLOCK_SIZE
+                    assert seq.block_hashes[index] == block.block_hash
+        assert pool.num_free_blocks == sum(1 for b in pool.blocks if b.ref_cnt == 0)
+        assert len(list(pool.free_queue)) == pool.num_free_blocks
+        for block_hash, block in pool.cached.items():
+            assert block.block_hash == block_hash
+        if not self.live:
+            self._check_all_free()
+
+    def _check_all_free(self) -> None:
+        assert not self.sched.has_unfinished()
+        assert self.kv.num_free_blocks == self.kv.num_blocks, "blocks leaked"
+
+    def teardown(self) -> None:
+        if not hasattr(self, "kv"):
+            return
+        # Every request completes (no stop at random), in a bounded number of steps.
+        rng = random.Random(0)
+        remaining = sum(self.max_len - s.num_computed_tokens for s in self.live)
+        limit = 4 * remaining * max(1, len(self.live)) + 10
+        steps = 0
+        while self.live:
+            assert steps < limit, "the scheduler stopped making progress"
+            self._step(rng, stop_chance=0.0)
+            self.pool_is_consistent()
+            steps += 1
+        self._check_all_free()
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(
+    max_examples=150, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
