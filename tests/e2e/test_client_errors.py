@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from celery import Celery
+from helpers.celery_send import send_raw
 from helpers.job_log import read_events
 from helpers.worker_process import WorkerProcess
 
@@ -27,9 +27,8 @@ from kvrelay import (
     StreamTimeout,
     UnknownModel,
     WorkerLost,
-    keys,
 )
-from kvrelay.protocol import TASK_NAME, Started
+from kvrelay.protocol import Started
 
 pytestmark = pytest.mark.integration
 
@@ -69,14 +68,9 @@ async def test_protocol_version(start_worker: Callable[..., WorkerProcess],
                                 clean_redis_url: str) -> None:
     start_worker(concurrency=2)
     job_id = uuid.uuid4().hex
-    app = Celery(broker=clean_redis_url)
-    app.conf.update(task_serializer="json", accept_content=["json"])
-    try:
-        app.send_task(TASK_NAME, args=[{"job_id": job_id, "model": MODEL, "protocol_major": 2,
-                                        "prompt_token_ids": [1]}],
-                      task_id=job_id, queue=keys.queue(MODEL))
-    finally:
-        app.close()
+    send_raw(clean_redis_url, MODEL, [(job_id, [{"job_id": job_id, "model": MODEL,
+                                                 "protocol_major": 2,
+                                                 "prompt_token_ids": [1]}], {})])
     async with AsyncClient(clean_redis_url, model=MODEL) as client:
         stream = await client.resume(job_id)
         with pytest.raises(ProtocolVersionError):

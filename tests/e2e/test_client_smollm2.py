@@ -6,11 +6,8 @@ One worker for the module (loading the model takes seconds); its own Redis datab
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from helpers.redis_db import fresh_db_url
 from helpers.worker_process import WorkerProcess
 
 from kvrelay import AsyncClient, Client
@@ -21,17 +18,8 @@ MODEL = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def served(redis_url: str, smollm2_folder: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, WorkerProcess]]:
-    url = fresh_db_url(redis_url, 11)
-    worker = WorkerProcess("smollm2", url, MODEL, tmp_path_factory.mktemp("smollm2-worker"),
-                           concurrency=8)
-    worker.start()
-    try:
-        worker.wait_ready(timeout=180)
-        yield url, worker
-    finally:
-        worker.stop()
+def served(smollm2_worker: tuple[str, WorkerProcess]) -> tuple[str, WorkerProcess]:
+    return smollm2_worker
 
 
 async def test_generate_from_prompt_messages_and_token_ids(

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from helpers.redis_db import fresh_db_url
 from helpers.worker_process import WorkerProcess
 
 TINY = "llama-mqa"
+SMOLLM2 = "smollm2-135m-instruct"
 
 
 @pytest.fixture
@@ -41,6 +43,25 @@ def start_worker(clean_redis_url: str, tiny_model_path: str, tmp_path: Path,
     if report is not None and report.failed:
         for worker in started:
             print(f"\n----- worker {worker.name} log -----\n{worker.tail(6000)}")
+
+
+@pytest.fixture(scope="module")
+def smollm2_worker(redis_url: str, smollm2_folder: Path,
+                   tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[tuple[str, WorkerProcess]]:
+    """One worker serving SmolLM2 for a whole test module, on a Redis database of its own.
+
+    Yields ``(redis url, worker)``. Loading the model takes seconds, so modules share it.
+    """
+    url = fresh_db_url(redis_url, 11)
+    worker = WorkerProcess("smollm2", url, SMOLLM2, tmp_path_factory.mktemp("smollm2-worker"),
+                           concurrency=8)
+    worker.start()
+    try:
+        worker.wait_ready(timeout=180)
+        yield url, worker
+    finally:
+        worker.stop()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

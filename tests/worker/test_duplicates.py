@@ -9,52 +9,25 @@ lost either.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 
 import pytest
-from celery import Celery
+from helpers.celery_send import greedy_request, send_requests
 from helpers.job_log import wait_terminal
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import keys
-from kvrelay.protocol import (
-    TASK_NAME,
-    Finished,
-    GenerateRequest,
-    SamplingOptions,
-    Started,
-    Tokens,
-    request_to_payload,
-)
+from kvrelay.protocol import Finished, Started, Tokens
 
 pytestmark = pytest.mark.integration
 
-
-def _send(url: str, request: GenerateRequest, copies: int) -> None:
-    app = Celery(broker=url)
-    app.conf.update(task_serializer="json", accept_content=["json"])
-    try:
-        for _ in range(copies):
-            app.send_task(TASK_NAME, args=[request_to_payload(request)], task_id=request.job_id,
-                          queue=keys.queue(request.model))
-    finally:
-        app.close()
-
-
-def _request(max_tokens: int) -> GenerateRequest:
-    return GenerateRequest(job_id=uuid.uuid4().hex, model="llama-mqa",
-                           prompt_token_ids=[31, 32, 33],
-                           sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0,
-                                                    ignore_eos=True),
-                           enqueued_at=time.time())
+MODEL = "llama-mqa"
 
 
 def test_job_delivered_twice_runs_once(
         start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
     workers = [start_worker("a", concurrency=4), start_worker("b", concurrency=4)]
-    request = _request(400)
-    _send(clean_redis_url, request, copies=2)
+    request = greedy_request(MODEL, [31, 32, 33], 400)
+    send_requests(clean_redis_url, [request], copies=2)
     events = wait_terminal(clean_redis_url, request.job_id, timeout=60)
     time.sleep(1.0)  # let the second copy be picked up and dropped
     assert sum(isinstance(e, Started) for e in events) == 1
@@ -70,8 +43,8 @@ def test_job_longer_than_visibility_timeout_runs_once(
     short = {"visibility_timeout": 2, "unacked_restore_interval": 1,
              "unacked_restore_throttle": 1}
     workers = [start_worker("a", concurrency=4, **short), start_worker("b", concurrency=4, **short)]
-    request = _request(2500)
-    _send(clean_redis_url, request, copies=1)
+    request = greedy_request(MODEL, [31, 32, 33], 2500)
+    send_requests(clean_redis_url, [request])
     events = wait_terminal(clean_redis_url, request.job_id, timeout=120)
     finished = events[-1]
     assert isinstance(finished, Finished)

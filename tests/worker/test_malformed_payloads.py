@@ -15,12 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery import Celery
+from helpers.celery_send import send_raw
 from helpers.job_log import wait_terminal
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import Client, keys
-from kvrelay.protocol import TASK_NAME, Failed, Started, Tokens
+from kvrelay import Client
+from kvrelay.protocol import Failed, Started, Tokens
 
 pytestmark = pytest.mark.integration
 
@@ -78,18 +78,14 @@ def test_500_malformed_jobs_fail_cleanly(
         start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
     worker = start_worker("fuzzed", concurrency=8)
     rng = random.Random(1234)
-    app = Celery(broker=clean_redis_url)
-    app.conf.update(task_serializer="json", accept_content=["json"])
     expected: dict[str, str] = {}
-    try:
-        for i in range(500):
-            job_id = uuid.uuid4().hex
-            args, kwargs, code = MAKERS[i % len(MAKERS)](job_id, rng)
-            app.send_task(TASK_NAME, args=args, kwargs=kwargs, task_id=job_id,
-                          queue=keys.queue(MODEL))
-            expected[job_id] = code
-    finally:
-        app.close()
+    tasks = []
+    for i in range(500):
+        job_id = uuid.uuid4().hex
+        args, kwargs, code = MAKERS[i % len(MAKERS)](job_id, rng)
+        tasks.append((job_id, args, kwargs))
+        expected[job_id] = code
+    send_raw(clean_redis_url, MODEL, tasks)
     deadline = time.monotonic() + 180
     for job_id, code in expected.items():
         events = wait_terminal(clean_redis_url, job_id, timeout=max(1.0, deadline - time.monotonic()))
@@ -110,13 +106,7 @@ def test_no_started_or_tokens_for_rejected_jobs(
         start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
     """A rejected job reveals nothing but its failure (no Started, no Tokens)."""
     start_worker("strict", concurrency=2)
-    app = Celery(broker=clean_redis_url)
-    app.conf.update(task_serializer="json", accept_content=["json"])
     job_id = uuid.uuid4().hex
-    try:
-        app.send_task(TASK_NAME, args=[_sampling(job_id, top_p=5.0)], task_id=job_id,
-                      queue=keys.queue(MODEL))
-    finally:
-        app.close()
+    send_raw(clean_redis_url, MODEL, [(job_id, [_sampling(job_id, top_p=5.0)], {})])
     events = wait_terminal(clean_redis_url, job_id)
     assert not any(isinstance(e, (Started, Tokens)) for e in events)

@@ -5,24 +5,14 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from collections.abc import Callable
 
 import pytest
-from celery import Celery
+from helpers.celery_send import greedy_request, send_requests
 from helpers.job_log import read_events, wait_terminal
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import keys
-from kvrelay.protocol import (
-    TASK_NAME,
-    Finished,
-    GenerateRequest,
-    SamplingOptions,
-    Started,
-    Tokens,
-    request_to_payload,
-)
+from kvrelay.protocol import Finished, Started, Tokens
 
 pytestmark = pytest.mark.integration
 
@@ -30,22 +20,9 @@ MODEL = "llama-mqa"
 
 
 def _enqueue(url: str, count: int, max_tokens: int) -> list[str]:
-    app = Celery(broker=url)
-    app.conf.update(task_serializer="json", accept_content=["json"])
-    ids = []
-    try:
-        for i in range(count):
-            request = GenerateRequest(
-                job_id=uuid.uuid4().hex, model=MODEL, prompt_token_ids=[40 + i, 41, 42],
-                sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0,
-                                         ignore_eos=True),
-                enqueued_at=time.time())
-            app.send_task(TASK_NAME, args=[request_to_payload(request)],
-                          task_id=request.job_id, queue=keys.queue(MODEL))
-            ids.append(request.job_id)
-    finally:
-        app.close()
-    return ids
+    requests = [greedy_request(MODEL, [40 + i, 41, 42], max_tokens) for i in range(count)]
+    send_requests(url, requests)
+    return [r.job_id for r in requests]
 
 
 def _started_by(url: str, job_id: str) -> list[str]:

@@ -1,0 +1,244 @@
+"""Serving overhead on CPU: the same workload through Redis + Celery and in-process, one run.
+
+The workload is offline.py's (``--num-requests`` random prompts of 32..256 tokens, each
+asking for 32..128 tokens, greedy, EOS ignored). It runs twice against identical engine
+options:
+
+- ``in-process``: an ``LLMEngine`` in this process; all requests added at once, tokens
+  timestamped as each ``step()`` returns them.
+- ``queue``: a private ``redis-server`` and one real worker process (``kvrelay worker``);
+  one ``AsyncClient`` opens all streams at once, tokens timestamped as chunks arrive.
+
+Reported for both: output tokens/s (and the ratio queue / in-process), TTFT, TPOT and ITL
+p50/p90/p99. Then, on the now idle machine, ``--idle-requests`` single requests one after
+another (16-token prompt, 1 output token) measure the TTFT the queue adds: p50 through the
+queue minus p50 in-process.
+
+    python benchmarks/serve.py [--quick] [--out benchmarks/results/serve.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from latency_stats import RequestTrace, percentiles, summarize  # noqa: E402
+from offline import Workload, machine_info, make_workload  # noqa: E402
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def engine_options(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    """The same engine for both paths: every request fits at once, 512-token steps."""
+    return {
+        "max_num_seqs": len(workload.prompts),
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_model_len": 1024,
+        "kv_cache_memory": 2 << 30,
+    }
+
+
+# ------------------------------------------------------------------------ in-process
+
+
+def run_in_process(model: str, workload: Workload, options: dict[str, Any],
+                   idle_requests: int) -> tuple[dict[str, Any], list[list[int]], list[float]]:
+    from kvrelay_worker.engine import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32", **options))
+    _drain(engine, [([100 + i] * 20, 4) for i in range(4)])  # warm-up
+    traces: dict[str, RequestTrace] = {}
+    outputs: dict[str, list[int]] = {}
+    start = time.perf_counter()
+    for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0,
+                                                           ignore_eos=True))
+        traces[f"r{i}"] = RequestTrace(sent=start)
+        outputs[f"r{i}"] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            now = time.perf_counter()
+            for delta in out.deltas:
+                if delta.token_ids:
+                    traces[out.request_id].add(now, len(delta.token_ids))
+                    outputs[out.request_id].extend(delta.token_ids)
+    summary = summarize(list(traces.values()), start)
+    idle = []
+    for i in range(idle_requests):
+        prompt = [200 + i] + [300 + j for j in range(15)]
+        sent = time.perf_counter()
+        engine.add_request(f"idle{i}", prompt, SamplingParams(max_tokens=1, temperature=0.0,
+                                                              ignore_eos=True))
+        first = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and any(d.token_ids for d in out.deltas):
+                    first = time.perf_counter()
+        assert first is not None
+        idle.append(first - sent)
+    return summary, [outputs[f"r{i}"] for i in range(len(workload.prompts))], idle
+
+
+def _drain(engine: Any, requests: list[tuple[list[int], int]]) -> None:
+    from kvrelay_worker.engine import SamplingParams
+
+    for i, (prompt, n) in enumerate(requests):
+        engine.add_request(f"warm{i}", prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+# ----------------------------------------------------------------------------- queue
+
+
+async def _stream_all(url: str, served: str, workload: Workload
+                      ) -> tuple[dict[str, Any], list[list[int]]]:
+    from kvrelay import AsyncClient
+
+    async with AsyncClient(url, model=served, stream_timeout=300) as client:
+        for i in range(4):  # warm-up: client connections, worker code paths
+            await client.generate(prompt_token_ids=[100 + i] * 20, max_tokens=4,
+                                  ignore_eos=True)
+        traces = [RequestTrace(sent=0.0) for _ in workload.prompts]
+        outputs: list[list[int]] = [[] for _ in workload.prompts]
+        start = time.perf_counter()
+
+        async def one(i: int) -> None:
+            traces[i].sent = time.perf_counter()
+            async with client.stream(prompt_token_ids=workload.prompts[i],
+                                     max_tokens=workload.output_lens[i], temperature=0.0,
+                                     ignore_eos=True) as stream:
+                async for chunk in stream:
+                    if chunk.token_ids:
+                        traces[i].add(time.perf_counter(), len(chunk.token_ids))
+                        outputs[i].extend(chunk.token_ids)
+
+        await asyncio.gather(*(one(i) for i in range(len(workload.prompts))))
+        return summarize(traces, start), outputs
+
+
+async def _idle_ttft(url: str, served: str, count: int) -> list[float]:
+    from kvrelay import AsyncClient
+
+    samples = []
+    async with AsyncClient(url, model=served, stream_timeout=60) as client:
+        for i in range(count):
+            prompt = [200 + i] + [300 + j for j in range(15)]
+            sent = time.perf_counter()
+            async with client.stream(prompt_token_ids=prompt, max_tokens=1, temperature=0.0,
+                                     ignore_eos=True) as stream:
+                async for chunk in stream:
+                    if chunk.token_ids:
+                        samples.append(time.perf_counter() - sent)
+                        break
+                await stream.final()
+    return samples
+
+
+def run_queue(model: str, workload: Workload, options: dict[str, Any], idle_requests: int
+              ) -> tuple[dict[str, Any], list[list[int]], list[float], dict[str, Any]]:
+    import os
+
+    from kvrelay import Client
+    from kvrelay.cli.stack import LocalStack
+    from kvrelay.cli.worker_launch import plan_worker, worker_environment
+
+    settings = {"model": model, "device": "cpu", "dtype": "float32",
+                "concurrency": len(workload.prompts), **options}
+    plan = plan_worker(worker_environment(os.environ, settings), loglevel="WARNING")
+    with tempfile.TemporaryDirectory(prefix="kvrelay-serve-") as workdir:
+        stack = LocalStack(plan, Path(workdir))
+        try:
+            url = stack.start_redis(None)
+            stack.start_worker()
+            with Client(url, model=plan.served_model) as client:
+                info = stack.wait_ready(client, timeout=300)
+            summary, outputs = asyncio.run(_stream_all(url, plan.served_model, workload))
+            idle = asyncio.run(_idle_ttft(url, plan.served_model, idle_requests))
+            with Client(url, model=plan.served_model) as client:
+                stats = next(w.stats for w in client.workers() if w.pid == info.pid)
+        finally:
+            stack.stop()
+    return summary, outputs, idle, stats
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def print_table(results: dict[str, dict[str, Any]]) -> None:
+    head = (f"{'path':<11} {'tok/s':>7} {'ratio':>6} | {'TTFT p50/p90/p99 ms':>22} | "
+            f"{'TPOT p50/p90/p99 ms':>20} | {'ITL p50/p90/p99 ms':>20}")
+    print(head)
+    base = results["in-process"]["output_tok_s"]
+    for name, r in results.items():
+        def triple(key: str, r: dict[str, Any] = r) -> str:
+            m = r[key]
+            return f"{m['p50']:.0f}/{m['p90']:.0f}/{m['p99']:.0f}"
+        print(f"{name:<11} {r['output_tok_s']:>7.1f} {r['output_tok_s'] / base:>6.2f} | "
+              f"{triple('ttft_ms'):>22} | {triple('tpot_ms'):>20} | {triple('itl_ms'):>20}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--num-requests", type=int, default=None, help="default 64 (8 quick)")
+    parser.add_argument("--idle-requests", type=int, default=None, help="default 30 (5 quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--out", default="benchmarks/results/serve.json")
+    args = parser.parse_args(argv)
+    args.num_requests = args.num_requests or (8 if args.quick else 64)
+    args.idle_requests = args.idle_requests or (5 if args.quick else 30)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from kvrelay_worker.models.loader import load_model_source
+
+    vocab = load_model_source(args.model).config.vocab_size
+    prompt_len, output_len = ((16, 64), (8, 32)) if args.quick else ((32, 256), (32, 128))
+    workload = make_workload(args.num_requests, args.seed, prompt_len, output_len, vocab)
+    options = engine_options(workload, args)
+    local, local_out, local_idle = run_in_process(args.model, workload, options,
+                                                  args.idle_requests)
+    queued, queued_out, queued_idle, worker_stats = run_queue(args.model, workload, options,
+                                                              args.idle_requests)
+    results = {"in-process": local, "queue": queued}
+    print_table(results)
+    idle_local, idle_queue = percentiles(local_idle), percentiles(queued_idle)
+    added = {k: (idle_queue[k] - idle_local[k]) * 1e3 for k in idle_local}
+    ratio = queued["output_tok_s"] / local["output_tok_s"]
+    same = sum(a == b for a, b in zip(local_out, queued_out, strict=True))
+    print(f"throughput ratio queue/in-process: {ratio:.3f} (goal >= 0.9)")
+    print(f"TTFT the queue adds on an idle machine: p50 {added['p50']:.2f} ms, "
+          f"p90 {added['p90']:.2f} ms (goal <= 5 ms at p50); in-process p50 "
+          f"{idle_local['p50'] * 1e3:.2f} ms, queue p50 {idle_queue['p50'] * 1e3:.2f} ms")
+    print(f"identical greedy outputs: {same}/{len(local_out)}")
+    report = {
+        "workload": workload.describe(), "engine_options": options, "machine": machine_info(),
+        "results": results, "throughput_ratio": ratio,
+        "idle_ttft_ms": {"in-process": {k: v * 1e3 for k, v in idle_local.items()},
+                         "queue": {k: v * 1e3 for k, v in idle_queue.items()},
+                         "added": added},
+        "identical_outputs": same, "worker_stats": worker_stats,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Redis restarts under a running worker: the worker reconnects and keeps serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers.redis_server import RedisServer
+from helpers.worker_process import WorkerProcess
+
+from kvrelay import Client
+
+pytestmark = pytest.mark.integration
+
+JOB = {"prompt_token_ids": [71, 72, 73], "max_tokens": 16, "temperature": 0.0,
+       "ignore_eos": True}
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_worker_survives_a_redis_restart(own_redis: RedisServer, tiny_model_path: str,
+                                         tmp_path: Path) -> None:
+    worker = WorkerProcess("steadfast", own_redis.url, tiny_model_path, tmp_path,
+                           concurrency=4).start()
+    try:
+        worker.wait_ready()
+        with Client(own_redis.url, model="llama-mqa") as client:
+            before = client.generate(**JOB).token_ids
+        own_redis.restart()  # a Redis without persistence comes back empty
+        worker.wait_for_stats(lambda s: True, timeout=60)  # the heartbeat is back
+        with Client(own_redis.url, model="llama-mqa", stream_timeout=60) as client:
+            after = client.generate(**JOB).token_ids
+        assert after == before
+        assert worker.alive()
+    finally:
+        worker.stop()
+
+
