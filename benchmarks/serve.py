@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from latency_stats import RequestTrace, percentiles, summarize  # noqa: E402
-from offline import Workload, machine_info, make_workload  # noqa: E402
+from latency_stats import RequestTrace, percentiles, summarize
+from offline import Workload, machine_info, make_workload
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

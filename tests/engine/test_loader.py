@@ -376,6 +376,11 @@ def test_cache_reuse_and_reconversion(tiny_gguf, temp_cache: Path, monkeypatch) 
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert prepare_model(source, progress=False) == first
+    assert len(calls) == 1  # touched, same content: still reused
+    with source.open("r+b") as f:  # new content at the end of the file (a tensor's data)
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x01\x02\x03\x04")
+    assert prepare_model(source, progress=False) == first
     assert len(calls) == 2  # the source changed: converted again, into the same place
     assert cache_layout.is_prepared(first, source)
     assert sorted(p.name for p in first.parent.iterdir() if not p.name.endswith(".lock")) == [

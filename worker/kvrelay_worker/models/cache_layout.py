@@ -3,7 +3,9 @@
 Layout: ``<root>/models/<name>/`` is a Hugging Face folder; ``<root>`` is
 ``$KVRELAY_CACHE_DIR`` or ``~/.cache/kvrelay``. A folder counts as prepared only when its
 marker file (written last, inside the temporary folder before the atomic rename) records
-the same source file (path, size, mtime) and converter version as now.
+the same source content (size and a digest of its first and last MiB) and converter
+version as now. Content, not path or mtime: two checkouts (or two venvs) holding the same
+GGUF share one conversion instead of rebuilding it over each other.
 """
 
 from __future__ import annotations
@@ -24,20 +26,28 @@ CONVERTER_VERSION = 1
 REQUIRED_FILES = ("config.json", "model.safetensors", "generation_config.json")
 
 
+_SAMPLE_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class SourceFingerprint:
-    """Identifies the exact source file a cache folder was converted from."""
+    """Identifies the content a cache folder was converted from (cheap to recompute)."""
 
-    path: str
     size: int
-    mtime_ns: int
+    digest: str
     converter_version: int = CONVERTER_VERSION
 
     @classmethod
     def of(cls, source: Path) -> SourceFingerprint:
         resolved = source.resolve()
-        stat = resolved.stat()
-        return cls(str(resolved), stat.st_size, stat.st_mtime_ns)
+        size = resolved.stat().st_size
+        sha = hashlib.sha256(size.to_bytes(8, "little"))
+        with resolved.open("rb") as f:
+            sha.update(f.read(_SAMPLE_BYTES))
+            if size > _SAMPLE_BYTES:
+                f.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
+                sha.update(f.read(_SAMPLE_BYTES))
+        return cls(size, sha.hexdigest())
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

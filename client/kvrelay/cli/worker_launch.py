@@ -1,0 +1,143 @@
+"""What starting a worker takes: its ``KVRELAY_*`` environment, validated settings, the
+model on disk (converted into the cache with a progress bar), and the Celery command.
+
+``kvrelay worker`` execs the command; ``kvrelay up`` spawns it. Both go through here, so a
+worker started either way (or by plain ``celery -A kvrelay_worker.app worker`` with the
+same variables) runs with exactly the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvrelay import keys
+from kvrelay.cli.errors import CliError, require_worker_package
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """A validated worker: the environment and command that start it."""
+
+    env: dict[str, str]
+    argv: list[str]
+    model: str  # what is loaded (name or absolute path)
+    served_model: str  # what clients ask for
+    concurrency: int
+
+
+def worker_environment(
+    base: Mapping[str, str], settings: Mapping[str, object | None]
+) -> dict[str, str]:
+    """``base`` plus ``KVRELAY_<NAME>`` for every setting given (None: leave as is)."""
+    env = dict(base)
+    for name, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        env[f"KVRELAY_{name.upper()}"] = str(value)
+    model = env.get("KVRELAY_MODEL")
+    if model and Path(model).expanduser().exists():
+        # A path means the same file whatever the worker's working folder.
+        env["KVRELAY_MODEL"] = str(Path(model).expanduser().resolve())
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def plan_worker(
+    env: dict[str, str],
+    *,
+    loglevel: str = "INFO",
+    events: bool = False,
+    hostname: str | None = None,
+) -> WorkerPlan:
+    """Validate the worker's settings as the worker itself will read them; build its command."""
+    require_worker_package("a worker")
+    from kvrelay_worker.settings import SettingsError, WorkerSettings
+
+    try:
+        settings = WorkerSettings.from_env(env)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from None
+    check_model(settings.model)
+    served = settings.served_model
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "kvrelay_worker.app",
+        "worker",
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(settings.concurrency),
+        "--queues",
+        keys.queue(served),
+        "--hostname",
+        hostname or f"kvrelay-{served}@%h",
+        "--loglevel",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if events:
+        argv.append("--task-events")
+    return WorkerPlan(env, argv, settings.model, served, settings.concurrency)
+
+
+def check_model(model: str) -> None:
+    """Fail with one line when ``model`` is neither an installed known model nor a path."""
+    require_worker_package("loading a model")
+    from kvrelay_worker.models.registry import (
+        is_known_model,
+        registry_model_path,
+        unknown_model_error,
+    )
+
+    try:
+        if is_known_model(model):
+            registry_model_path(model)
+        elif not Path(model).expanduser().exists():
+            raise unknown_model_error(model)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def needs_preparation(model: str) -> bool:
+    """True when ``model`` is a GGUF (known name or file) not yet converted into the cache."""
+    from kvrelay_worker.models.cache_layout import gguf_cache_name, is_prepared, model_cache_dir
+    from kvrelay_worker.models.registry import is_known_model, registry_model_path
+
+    if is_known_model(model):
+        return not is_prepared(model_cache_dir(model), registry_model_path(model))
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return not is_prepared(model_cache_dir(gguf_cache_name(path)), path)
+    return False
+
+
+def prepare(model: str, *, progress: bool = True) -> Path:
+    """Convert ``model`` into the cache (a progress bar on stderr); its folder."""
+    require_worker_package("preparing a model")
+    from kvrelay_worker.models.model_cache import prepare_model
+
+    try:
+        return prepare_model(model, progress=progress)
+    except ValueError as exc:  # UnknownModelError, UnsupportedModelError
+        raise CliError(str(exc)) from None
+
+
+def prepare_if_needed(model: str) -> None:
+    """Convert before the worker starts, so the first start shows a progress bar instead of
+    a silent minute inside the worker."""
+    if needs_preparation(model):
+        prepare(model)
+
+
+def current_environment() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,143 @@
+"""``compose.yaml`` and ``worker/Dockerfile``, checked without a Docker engine: the Compose
+specification's JSON schema (a vendored copy), then what kvrelay's stack needs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((REPO / "compose.yaml").read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def schema_errors(document: dict[str, Any]) -> list[str]:
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    # The file names draft 2019-09 by an old URL jsonschema does not recognise.
+    validator = jsonschema.Draft201909Validator(schema)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(document)]  # fmt: skip
+
+
+def test_matches_the_compose_schema(compose: dict[str, Any]) -> None:
+    assert schema_errors(compose) == []
+
+
+def test_the_schema_check_catches_mistakes(compose: dict[str, Any]) -> None:
+    broken = copy.deepcopy(compose)
+    broken["services"]["worker"]["deploy"]["resources"]["reservations"]["gpus"] = 1
+    broken["services"]["redis"]["healthcheck"]["interval"] = ["5s"]
+    errors = schema_errors(broken)
+    assert any("reservations" in error for error in errors), errors
+    assert any("healthcheck" in error for error in errors), errors
+
+
+def test_services_and_profiles(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"redis", "worker", "worker-cpu", "flower"}
+    assert services["worker-cpu"]["profiles"] == ["cpu"]
+    for name in ("redis", "worker", "flower"):
+        assert "profiles" not in services[name], f"{name} must start by default"
+
+
+def test_redis_is_health_checked_and_persistent(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    assert redis["image"].startswith("redis:7")
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert any(volume.endswith(":/data") for volume in redis["volumes"])
+
+
+def test_gpu_worker(compose: dict[str, Any]) -> None:
+    worker = compose["services"]["worker"]
+    assert worker["build"] == {"context": ".", "dockerfile": "worker/Dockerfile"}
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"]
+    assert device["driver"] == "nvidia"
+    assert worker["environment"]["KVRELAY_DEVICE"] == "cuda"
+    assert worker["environment"]["KVRELAY_REDIS_URL"] == "redis://redis:6379/0"
+    assert worker["command"][:2] == ["kvrelay", "worker"]
+    assert "--events" in worker["command"]  # task events for Flower
+
+
+def test_cpu_worker(compose: dict[str, Any]) -> None:
+    worker = compose["services"]["worker-cpu"]
+    assert "deploy" not in worker
+    assert worker["environment"]["KVRELAY_DEVICE"] == "cpu"
+    assert worker["build"]["dockerfile"] == "worker/Dockerfile"
+    assert "cpu" in worker["build"]["args"]["TORCH_INDEX_URL"]
+
+
+@pytest.mark.parametrize("name", ["worker", "worker-cpu"])
+def test_workers_keep_models_on_a_volume(compose: dict[str, Any], name: str) -> None:
+    worker = compose["services"][name]
+    cache_dir = worker["environment"].get("KVRELAY_CACHE_DIR", "/var/cache/kvrelay")
+    mounts = dict(volume.split(":", 1) for volume in worker["volumes"])
+    assert mounts.get("model-cache") == cache_dir
+    assert "model-cache" in compose["volumes"]
+    assert "redis-data" in compose["volumes"]
+    port = worker["environment"]["KVRELAY_METRICS_PORT"]
+    assert f":{port}/metrics" in " ".join(worker["healthcheck"]["test"])
+    assert worker["stop_grace_period"]
+
+
+@pytest.mark.parametrize("name", ["worker", "worker-cpu", "flower"])
+def test_depends_on_a_healthy_redis(compose: dict[str, Any], name: str) -> None:
+    assert compose["services"][name]["depends_on"] == {"redis": {"condition": "service_healthy"}}
+
+
+def test_every_named_volume_is_declared(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if not source.startswith((".", "/", "~")):
+                assert source in compose["volumes"], f"{name}: undeclared volume {source}"
+
+
+def test_flower_watches_the_same_redis(compose: dict[str, Any]) -> None:
+    flower = compose["services"]["flower"]
+    assert flower["image"].startswith("mher/flower")
+    assert flower["environment"]["CELERY_BROKER_URL"] == "redis://redis:6379/0"
+
+
+def test_dockerfile() -> None:
+    text = (REPO / "worker" / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:\S+", text, re.M)
+    assert re.search(r'pip install --index-url "\$TORCH_INDEX_URL" "torch==', text)
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users, "the image must switch to a non-root user"
+    assert users[-1] not in ("root", "0"), "the worker must not run as root"
+    assert "kvrelay models prepare" in text  # the default model is converted at build time
+    assert re.search(r'^CMD \["kvrelay", "worker"', text, re.M)
+    for folder in ("client/", "kernels/", "worker/"):
+        assert f"COPY {folder} {folder}" in text
+    ignore = (REPO / "worker" / "Dockerfile.dockerignore").read_text(encoding="utf-8")
+    assert "!client/" in ignore
+    assert "!worker/" in ignore
+
+
+def test_ci_runs_the_documented_commands() -> None:
+    run = REPO / ".ci" / "run"
+    assert run.stat().st_mode & 0o111, ".ci/run must be executable"
+    script = run.read_text(encoding="utf-8")
+    assert "set -euo pipefail" in script
+    assert "make test" in script
+    assert "make lint" in script
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    for target in ("install", "demo", "test", "lint", "bench", "clean"):
+        assert re.search(rf"^{target}:", makefile, re.M), target
