@@ -11,8 +11,9 @@ options:
 
 Reported for both: output tokens/s (and the ratio queue / in-process), TTFT, TPOT and ITL
 p50/p90/p99. Then, on the now idle machine, ``--idle-requests`` single requests one after
-another (16-token prompt, 1 output token) measure the TTFT the queue adds: p50 through the
-queue minus p50 in-process.
+another (16-token prompt, 1 output token), alternating between the two paths, measure the
+TTFT the queue adds: p50 through the queue minus p50 in-process; and, measured directly,
+the time from the client's enqueue to the worker's pickup (the job's ``timings.queue``).
 
     python benchmarks/serve.py [--quick] [--out benchmarks/results/serve.json]
 """
@@ -35,6 +36,8 @@ from latency_stats import RequestTrace, percentiles, summarize
 from offline import Workload, machine_info, make_workload
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# Pause between idle-latency requests (see ``_idle_ttft``).
+_SETTLE_S = 0.5
 
 
 def engine_options(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
@@ -50,8 +53,8 @@ def engine_options(workload: Workload, args: argparse.Namespace) -> dict[str, An
 # ------------------------------------------------------------------------ in-process
 
 
-def run_in_process(model: str, workload: Workload, options: dict[str, Any],
-                   idle_requests: int) -> tuple[dict[str, Any], list[list[int]], list[float]]:
+def run_in_process(model: str, workload: Workload, options: dict[str, Any]
+                   ) -> tuple[dict[str, Any], list[list[int]], Any]:
     from kvrelay_worker.engine import EngineConfig, LLMEngine, SamplingParams
 
     engine = LLMEngine(EngineConfig(model=model, device="cpu", dtype="float32", **options))
@@ -72,20 +75,27 @@ def run_in_process(model: str, workload: Workload, options: dict[str, Any],
                     traces[out.request_id].add(now, len(delta.token_ids))
                     outputs[out.request_id].extend(delta.token_ids)
     summary = summarize(list(traces.values()), start)
-    idle = []
-    for i in range(idle_requests):
-        prompt = [200 + i] + [300 + j for j in range(15)]
-        sent = time.perf_counter()
-        engine.add_request(f"idle{i}", prompt, SamplingParams(max_tokens=1, temperature=0.0,
-                                                              ignore_eos=True))
-        first = None
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if first is None and any(d.token_ids for d in out.deltas):
-                    first = time.perf_counter()
-        assert first is not None
-        idle.append(first - sent)
-    return summary, [outputs[f"r{i}"] for i in range(len(workload.prompts))], idle
+    return summary, [outputs[f"r{i}"] for i in range(len(workload.prompts))], engine
+
+
+def idle_prompt(i: int) -> list[int]:
+    """A 16-token prompt no earlier request shares (no prefix-cache hit)."""
+    return [200 + i] + [300 + j for j in range(15)]
+
+
+def in_process_ttft(engine: Any, i: int) -> float:
+    from kvrelay_worker.engine import SamplingParams
+
+    sent = time.perf_counter()
+    engine.add_request(f"idle{i}", idle_prompt(i), SamplingParams(max_tokens=1, temperature=0.0,
+                                                                    ignore_eos=True))
+    first = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if first is None and any(d.token_ids for d in out.deltas):
+                first = time.perf_counter()
+    assert first is not None
+    return first - sent
 
 
 def _drain(engine: Any, requests: list[tuple[list[int], int]]) -> None:
@@ -126,26 +136,36 @@ async def _stream_all(url: str, served: str, workload: Workload
         return summarize(traces, start), outputs
 
 
-async def _idle_ttft(url: str, served: str, count: int) -> list[float]:
+async def _idle_ttft(url: str, served: str, engine: Any, count: int
+                     ) -> tuple[list[float], list[float], list[float]]:
+    """Single requests one after another, alternating in-process and through the queue, so
+    that any drift in the machine's load touches both alike. A pause before each lets the
+    previous request's compute threads go idle (OpenMP spins for a while after work), so
+    neither path runs while the other's threads still hold the cores."""
     from kvrelay import AsyncClient
 
-    samples = []
+    local, queued, pickup = [], [], []
     async with AsyncClient(url, model=served, stream_timeout=60) as client:
         for i in range(count):
-            prompt = [200 + i] + [300 + j for j in range(15)]
+            await asyncio.sleep(_SETTLE_S)
+            local.append(in_process_ttft(engine, 2 * i))
+            await asyncio.sleep(_SETTLE_S)
             sent = time.perf_counter()
-            async with client.stream(prompt_token_ids=prompt, max_tokens=1, temperature=0.0,
-                                     ignore_eos=True) as stream:
+            async with client.stream(prompt_token_ids=idle_prompt(2 * i + 1), max_tokens=1,
+                                     temperature=0.0, ignore_eos=True) as stream:
                 async for chunk in stream:
                     if chunk.token_ids:
-                        samples.append(time.perf_counter() - sent)
+                        queued.append(time.perf_counter() - sent)
                         break
-                await stream.final()
-    return samples
+                done = await stream.final()
+                pickup.append(done.timings.queue)
+    return local, queued, pickup
 
 
-def run_queue(model: str, workload: Workload, options: dict[str, Any], idle_requests: int
-              ) -> tuple[dict[str, Any], list[list[int]], list[float], dict[str, Any]]:
+def run_queue(model: str, workload: Workload, options: dict[str, Any], engine: Any,
+              idle_requests: int
+              ) -> tuple[dict[str, Any], list[list[int]],
+                         tuple[list[float], list[float], list[float]], dict[str, Any]]:
     import os
 
     from kvrelay import Client
@@ -163,7 +183,7 @@ def run_queue(model: str, workload: Workload, options: dict[str, Any], idle_requ
             with Client(url, model=plan.served_model) as client:
                 info = stack.wait_ready(client, timeout=300)
             summary, outputs = asyncio.run(_stream_all(url, plan.served_model, workload))
-            idle = asyncio.run(_idle_ttft(url, plan.served_model, idle_requests))
+            idle = asyncio.run(_idle_ttft(url, plan.served_model, engine, idle_requests))
             with Client(url, model=plan.served_model) as client:
                 stats = next(w.stats for w in client.workers() if w.pid == info.pid)
         finally:
@@ -191,14 +211,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--num-requests", type=int, default=None, help="default 64 (8 quick)")
-    parser.add_argument("--idle-requests", type=int, default=None, help="default 30 (5 quick)")
+    parser.add_argument("--idle-requests", type=int, default=None, help="default 60 (5 quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--out", default="benchmarks/results/serve.json")
     args = parser.parse_args(argv)
     args.num_requests = args.num_requests or (8 if args.quick else 64)
-    args.idle_requests = args.idle_requests or (5 if args.quick else 30)
+    args.idle_requests = args.idle_requests or (5 if args.quick else 60)
     return args
 
 
@@ -210,10 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompt_len, output_len = ((16, 64), (8, 32)) if args.quick else ((32, 256), (32, 128))
     workload = make_workload(args.num_requests, args.seed, prompt_len, output_len, vocab)
     options = engine_options(workload, args)
-    local, local_out, local_idle = run_in_process(args.model, workload, options,
-                                                  args.idle_requests)
-    queued, queued_out, queued_idle, worker_stats = run_queue(args.model, workload, options,
-                                                              args.idle_requests)
+    local, local_out, engine = run_in_process(args.model, workload, options)
+    queued, queued_out, (local_idle, queued_idle, pickup), worker_stats = run_queue(
+        args.model, workload, options, engine, args.idle_requests)
     results = {"in-process": local, "queue": queued}
     print_table(results)
     idle_local, idle_queue = percentiles(local_idle), percentiles(queued_idle)
@@ -224,13 +243,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"TTFT the queue adds on an idle machine: p50 {added['p50']:.2f} ms, "
           f"p90 {added['p90']:.2f} ms (goal <= 5 ms at p50); in-process p50 "
           f"{idle_local['p50'] * 1e3:.2f} ms, queue p50 {idle_queue['p50'] * 1e3:.2f} ms")
+    pickup_ms = {k: v * 1e3 for k, v in percentiles(pickup).items()}
+    print(f"enqueue to pickup by the worker (client subscribe + Celery publish + delivery): "
+          f"p50 {pickup_ms['p50']:.2f} ms, p90 {pickup_ms['p90']:.2f} ms")
     print(f"identical greedy outputs: {same}/{len(local_out)}")
     report = {
         "workload": workload.describe(), "engine_options": options, "machine": machine_info(),
         "results": results, "throughput_ratio": ratio,
         "idle_ttft_ms": {"in-process": {k: v * 1e3 for k, v in idle_local.items()},
                          "queue": {k: v * 1e3 for k, v in idle_queue.items()},
-                         "added": added},
+                         "added": added, "enqueue_to_pickup": pickup_ms},
         "identical_outputs": same, "worker_stats": worker_stats,
     }
     out = Path(args.out)

@@ -35,11 +35,13 @@ def now_ms() -> int:
 
 @dataclass
 class Claim:
-    """Outcome of trying to take a job: ``claimed`` (with the attempt), ``owned``, ``done``."""
+    """Outcome of trying to take a job: ``claimed`` (with the attempt and what earlier
+    attempts reported), ``owned``, ``aborted`` or ``done``."""
 
     status: str
     attempt: int = 0
     owner: str | None = None
+    progress: PriorProgress | None = None
 
 
 @dataclass
@@ -106,27 +108,21 @@ class JobStore:
 
     # ------------------------------------------------------------------ claiming
 
-    def is_aborted(self, job_id: str) -> bool:
-        return bool(self.redis.exists(keys.abort_flag(job_id)))
-
     def claim(self, job_id: str, payload_json: str) -> Claim:
+        """Take the job unless it is done, aborted or owned; one round trip."""
         result = self._claim(
             keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key,
-                  keys.event_log(job_id)],
+                  keys.event_log(job_id), keys.abort_flag(job_id)],
             args=[job_id, self.worker_id, self.lease_ms, payload_json, now_ms(), _RECORD_TTL_S],
         )
         status = _text(result[0])
         if status == "claimed":
-            return Claim("claimed", attempt=int(result[1]))
+            entries = result[2]
+            events = [decode_event(_field(fields, b"e")) for _, fields in entries]
+            return Claim("claimed", attempt=int(result[1]), progress=progress_from_events(events))
         if status == "owned":
             return Claim("owned", owner=_text(result[1]))
-        return Claim("done")
-
-    def read_progress(self, job_id: str) -> PriorProgress:
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = self.redis.xrange(  # type: ignore[assignment]
-            keys.event_log(job_id)
-        )
-        return progress_from_events([decode_event(fields[b"e"]) for _, fields in entries])
+        return Claim(status)
 
     def release_done(self, job_id: str) -> bool:
         return bool(self._release_done(
@@ -229,6 +225,14 @@ class JobStore:
             keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
             args=[job_id],
         )
+
+
+def _field(flat: list[bytes], name: bytes) -> bytes:
+    """A field of a stream entry as Lua returns it: a flat [name, value, ...] list."""
+    for i in range(0, len(flat) - 1, 2):
+        if flat[i] == name:
+            return flat[i + 1]
+    raise KeyError(name)
 
 
 def _text(value: Any) -> str:

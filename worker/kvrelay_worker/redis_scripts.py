@@ -8,12 +8,14 @@ job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload`
 
 from __future__ import annotations
 
-# KEYS: job record, lease, running zset, event log
+# KEYS: job record, lease, running zset, event log, abort flag
 # ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s
-# -> {"done"} | {"owned", owner} | {"claimed", attempt}
+# -> {"done"} | {"aborted"} | {"owned", owner} | {"claimed", attempt, log entries}
+# One round trip does the pickup checks and returns what earlier attempts wrote.
 CLAIM = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'done' then return {'done'} end
+if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 -- Any live lease means the job is running (here too: a redelivered copy can come back
 -- to its owner); only a lease its holder is handing back may be taken.
 local owner = redis.call('GET', KEYS[2])
@@ -27,7 +29,7 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'payload', ARG
 redis.call('HDEL', KEYS[1], 'handback')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[3]), ARGV[1])
-return {'claimed', attempt}
+return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
 """
 
 # KEYS: job record, lease, running zset

@@ -14,10 +14,9 @@ import threading
 import time
 from collections.abc import Callable
 
-import msgspec
 import redis
 
-from kvrelay.protocol import ErrorCode, Failed, Started, WorkerInfo
+from kvrelay.protocol import ErrorCode, Failed, GenerateRequest, Started, WorkerInfo
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.control_listener import ControlListener
 from kvrelay_worker.engine.config import EngineConfig
@@ -29,7 +28,7 @@ from kvrelay_worker.job_request import (
     prompt_ids_for,
     sampling_params_from,
 )
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.lease_keeper import LeaseKeeper
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import EventItem, Publisher
@@ -47,12 +46,18 @@ class WorkerRuntime:
         self.requeue_fn = requeue
         self.metrics = WorkerMetrics(settings.served_model)
         self.started_at = time.time()
-        self.engine = engine or LLMEngine(EngineConfig(**settings.engine_options()),  # type: ignore[arg-type]
-                                          progress=False)
         self.store = JobStore(self._redis(), settings)
         self.publisher = Publisher(JobStore(self._redis(), settings), self.metrics,
                                    requeue=self._requeue, on_fenced=self._on_fenced)
-        self.service = EngineService(self.engine, self.publisher, self.metrics)
+
+        def make_engine() -> LLMEngine:
+            if engine is not None:
+                return engine
+            config = EngineConfig(**settings.engine_options())  # type: ignore[arg-type]
+            return LLMEngine(config, progress=False)
+
+        self.service = EngineService(make_engine, self.publisher, self.metrics)
+        self.engine = self.service.start()  # loads the model (on the engine's own thread)
         self.metrics.watch_engine(self.service.stats)
         self.leases = LeaseKeeper(JobStore(self._redis(), settings), settings,
                                   owned_jobs=self.owned_job_ids, on_lost=self._on_fenced_id,
@@ -72,7 +77,6 @@ class WorkerRuntime:
 
     def start(self) -> None:
         self.publisher.start()
-        self.service.start()
         self.control.start()
         self.leases.start()
         if self.settings.metrics_port is not None:
@@ -166,23 +170,19 @@ class WorkerRuntime:
                                       "the job's deadline passed before a worker picked it up")
             self.metrics.jobs.labels(outcome=Outcome.DEADLINE).inc()
             return Outcome.DEADLINE
-        if self.store.is_aborted(job_id):
+        claim = self.store.claim(job_id, payload_json)
+        if claim.status == "aborted":
             self.store.fail_unclaimed(job_id, ErrorCode.CANCELLED,
                                       "the job was cancelled before it started")
             self.metrics.jobs.labels(outcome=Outcome.CANCELLED).inc()
             return Outcome.CANCELLED
-        claim = self.store.claim(job_id, payload_json)
-        if claim.status != "claimed":
+        if claim.status != "claimed" or claim.progress is None:
             log.info("dropping a copy of job %s (%s)", job_id, claim.status)
             return "duplicate"
-        return self._run_claimed(job_id, request, payload_json, claim.attempt)
+        return self._run_claimed(job_id, request, payload_json, claim.attempt, claim.progress)
 
-    def _run_claimed(self, job_id: str, request: msgspec.Struct, payload_json: str,
-                     attempt: int) -> str:
-        from kvrelay.protocol import GenerateRequest
-
-        assert isinstance(request, GenerateRequest)
-        prior = self.store.read_progress(job_id)
+    def _run_claimed(self, job_id: str, request: GenerateRequest, payload_json: str,
+                     attempt: int, prior: PriorProgress) -> str:
         if prior.terminal:
             self.store.release_done(job_id)
             return "duplicate"
