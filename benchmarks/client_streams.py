@@ -1,12 +1,16 @@
 """Client fan-out benchmark: N concurrent streams from one process, event-loop stalls.
 
-A fake worker *process* consumes the Celery queue and, every ``--step-ms``, publishes one
-``Tokens`` event for every job it holds in one pipeline (XADD + PUBLISH per job), the
-way a real worker's publisher thread does per engine step. The client process runs N
-streams at once (real Celery enqueue, real subscriber) while a monitor task measures how
-late a 5 ms sleep wakes up: the event loop's stalls.
+The client process runs N streams at once (real Celery enqueue, real subscriber) while a
+monitor task measures how late a 5 ms sleep wakes up: the event loop's stalls. The jobs
+are served either by a fake worker *process* that consumes the Celery queue and, every
+``--step-ms``, publishes one ``Tokens`` event for every job it holds in one pipeline (the
+way a real worker's publisher does per engine step), or, with ``--real-worker``, by a real
+kvrelay worker on a tiny random model (torch on one thread, leaving the client a core).
+Also reported: the client's CPU time per token, and whether every stream's ``seq`` was
+contiguous.
 
     python benchmarks/client_streams.py --redis redis://127.0.0.1:6379/15 --streams 1000
+    python benchmarks/client_streams.py --real-worker --tokens 8
 
 The database named by ``--redis`` is emptied (FLUSHDB) first: give it a scratch one.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import statistics
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kvrelay import AsyncClient, keys
 from kvrelay.protocol import (
@@ -96,57 +103,119 @@ async def monitor(stop: asyncio.Event, lateness: list[float]) -> None:
         lateness.append(loop.time() - t - 0.005)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    r = redis.Redis.from_url(args.redis)
-    r.flushdb()
-    r.close()
-    ctx = multiprocessing.get_context("spawn")
-    worker = ctx.Process(
-        target=fake_worker, args=(args.redis, args.tokens, args.step_ms, args.streams)
-    )
-    worker.start()
+async def stream_all(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """Open every stream at once; measure stalls, CPU per token, seq contiguity."""
+    gc_pauses: list[float] = []
+    gc_started: list[float] = []
+
+    def gc_timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started.append(time.perf_counter())
+        elif gc_started:
+            gc_pauses.append(time.perf_counter() - gc_started.pop())
+
+    gc.callbacks.append(gc_timer)
     lateness: list[float] = []
     stop = asyncio.Event()
     async with AsyncClient(
-        args.redis, model=MODEL, require_worker=False, enqueue_threads=args.enqueue_threads
+        args.redis, model=model, require_worker=False, enqueue_threads=args.enqueue_threads,
+        stream_timeout=args.timeout,
     ) as client:
         await asyncio.sleep(0.5)  # let the producer warm up
         mon = asyncio.create_task(monitor(stop, lateness))
         ttft: list[float] = []
-        t0 = time.perf_counter()
+        contiguous: list[bool] = []
+        cpu0, t0 = time.process_time(), time.perf_counter()
 
         async def one(i: int) -> int:
             start = time.perf_counter()
-            count = 0
-            async with client.stream(f"p{i}", max_tokens=args.tokens) as stream:
-                async for _chunk in stream:
-                    if count == 0:
+            tokens = 0
+            seqs: list[int] = []
+            async with client.stream(prompt_token_ids=[7 + i % 500, 8, 9],
+                                     max_tokens=args.tokens, temperature=0.0,
+                                     ignore_eos=True) as stream:
+                async for chunk in stream:
+                    if not seqs:
                         ttft.append(time.perf_counter() - start)
-                    count += 1
-            return count
+                    seqs.append(chunk.seq)
+                    tokens += len(chunk.token_ids) or 1
+            contiguous.append(seqs == list(range(seqs[0], seqs[0] + len(seqs))))
+            return tokens
 
         counts = await asyncio.wait_for(
             asyncio.gather(*(one(i) for i in range(args.streams))), args.timeout
         )
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
         stop.set()
         await mon
         messages = client.dispatcher.messages
-    worker.join(timeout=10)
+    gc.callbacks.remove(gc_timer)
     assert all(c == args.tokens for c in counts), "lost tokens"
     lateness.sort()
+    total = sum(counts)
     return {
+        "worker": "real (tiny random model)" if args.real_worker else "fake",
         "streams": args.streams,
         "tokens_per_stream": args.tokens,
-        "step_ms": args.step_ms,
+        "step_ms": None if args.real_worker else args.step_ms,
         "elapsed_s": round(elapsed, 3),
         "events_per_s": round(messages / elapsed),
+        "all_seq_contiguous": all(contiguous),
+        "client_cpu_us_per_token": round(cpu / total * 1e6, 1),
         "ttft_p50_ms": round(statistics.median(ttft) * 1000, 1),
         "ttft_max_ms": round(max(ttft) * 1000, 1),
         "stall_p50_ms": round(lateness[len(lateness) // 2] * 1000, 2),
         "stall_p99_ms": round(lateness[int(len(lateness) * 0.99)] * 1000, 2),
         "stall_max_ms": round(lateness[-1] * 1000, 2),
+        "gc_pause_max_ms": round(max(gc_pauses, default=0.0) * 1000, 2),
     }
+
+
+def run_fake(args: argparse.Namespace) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    worker = ctx.Process(
+        target=fake_worker, args=(args.redis, args.tokens, args.step_ms, args.streams)
+    )
+    worker.start()
+    try:
+        return asyncio.run(stream_all(args, MODEL))
+    finally:
+        worker.join(timeout=10)
+
+
+def run_real(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+    import tempfile
+
+    from tiny_model import make_tiny_model
+
+    from kvrelay import Client
+    from kvrelay.cli.stack import LocalStack
+    from kvrelay.cli.worker_launch import plan_worker, worker_environment
+
+    with tempfile.TemporaryDirectory(prefix="kvrelay-streams-") as tmp:
+        folder = Path(tmp) / "tiny-llama"
+        # Built in a child process: torch and transformers stay out of the client's heap
+        # (a client process that carries them pays for it in garbage-collection pauses).
+        ctx = multiprocessing.get_context("spawn")
+        builder = ctx.Process(target=make_tiny_model, args=(folder,))
+        builder.start()
+        builder.join()
+        env = worker_environment({**os.environ, "OMP_NUM_THREADS": "1"}, {
+            "model": str(folder), "device": "cpu", "concurrency": args.streams,
+            "max_num_seqs": 256, "redis_url": args.redis})
+        plan = plan_worker(env, loglevel="WARNING")
+        (Path(tmp) / "stack").mkdir()
+        stack = LocalStack(plan, Path(tmp) / "stack")
+        try:
+            stack.start_redis(args.redis)
+            stack.start_worker()
+            with Client(args.redis, model=plan.served_model) as client:
+                stack.wait_ready(client, timeout=120)
+            return asyncio.run(stream_all(args, plan.served_model))
+        finally:
+            stack.stop()
 
 
 def main() -> None:
@@ -157,9 +226,14 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--enqueue-threads", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--real-worker", action="store_true",
+                        help="serve the streams with a real worker on a tiny random model")
     parser.add_argument("--out", default="benchmarks/results/client_streams.json")
     args = parser.parse_args()
-    result = asyncio.run(run(args))
+    r = redis.Redis.from_url(args.redis)
+    r.flushdb()
+    r.close()
+    result = run_real(args) if args.real_worker else run_fake(args)
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")
