@@ -6,15 +6,13 @@ keeps serving them, token for token as if the bad requests had never been tried.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from helpers.engine_run import (
     assert_engine_idle,
     final_outputs,
-    one_torch_thread,
     run_engine,
 )
 
@@ -34,15 +32,7 @@ VOCAB = 49152
 MAX_MODEL_LEN = 128
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def folder(tiny_model: Callable[[str], Path]) -> str:
-    return str(tiny_model("llama-mqa"))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ across tokens, so these cases exercise the hold-back of incomplete UTF-8.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.engine_run import one_torch_thread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,10 +36,7 @@ ALPHABET = list("abcXYZ ,.!?\n") + list("éèñüß") + list("日本語中文") 
                                                                     "\u200d", "€"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,8 @@ and aborts, on a tiny random model with SmolLM2's tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
 import pytest
-from helpers.engine_run import assert_engine_idle, final_outputs, one_torch_thread, run_engine
+from helpers.engine_run import assert_engine_idle, final_outputs, run_engine
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, LLMEngine, RequestOutput, SamplingParams
@@ -19,15 +16,7 @@ EOS = 2
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def folder(tiny_model: Callable[[str], Path]) -> str:
-    return str(tiny_model("llama-mqa"))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

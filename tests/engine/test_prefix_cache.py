@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
 import pytest
-from helpers.engine_run import assert_engine_idle, final_outputs, one_torch_thread, run_engine
+from helpers.engine_run import assert_engine_idle, final_outputs, run_engine
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, LLMEngine, RequestOutput, SamplingParams
@@ -16,15 +13,7 @@ SUFFIXES = random_prompts([5, 23, 40], seed=12)
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def folder(tiny_model: Callable[[str], Path]) -> str:
-    return str(tiny_model("llama-mqa"))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_llm(folder: str, caching: bool = True) -> LLM:

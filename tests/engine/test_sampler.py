@@ -11,12 +11,11 @@ logits.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import pytest
 import torch
-from helpers.engine_run import assert_engine_idle, final_outputs, one_torch_thread, run_engine
+from helpers.engine_run import assert_engine_idle, final_outputs, run_engine
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, SamplingParams
@@ -34,10 +33,7 @@ EOS = 2
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_seq(params: SamplingParams, prompt: Sequence[int] = (10, 11, 12),
@@ -343,11 +339,6 @@ def test_filtered_draws_follow_the_renormalised_distribution() -> None:
 
 
 # ------------------------------------------------------------------ engine level
-
-
-@pytest.fixture(scope="module")
-def folder(tiny_model: Callable[[str], Path]) -> str:
-    return str(tiny_model("llama-mqa"))
 
 
 def make_llm(folder: str, seed: int = 0) -> LLM:

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -52,15 +53,16 @@ def ping(url: str, timeout: float = 2.0) -> None:
 
 
 class PrivateRedis:
-    """One ``redis-server`` process bound to 127.0.0.1."""
+    """One ``redis-server`` process bound to 127.0.0.1; ``extra_args`` go to the server."""
 
-    def __init__(self, workdir: Path, port: int = 0) -> None:
+    def __init__(self, workdir: Path, port: int = 0, extra_args: Sequence[str] = ()) -> None:
         binary = find_redis_server()
         if binary is None:
             raise CliError(f"no Redis server found: {INSTALL_HINT}")
         self.binary = binary
         self.workdir = workdir
         self.port = port or free_port()
+        self.extra_args = tuple(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,6 +89,7 @@ class PrivateRedis:
             "warning",
             "--logfile",
             str(self.workdir / "redis.log"),
+            *self.extra_args,
         ]
         self.process = processes.spawn(argv, log=self.workdir / "redis.out")
         deadline = time.monotonic() + timeout
