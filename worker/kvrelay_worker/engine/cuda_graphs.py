@@ -9,6 +9,11 @@ always planned for ``max_model_len``, whether the graph is replayed or the same 
 run eagerly (``enable_cuda_graphs=False``): the two then do exactly the same arithmetic
 and give identical tokens. Padding rows write nowhere (slot -1) and their logits are
 dropped.
+
+"One token per sequence" is not quite "decode": a prompt still being prefilled gets a
+1-token chunk when only one token of budget is left. That row runs here like the others
+(its K/V must be written) but samples nothing, so ``run`` returns the logits of the
+sampling rows only (``HostBatch.logits_indices``), as the eager path does.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import torch
 
 from kvrelay_worker.engine.model_runner import HostBatch
+from kvrelay_worker.engine.transfer import host_to_device
 from kvrelay_worker.models.attention import AttentionMetadata
 from kvrelay_worker.models.llama import LlamaForCausalLM
 
@@ -94,6 +100,7 @@ class DecodeRunner:
 
     @torch.inference_mode()
     def run(self, host: HostBatch) -> torch.Tensor:
+        """Run the step; return logits ``[num_sampling_seqs, vocab]`` (float32)."""
         n = host.num_seqs
         batch = self._bucket(n)
         staged = self._host_packed.numpy()
@@ -114,4 +121,7 @@ class DecodeRunner:
             graph.replay()
         else:
             self._forward(batch)
-        return self.logits[:n]
+        rows = host.logits_indices
+        if rows.numel() == n:  # every row samples (one token each: rows are 0..n-1)
+            return self.logits[:n]
+        return self.logits.index_select(0, host_to_device(rows, self.logits.device))

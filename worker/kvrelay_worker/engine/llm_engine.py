@@ -202,7 +202,6 @@ class LLMEngine:
                 priority=priority,
                 arrival_order=arrival,
                 cache_salt=cache_salt,
-                num_resumed_tokens=len(prior),
             )
             detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop_strings,
                                            params.skip_special_tokens, params.min_tokens)
@@ -226,7 +225,7 @@ class LLMEngine:
         for seq in to_schedule:
             self.scheduler.add(seq)
         state = RequestState(request_id, prompt if isinstance(prompt, str) else None,
-                             prompt_ids, params, choices)
+                             prompt_ids, choices)
         self.requests[request_id] = state
         if state.finished:
             self._pending.append(state.step_output())
@@ -269,9 +268,9 @@ class LLMEngine:
         touched: dict[str, RequestState] = {}
         if result is not None:
             for row, seq in enumerate(sampling):
-                state = self.requests.get(seq.request_id)
-                if state is None:
-                    continue
+                # A scheduled sequence's request is always here: requests leave only once
+                # every choice is finished, and a finished sequence is never scheduled.
+                state = self.requests[seq.request_id]
                 self._accept_token(state.choices[seq.choice_index], result, row)
                 touched[seq.request_id] = state
         for request_id, state in touched.items():

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kvrelay_worker.engine.scheduler import ScheduledSequence
+from kvrelay_worker.engine.transfer import host_to_device
 
 if TYPE_CHECKING:
     from kvrelay_worker.engine.cuda_graphs import DecodeRunner
@@ -153,9 +154,7 @@ class ModelRunner:
         )
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        return host_to_device(t, self.device)
 
     @torch.inference_mode()
     def execute(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:

@@ -12,7 +12,6 @@ from kvrelay_worker.engine.outputs import (
     StepOutput,
     TokenLogprob,
 )
-from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.sequence import Sequence
 
 
@@ -52,7 +51,6 @@ class RequestState:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    params: SamplingParams
     choices: list[ChoiceState]
 
     @property

@@ -80,7 +80,8 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if batch.presence_penalty is not None:
             logits = logits - batch.presence_penalty[:, None] * (counts > 0).float()
     if batch.ban_index is not None:
-        logits = logits.index_put(batch.ban_index, torch.tensor(float("-inf"), device=logits.device))
+        # new_full fills on the device; torch.tensor(..., device=) would copy from the host.
+        logits = logits.index_put(batch.ban_index, logits.new_full((), float("-inf")))
     return logits
 
 

@@ -37,8 +37,9 @@ class Sequence:
     ``num_computed_tokens`` counts tokens whose K/V are in the cache (computed or served
     from the prefix cache); the next step computes ``token_ids[num_computed_tokens:]`` (or
     a chunk of it). ``block_table`` lists the cache blocks holding the sequence's tokens
-    in order. ``num_resumed_tokens`` are output tokens carried over from an earlier
-    attempt (failover): part of the context, already reported, never reported again.
+    in order. Output tokens carried over from an earlier attempt (failover) are in
+    ``token_ids`` like any other output: part of the context, already reported, never
+    reported again.
     """
 
     request_id: str
@@ -49,7 +50,6 @@ class Sequence:
     priority: int = 0
     arrival_order: int = 0
     cache_salt: str | None = None
-    num_resumed_tokens: int = 0
     seq_id: int = field(default_factory=lambda: next(_seq_counter))
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
@@ -73,10 +73,6 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
-
-    @property
-    def last_token_id(self) -> int:
-        return self.token_ids[-1]
 
     @property
     def is_finished(self) -> bool:
