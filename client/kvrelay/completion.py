@@ -10,7 +10,6 @@ from __future__ import annotations
 import msgspec
 
 from kvrelay.protocol import (
-    Failed,
     Finished,
     Started,
     Timings,
@@ -156,7 +155,3 @@ class CompletionBuilder:
             worker=self.worker,
             attempts=self.attempts,
         )
-
-    @staticmethod
-    def is_terminal(event: object) -> bool:
-        return isinstance(event, (Finished, Failed))

@@ -26,6 +26,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
+from kvrelay.connection import REDIS_ERRORS
 from kvrelay.errors import ConnectionError, KvrelayError
 from kvrelay.resp import Frame, RespError, TransportLost
 
@@ -75,14 +76,6 @@ class Transport(Protocol):
 
 TransportFactory = Callable[[], Awaitable[Transport]]
 
-_REDIS_ERRORS = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    OSError,
-    TimeoutError,
-)
-
-
 class RedisPyTransport:
     """A ``Transport`` over redis-py's ``PubSub`` (used for injected clients, e.g. fakeredis).
 
@@ -111,7 +104,7 @@ class RedisPyTransport:
     async def _command(self, *args: bytes | str) -> None:
         try:
             await self._pubsub.execute_command(*args)
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise TransportLost(str(exc)) from exc
 
     async def subscribe(self, channels: Sequence[bytes]) -> None:
@@ -149,7 +142,7 @@ class RedisPyTransport:
                 if message is None:
                     break
                 frames.append(self._frame(message))
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise TransportLost(str(exc)) from exc
         except redis.exceptions.ResponseError as exc:
             raise RespError(str(exc)) from exc

@@ -45,12 +45,6 @@ class ErrorCode:
     INTERNAL: ClassVar[str] = "internal"
 
 
-class FinishReason:
-    STOP: ClassVar[str] = "stop"
-    LENGTH: ClassVar[str] = "length"
-    ABORT: ClassVar[str] = "abort"
-
-
 # --------------------------------------------------------------------------- requests
 
 

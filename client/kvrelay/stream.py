@@ -42,6 +42,7 @@ from kvrelay.errors import (
     error_for_code,
 )
 from kvrelay.protocol import (
+    TERMINAL_EVENTS,
     AnyEvent,
     Failed,
     Finished,
@@ -442,7 +443,7 @@ class AsyncStream:
 
     def _advance(self, event: _Event, now: float) -> _Event:
         deadline = self._deadline
-        if deadline is not None and now >= deadline and not isinstance(event, (Finished, Failed)):
+        if deadline is not None and now >= deadline and not isinstance(event, TERMINAL_EVENTS):
             # Events still flowing past the job's timeout: enforce it here too.
             raise self._fail(
                 DeadlineExceeded(
@@ -481,7 +482,7 @@ class AsyncStream:
         self._gap_retries += 1
         self._gap_retry_at = loop.time() + self._gap_backoff
         self._gap_backoff = min(self._gap_backoff * 2, _GAP_RETRY_MAX)
-        terminal = any(isinstance(e, (Finished, Failed)) for e in pending.values())
+        terminal = any(isinstance(e, TERMINAL_EVENTS) for e in pending.values())
         if terminal and self._gap_retries >= _GAP_RETRIES_WITH_TERMINAL and not check:
             first = min(pending)
             raise self._fail(

@@ -65,10 +65,6 @@ app = make_celery(settings)
 _runtime: WorkerRuntime | None = None
 
 
-def current_runtime() -> WorkerRuntime | None:
-    return _runtime
-
-
 def requeue(job_id: str, payload_json: str) -> None:
     """Put a copy of a job back on its model's queue (failover and hand-back)."""
     import json

@@ -76,7 +76,6 @@ class EngineService:
         self._startup_error: BaseException | None = None
         self._stats: dict[str, Any] = {}
         self._stats_lock = threading.Lock()
-        self.num_active = 0
 
     @property
     def engine(self) -> LLMEngine:
@@ -108,10 +107,6 @@ class EngineService:
     def stats(self) -> dict[str, Any]:
         with self._stats_lock:
             return dict(self._stats)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
 
     # --------------------------------------------------------- engine thread
 
@@ -176,7 +171,6 @@ class EngineService:
                                   Outcome.FAILED)])
             return
         self._jobs[job.job_id] = job
-        self.num_active = len(self._jobs)
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
 
     def _abort(self, job_id: str, reason: str) -> None:
@@ -188,7 +182,7 @@ class EngineService:
 
     def _expire_deadlines(self) -> None:
         now = time.time()
-        for job in list(self._jobs.values()):
+        for job in self._jobs.values():  # _abort leaves _jobs as it is
             if job.deadline is not None and job.deadline <= now and job.abort_reason is None:
                 self._abort(job.job_id, Outcome.DEADLINE)
 
@@ -202,7 +196,6 @@ class EngineService:
             items.append(EventItem(job, Failed(seq=0, code=code, message=message),
                                    Outcome.FAILED))
         self._jobs.clear()
-        self.num_active = 0
         try:
             self.engine.step()  # drain the aborts
         except Exception:
@@ -222,7 +215,6 @@ class EngineService:
             if out.finished:
                 items.extend(self._end(job, out))
                 del self._jobs[job.job_id]
-        self.num_active = len(self._jobs)
         self._send(items)
 
     def _end(self, job: ActiveJob, out: StepOutput) -> list[Item]:
@@ -267,7 +259,7 @@ class EngineService:
 
     def _refresh_stats(self) -> None:
         stats = self.engine.stats()
-        stats["jobs"] = self.num_active
+        stats["jobs"] = len(self._jobs)
         with self._stats_lock:
             self._stats = stats
 

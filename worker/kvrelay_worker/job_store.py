@@ -7,17 +7,19 @@ that needs one (each owns its Redis connection pool).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from kvrelay import keys
 from kvrelay.protocol import (
+    TERMINAL_EVENTS,
     AnyEvent,
     Failed,
-    Finished,
-    Started,
     Tokens,
     decode_event,
     encode_event,
@@ -27,6 +29,9 @@ from kvrelay_worker import redis_scripts
 from kvrelay_worker.settings import WorkerSettings
 
 _RECORD_TTL_S = 7 * 24 * 3600
+
+# A script, its keys and its arguments.
+_ScriptCall = tuple[Script, list[str], list[Any]]
 
 
 def now_ms() -> int:
@@ -40,7 +45,6 @@ class Claim:
 
     status: str
     attempt: int = 0
-    owner: str | None = None
     progress: PriorProgress | None = None
 
 
@@ -50,7 +54,6 @@ class PriorProgress:
 
     next_seq: int = 0
     terminal: bool = False
-    prompt_tokens: int = 0
     tokens: dict[int, list[int]] = field(default_factory=dict)
     texts: dict[int, list[str]] = field(default_factory=dict)
     finish_reasons: dict[int, str] = field(default_factory=dict)
@@ -78,9 +81,7 @@ def progress_from_events(events: list[AnyEvent]) -> PriorProgress:
             progress.texts.setdefault(event.index, []).append(event.text)
             if event.finish_reason:
                 progress.finish_reasons[event.index] = event.finish_reason
-        elif isinstance(event, Started):
-            progress.prompt_tokens = event.prompt_tokens
-        elif isinstance(event, (Finished, Failed)):
+        elif isinstance(event, TERMINAL_EVENTS):
             progress.terminal = True
     return progress
 
@@ -120,8 +121,6 @@ class JobStore:
             entries = result[2]
             events = [decode_event(_field(fields, b"e")) for _, fields in entries]
             return Claim("claimed", attempt=int(result[1]), progress=progress_from_events(events))
-        if status == "owned":
-            return Claim("owned", owner=_text(result[1]))
         return Claim(status)
 
     def release_done(self, job_id: str) -> bool:
@@ -142,24 +141,52 @@ class JobStore:
 
     # -------------------------------------------------------------------- events
 
-    def append_args(self, job_id: str, event: AnyEvent, fenced: bool) -> tuple[list[str], list[Any]]:
-        terminal = isinstance(event, (Finished, Failed))
+    def _append_call(self, job_id: str, event: AnyEvent, fenced: bool) -> _ScriptCall:
+        terminal = isinstance(event, TERMINAL_EVENTS)
         return (
+            self._append,
             [keys.event_log(job_id), keys.lease(job_id)],
             [keys.events_channel(job_id), self.worker_id if fenced else "",
              event.seq, encode_event(event), self.settings.log_max_len,
              1 if terminal else 0, int(self.settings.log_ttl)],
         )
 
-    def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool,
-                     pipe: Any = None) -> Any:
+    def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool) -> Any:
         """Append + publish ``event`` at its ``seq``; returns that seq, or -1 if fenced.
 
         With ``fenced`` the write happens only while this worker holds the job's lease, so
         a worker presumed dead can never interleave events with its successor.
         """
-        key_list, args = self.append_args(job_id, event, fenced)
-        return self._append(keys=key_list, args=args, client=pipe or self.redis)
+        script, key_list, args = self._append_call(job_id, event, fenced)
+        return script(keys=key_list, args=args)
+
+    def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool) -> list[Any]:
+        """``append_event`` for many (job id, event) pairs in one round trip; each result
+        in place (an exception object for a write Redis refused)."""
+        return self._pipelined([self._append_call(job_id, e, fenced) for job_id, e in events])
+
+    def _pipelined(self, calls: list[_ScriptCall]) -> list[Any]:
+        """Run script calls in one pipelined round trip, by their SHA alone.
+
+        redis-py, given a script on a pipeline, first asks ``SCRIPT EXISTS`` in a round trip
+        of its own; here a script missing from the server (Redis restarted) fails with
+        ``NoScriptError`` instead, and only those calls are sent again once it is loaded.
+        """
+        results = self._send_calls(calls)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+                self.redis.script_load(script.script)
+            for i, result in zip(missing, self._send_calls([calls[i] for i in missing]),
+                                 strict=True):
+                results[i] = result
+        return results
+
+    def _send_calls(self, calls: list[_ScriptCall]) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=False)
+        for script, key_list, args in calls:
+            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+        return list(pipe.execute(raise_on_error=False))
 
     def append_unowned(self, job_id: str, event: AnyEvent) -> int:
         """Append ``event`` after the log's last entry, for a job no worker holds.
@@ -190,12 +217,16 @@ class JobStore:
         """Extend the leases this worker holds; False for a job whose lease it lost."""
         if not job_ids:
             return {}
-        pipe = self.redis.pipeline(transaction=False)
         now = now_ms()
-        for job_id in job_ids:
-            self._refresh(keys=[keys.lease(job_id), self.running_key],
-                          args=[job_id, self.worker_id, self.lease_ms, now], client=pipe)
-        return {j: bool(r) for j, r in zip(job_ids, pipe.execute(), strict=True)}
+        results = self._pipelined([
+            (self._refresh, [keys.lease(job_id), self.running_key],
+             [job_id, self.worker_id, self.lease_ms, now])
+            for job_id in job_ids
+        ])
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return {j: bool(r) for j, r in zip(job_ids, results, strict=True)}
 
     def aborted(self, job_ids: list[str]) -> list[str]:
         if not job_ids:

@@ -39,7 +39,6 @@ class LeaseKeeper:
         self.worker_info = worker_info
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvrelay-leases", daemon=True)
-        self.takeovers = 0
 
     def start(self) -> None:
         self.beat()
@@ -86,16 +85,14 @@ class LeaseKeeper:
         pipe.sadd(keys.WORKERS, self.settings.worker_id)
         pipe.execute()
 
-    def take_over_expired(self) -> int:
-        """Requeue jobs of dead workers; returns how many this worker requeued."""
-        count = 0
+    def take_over_expired(self) -> None:
+        """Requeue jobs of dead workers (each claimed atomically, so only one requeues it)."""
         for job_id in self.store.expired_candidates():
             status, payload = self.store.check_expired(job_id)
             if status == "requeue" and payload is not None:
                 log.warning("job %s lost its worker; requeueing it", job_id)
                 self.requeue(job_id, payload)
                 self.store.commit_requeue(job_id)
-                count += 1
             elif status == "exhausted":
                 log.warning("job %s lost %d workers; failing it", job_id,
                             self.settings.max_attempts)
@@ -104,5 +101,3 @@ class LeaseKeeper:
                     message=f"workers died {self.settings.max_attempts} times while running "
                             f"this job",
                 ))
-        self.takeovers += count
-        return count

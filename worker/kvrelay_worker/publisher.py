@@ -64,7 +64,6 @@ class Publisher:
         self.on_fenced = on_fenced
         self._queue: queue.SimpleQueue[list[Item] | object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="kvrelay-publisher", daemon=True)
-        self.batches_sent = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -119,13 +118,9 @@ class Publisher:
             return []
         delay = 0.05
         while True:
-            pipe = self.store.redis.pipeline(transaction=False)
-            for item in events:
-                self.store.append_event(item.job.job_id, item.event, fenced=True, pipe=pipe)
             try:
-                results: list[object] = pipe.execute(raise_on_error=False)
-                self.batches_sent += 1
-                return results
+                return self.store.append_events(
+                    [(item.job.job_id, item.event) for item in events], fenced=True)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
                 time.sleep(delay)
@@ -140,7 +135,10 @@ class Publisher:
         elif result == -1:
             log.warning("publisher: job %s is owned by another worker now; dropping it",
                         job.job_id)
-            self.on_fenced(job)
+            if item.outcome is not None:
+                job.finish(Outcome.FENCED)  # the engine has already let go of the job
+            else:
+                self.on_fenced(job)  # stop it in the engine; its end comes as a DoneItem
             return
         if isinstance(item.event, Tokens) and item.event.token_ids:
             if job.first_token_at is None:
@@ -175,31 +173,30 @@ def coalesce(items: list[Item]) -> list[Item]:
     order is kept; other jobs' events may sit between them.
     """
     out: list[Item] = []
-    open_tokens: dict[tuple[int, int], EventItem] = {}
+    # Per job, its last token event when nothing else of the job came after it.
+    open_tokens: dict[ActiveJob, Tokens] = {}
     for item in items:
-        job_key = id(item.job)
-        if isinstance(item, EventItem) and isinstance(item.event, Tokens):
-            key = (job_key, item.event.index)
-            prev = open_tokens.get(key)
-            if prev is not None and prev.event.finish_reason is None:  # type: ignore[union-attr]
-                _merge_tokens(prev.event, item.event)  # type: ignore[arg-type]
+        event = item.event if isinstance(item, EventItem) else None
+        if isinstance(event, Tokens):
+            prev = open_tokens.get(item.job)
+            if prev is not None and prev.index == event.index and prev.finish_reason is None:
+                _merge_tokens(prev, event)
                 continue
-            for k in [k for k in open_tokens if k[0] == job_key]:
-                del open_tokens[k]
-            open_tokens[key] = item
-            out.append(item)
-            continue
-        for k in [k for k in open_tokens if k[0] == job_key]:
-            del open_tokens[k]
+            open_tokens[item.job] = event
+        else:
+            open_tokens.pop(item.job, None)
         out.append(item)
     return out
 
 
 def _merge_tokens(into: Tokens, extra: Tokens) -> None:
-    into.token_ids = into.token_ids + extra.token_ids
-    into.text = into.text + extra.text
-    if into.logprobs is not None or extra.logprobs is not None:
-        into.logprobs = (into.logprobs or []) + (extra.logprobs or [])
+    """Append ``extra`` to ``into`` in place (both are this batch's own events)."""
+    into.token_ids.extend(extra.token_ids)
+    into.text += extra.text
+    if extra.logprobs is not None:
+        if into.logprobs is None:
+            into.logprobs = []
+        into.logprobs.extend(extra.logprobs)
     into.finish_reason = extra.finish_reason
 
 

@@ -145,10 +145,15 @@ class WorkerRuntime:
 
     def reject(self, job_id: str | None, message: str) -> str:
         """Fail a delivered job as ``invalid_request`` without looking at its payload."""
-        if job_id:
-            self.store.fail_unclaimed(job_id, ErrorCode.INVALID_REQUEST, message)
-            self.metrics.jobs.labels(outcome="rejected").inc()
-        return "rejected"
+        if not job_id:
+            return "rejected"
+        return self._end_unclaimed(job_id, ErrorCode.INVALID_REQUEST, message, "rejected")
+
+    def _end_unclaimed(self, job_id: str, code: str, message: str, outcome: str) -> str:
+        """Fail a job this worker did not claim (it never ran) and count the outcome."""
+        self.store.fail_unclaimed(job_id, code, message)
+        self.metrics.jobs.labels(outcome=outcome).inc()
+        return outcome
 
     def run_job(self, job_id: str | None, payload: object) -> str:
         """Run one delivered job to its end on this worker; returns what happened."""
@@ -159,23 +164,19 @@ class WorkerRuntime:
             request, payload_json = decode_payload(payload, job_id, self.settings.served_model,
                                                    self.settings.max_payload_bytes)
         except JobRejected as rejected:
-            self.store.fail_unclaimed(job_id, rejected.code, rejected.message)
-            self.metrics.jobs.labels(outcome="rejected").inc()
-            return "rejected"
+            return self._end_unclaimed(job_id, rejected.code, rejected.message, "rejected")
         if self.draining:
             self._requeue(job_id, payload_json)
             return Outcome.HANDBACK
         if request.deadline is not None and request.deadline <= time.time():
-            self.store.fail_unclaimed(job_id, ErrorCode.DEADLINE_EXCEEDED,
-                                      "the job's deadline passed before a worker picked it up")
-            self.metrics.jobs.labels(outcome=Outcome.DEADLINE).inc()
-            return Outcome.DEADLINE
+            return self._end_unclaimed(
+                job_id, ErrorCode.DEADLINE_EXCEEDED,
+                "the job's deadline passed before a worker picked it up", Outcome.DEADLINE)
         claim = self.store.claim(job_id, payload_json)
         if claim.status == "aborted":
-            self.store.fail_unclaimed(job_id, ErrorCode.CANCELLED,
-                                      "the job was cancelled before it started")
-            self.metrics.jobs.labels(outcome=Outcome.CANCELLED).inc()
-            return Outcome.CANCELLED
+            return self._end_unclaimed(job_id, ErrorCode.CANCELLED,
+                                       "the job was cancelled before it started",
+                                       Outcome.CANCELLED)
         if claim.status != "claimed" or claim.progress is None:
             log.info("dropping a copy of job %s (%s)", job_id, claim.status)
             return "duplicate"

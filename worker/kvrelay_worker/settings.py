@@ -11,6 +11,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -104,8 +105,9 @@ class WorkerSettings:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise SettingsError(f"KVRELAY_DEVICE must be auto, cpu or cuda, got {self.device!r}")
 
-    @property
+    @cached_property
     def served_model(self) -> str:
+        """The name jobs address (and the queue's): looked up once, it is read per job."""
         if self.model_name:
             return self.model_name
         path = Path(self.model).expanduser()
