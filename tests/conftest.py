@@ -111,14 +111,9 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def clean_redis_url(redis_url: str) -> str:
     """``redis_url`` with its database emptied (FLUSHDB) before the test."""
-    import redis
+    from helpers.redis_db import flushed
 
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-    return redis_url
+    return flushed(redis_url)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -29,10 +29,11 @@ T = TypeVar("T")
 
 
 class _LoopThread:
-    """An event loop running forever in a daemon thread."""
+    """An event loop running forever in a daemon thread, until ``stop``."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.stopped = False
         self._thread = threading.Thread(target=self._run, name="kvrelay-client-loop", daemon=True)
         self._thread.start()
 
@@ -41,6 +42,10 @@ class _LoopThread:
         self.loop.run_forever()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result."""
+        if self.stopped:
+            coro.close()
+            raise KvrelayError("the client is closed")
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("kvrelay.Client cannot be called from its own event loop")
@@ -55,9 +60,18 @@ class _LoopThread:
                     future.result(timeout=5.0)
             raise
 
+    def call_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a plain function on the loop thread (for objects bound to that loop)."""
+
+        async def run() -> T:
+            return fn(*args, **kwargs)
+
+        return self.call(run())
+
     def stop(self) -> None:
-        if self.loop.is_closed():
+        if self.stopped:
             return
+        self.stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5.0)
         if not self._thread.is_alive():
@@ -128,7 +142,7 @@ class Stream:
 
     def close(self) -> None:
         """Stop listening; aborts the job unless it already ended."""
-        if not self._runner.loop.is_closed():
+        if not self._runner.stopped:
             self._runner.call(self._stream.aclose())
 
 
@@ -137,16 +151,11 @@ class Client:
 
     def __init__(self, url: str = "redis://localhost:6379/0", **kwargs: Any) -> None:
         self._runner = _LoopThread()
-
-        async def make() -> AsyncClient:
-            return AsyncClient(url, **kwargs)
-
         try:
-            self._client = self._runner.call(make())
+            self._client = self._runner.call_sync(AsyncClient, url, **kwargs)
         except BaseException:
             self._runner.stop()
             raise
-        self._closed = False
 
     @property
     def async_client(self) -> AsyncClient:
@@ -155,7 +164,7 @@ class Client:
 
     def __enter__(self) -> Client:
         try:
-            self._runner.call(self._client.connect())
+            self.connect()
         except BaseException:
             self.close()
             raise
@@ -169,23 +178,14 @@ class Client:
     ) -> None:
         self.close()
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._closed:
-            coro.close()
-            raise KvrelayError("the client is closed")
-        return self._runner.call(coro)
-
     def connect(self) -> None:
-        self._call(self._client.connect())
+        self._runner.call(self._client.connect())
 
     def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> Completion:
-        return self._call(self._client.generate(prompt, **options))
+        return self._runner.call(self._client.generate(prompt, **options))
 
     def stream(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> Stream:
-        async def make() -> AsyncStream:
-            return self._client.stream(prompt, **options)
-
-        return Stream(self._runner, self._call(make()))
+        return Stream(self._runner, self._runner.call_sync(self._client.stream, prompt, **options))
 
     def resume(
         self,
@@ -195,7 +195,7 @@ class Client:
         stream_timeout: float | None = None,
         timeout: float | None = None,
     ) -> Stream:
-        stream = self._call(
+        stream = self._runner.call(
             self._client.resume(
                 job_id, after_seq=after_seq, stream_timeout=stream_timeout, timeout=timeout
             )
@@ -203,19 +203,18 @@ class Client:
         return Stream(self._runner, stream)
 
     def cancel(self, job_id: str) -> None:
-        self._call(self._client.cancel(job_id))
+        self._runner.call(self._client.cancel(job_id))
 
     def workers(self) -> list[WorkerInfo]:
-        return self._call(self._client.workers())
+        return self._runner.call(self._client.workers())
 
     def queue_length(self, model: str | None = None) -> int:
-        return self._call(self._client.queue_length(model))
+        return self._runner.call(self._client.queue_length(model))
 
     def close(self) -> None:
         """Close the async client, then stop the loop thread."""
-        if self._closed:
+        if self._runner.stopped:
             return
-        self._closed = True
         try:
             self._runner.call(self._client.aclose())
         except (KvrelayError, concurrent.futures.CancelledError):

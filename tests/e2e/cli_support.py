@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import pytest
@@ -28,22 +27,6 @@ MARKER = "KVRELAY_TEST_MARKER"
 # Databases of the session Redis used by these tests (others use their own numbers).
 CLI_DB = 12
 STACK_DB = 13
-
-
-def url_with_db(url: str, db: int) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
-
-
-def fresh_db(url: str, db: int) -> str:
-    """``url`` pointed at database ``db``, emptied first."""
-    target = url_with_db(url, db)
-    client = redis.Redis.from_url(target, socket_connect_timeout=5)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-    return target
 
 
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import CLI_DB, announce, cli_env, fresh_db, one_line_error, run_cli
+from cli_support import CLI_DB, announce, cli_env, one_line_error, run_cli
 from helpers.fake_worker import ThreadWorker
+from helpers.redis_db import fresh_db_url
 
 from kvrelay.cli.chat import ChatSession
 
@@ -30,7 +31,7 @@ def test_session_keeps_turns_in_order() -> None:
 
 @pytest.fixture
 def fake_worker(redis_url: str) -> Iterator[ThreadWorker]:
-    url = fresh_db(redis_url, CLI_DB)
+    url = fresh_db_url(redis_url, CLI_DB)
     announce(url, MODEL)
     with ThreadWorker(url, MODEL, texts=["Hel", "lo"]) as worker:
         yield worker

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import CLI_DB, announce, cli_env, fresh_db, one_line_error, run_cli
+from cli_support import CLI_DB, announce, cli_env, one_line_error, run_cli
 from helpers.fake_worker import ThreadWorker
+from helpers.redis_db import fresh_db_url
 from helpers.redis_server import free_port
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ MODEL = "fake-model"
 
 @pytest.fixture
 def fake_worker(redis_url: str) -> Iterator[ThreadWorker]:
-    url = fresh_db(redis_url, CLI_DB)
+    url = fresh_db_url(redis_url, CLI_DB)
     announce(url, MODEL)
     with ThreadWorker(url, MODEL, texts=["Hel", "lo", " there"]) as worker:
         yield worker

@@ -13,13 +13,13 @@ from cli_support import (
     CLI_DB,
     background_cli,
     cli_env,
-    fresh_db,
     live_models,
     one_line_error,
     run_cli,
     wait_no_leftovers,
 )
 from click.testing import CliRunner
+from helpers.redis_db import fresh_db_url
 
 from kvrelay.cli.main import cli
 
@@ -71,7 +71,7 @@ def test_mistakes_are_one_line(
 def test_worker_serves_and_stops_on_sigterm(
     tmp_path: Path, redis_url: str, tiny_model: Callable[[str], Path]
 ) -> None:
-    url = fresh_db(redis_url, CLI_DB)
+    url = fresh_db_url(redis_url, CLI_DB)
     model = tiny_model("llama-mqa")
     env = cli_env(tmp_path)
     args = ["worker", "--model", str(model), "--device", "cpu", "--concurrency", "2",

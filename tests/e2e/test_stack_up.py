@@ -14,11 +14,11 @@ from cli_support import (
     STACK_DB,
     background_cli,
     cli_env,
-    fresh_db,
     one_line_error,
     run_cli,
     wait_no_leftovers,
 )
+from helpers.redis_db import fresh_db_url
 
 from kvrelay.cli import stack_file
 
@@ -48,7 +48,7 @@ def test_bad_model_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
 def test_answers_with_the_configured_redis(
     tmp_path: Path, redis_url: str, tiny_model: Callable[[str], Path]
 ) -> None:
-    url = fresh_db(redis_url, STACK_DB)
+    url = fresh_db_url(redis_url, STACK_DB)
     env = cli_env(tmp_path, KVRELAY_REDIS_URL=url)
     args = ["up", "Hello there", *tiny_args(tiny_model), "--max-tokens", "6"]
     result = run_cli(args, env, timeout=240)

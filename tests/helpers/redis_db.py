@@ -1,4 +1,5 @@
-"""A database of its own on the test Redis, so module-scoped workers do not see other tests."""
+"""Databases of the test Redis: one of its own per module-scoped worker or CLI test, emptied
+first, so tests do not see each other's keys."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ def url_with_db(url: str, db: int) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
 
 
-def fresh_db_url(url: str, db: int) -> str:
-    """``url`` pointed at database ``db``, emptied."""
-    target = url_with_db(url, db)
-    client = redis.Redis.from_url(target)
+def flushed(url: str) -> str:
+    """``url``, its database emptied (FLUSHDB)."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=5)
     try:
         client.flushdb()
     finally:
         client.close()
-    return target
+    return url
+
+
+def fresh_db_url(url: str, db: int) -> str:
+    """``url`` pointed at database ``db``, emptied."""
+    return flushed(url_with_db(url, db))
