@@ -194,7 +194,7 @@ def test_a_sequence_frees_its_blocks_tail_first() -> None:
     assert len(table) == 3
     untouched = [b.block_id for b in kv.pool.free_queue]
     kv.free(seq)
-    assert seq.block_table == []
+    assert list(seq.block_table) == []
     # Freed blocks join the tail, last block first: the prefix is evicted last.
     assert ids(kv.pool.free_queue) == [*untouched, *reversed(table)]
     taken = kv.pool.get_new_blocks(len(untouched) + 1)
@@ -238,7 +238,7 @@ def test_prefix_hit_on_a_free_block_takes_it_out_of_the_free_queue() -> None:
     assert hits == shared
     assert kv.allocate_slots(second, second.num_tokens - 8, hits)
     assert second.num_computed_tokens == 8
-    assert second.block_table[:2] == ids(shared)
+    assert list(second.block_table[:2]) == ids(shared)
     for block in shared:
         assert block not in kv.pool.free_queue
         assert block.ref_cnt == 1
@@ -351,7 +351,7 @@ def test_failed_allocation_changes_nothing() -> None:
     assert not kv.allocate_slots(longer, longer.num_tokens - 8, hits)
     assert ids(kv.pool.free_queue) == queue_before
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
-    assert longer.block_table == []
+    assert list(longer.block_table) == []
     assert longer.num_computed_tokens == 0
     assert kv.num_blocks_held(longer) == 0
     # One fewer token fits exactly (2 hits + 2 new blocks).

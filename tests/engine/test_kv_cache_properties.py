@@ -132,7 +132,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
         self.sched.finish(seq, status)
-        assert seq.block_table == []
+        assert list(seq.block_table) == []
         assert self.kv.num_blocks_held(seq) == 0
         self.live.remove(seq)
         self.finished.append(seq)
@@ -222,7 +222,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 holders.setdefault(block_id, []).append((seq, index))
         for seq in self.sched.waiting_sequences():
             assert seq.status is SequenceStatus.WAITING
-            assert seq.block_table == []
+            assert list(seq.block_table) == []
             assert seq.num_computed_tokens == 0
             assert self.kv.num_blocks_held(seq) == 0
         assert set(self.sched.running) | set(self.sched.waiting_sequences()) == set(self.live)

@@ -130,7 +130,7 @@ class KVCacheManager:
         blocks = self._blocks.pop(seq.seq_id, [])
         self._num_published.pop(seq.seq_id, None)
         self.pool.free(reversed(blocks))
-        seq.block_table.clear()
+        del seq.block_table[:]
 
     def num_blocks_held(self, seq: Sequence) -> int:
         return len(self._blocks.get(seq.seq_id, ()))

@@ -8,6 +8,7 @@ The LM head runs only on the last token of sequences that sample this step.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -187,7 +188,7 @@ class ModelRunner:
         for i in range(num_dummy):
             seq = Sequence(request_id=f"profile-{i}", choice_index=0, token_ids=[0] * per_seq,
                            num_prompt_tokens=per_seq, params=params)
-            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
+            seq.block_table = array("i", range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
             scheduled.append(ScheduledSequence(seq, per_seq))
         hidden_logits = self.execute(scheduled)
         rows = min(num_seqs, num_tokens)

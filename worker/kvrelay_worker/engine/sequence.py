@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from array import array
 from dataclasses import dataclass, field
 
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -53,7 +54,9 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_seq_counter))
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
+    # An int32 array, not a list: the model runner copies it into the step's block-table
+    # tensor every step, and numpy reads an array's buffer at once (a list item by item).
+    block_table: array[int] = field(default_factory=lambda: array("i"))
     # Hashes of the full blocks of token_ids, in order (chained: each covers its prefix).
     block_hashes: list[bytes] = field(default_factory=list)
     # Prompt tokens served from the prefix cache at first admission.
