@@ -4,11 +4,14 @@ Importing it pulls in redis-py and msgspec only (Celery is loaded on the first e
 no torch, transformers, triton or numpy.
 """
 
+import warnings
+from typing import Any
+
 from kvrelay.client import AsyncClient
 from kvrelay.completion import Choice, Completion, StreamChunk
 from kvrelay.errors import (
+    BrokerUnavailable,
     Cancelled,
-    ConnectionError,
     DeadlineExceeded,
     InternalError,
     InvalidRequest,
@@ -31,11 +34,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient",
     "AsyncStream",
+    "BrokerUnavailable",
     "Cancelled",
     "Choice",
     "Client",
     "Completion",
-    "ConnectionError",
     "DeadlineExceeded",
     "GenerateOptions",
     "InternalError",
@@ -56,3 +59,16 @@ __all__ = [
     "WorkerLost",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # ``kvrelay.ConnectionError`` shadowed the builtin; kept working, with a warning.
+    if name == "ConnectionError":
+        warnings.warn(
+            "kvrelay.ConnectionError is deprecated; use kvrelay.BrokerUnavailable "
+            "(also a builtin ConnectionError)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return BrokerUnavailable
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

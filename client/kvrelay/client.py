@@ -60,7 +60,7 @@ class AsyncClient:
             False lets jobs wait in the queue for workers that are not up yet.
         connect_timeout: seconds to establish a connection.
         reconnect_timeout: how long live streams survive an unreachable Redis before
-            failing with ``kvrelay.ConnectionError``.
+            failing with ``kvrelay.BrokerUnavailable``.
         health_check_interval: idle seconds before the pub/sub connection is PINGed.
         enqueue_threads: threads publishing to Celery concurrently.
         max_connections: size of the command connection pool.

@@ -1,6 +1,6 @@
-"""Building the command connection and turning redis errors into ``kvrelay.ConnectionError``.
+"""Building the command connection and turning redis errors into ``kvrelay.BrokerUnavailable``.
 
-Callers catch ``kvrelay.ConnectionError`` (also a builtin ``ConnectionError``), never a
+Callers catch ``kvrelay.BrokerUnavailable`` (also a builtin ``ConnectionError``), never a
 redis-py exception; the message names the server (password removed) and what we were
 doing, because "Connection refused" alone does not say which of several URLs is wrong.
 """
@@ -14,7 +14,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from kvrelay.errors import ConnectionError
+from kvrelay.errors import BrokerUnavailable
 
 __all__ = ["REDIS_ERRORS", "connection_error", "make_redis", "redact_url"]
 
@@ -43,10 +43,10 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def connection_error(where: str, doing: str, exc: BaseException) -> ConnectionError:
-    """A ``kvrelay.ConnectionError`` saying which server failed and during what."""
+def connection_error(where: str, doing: str, exc: BaseException) -> BrokerUnavailable:
+    """A ``kvrelay.BrokerUnavailable`` saying which server failed and during what."""
     detail = str(exc) or type(exc).__name__
-    return ConnectionError(f"cannot reach Redis at {where} while {doing}: {detail}")
+    return BrokerUnavailable(f"cannot reach Redis at {where} while {doing}: {detail}")
 
 
 def make_redis(url: str, *, max_connections: int, connect_timeout: float) -> Redis:

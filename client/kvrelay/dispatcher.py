@@ -10,7 +10,7 @@ If the connection drops, the reader reconnects with backoff, resubscribes every 
 channel and, once Redis confirms each one, puts a ``RESYNC`` marker in its mailboxes so
 the stream re-reads the job's log from its last seq (events published while we were
 away are there). If Redis stays unreachable for ``reconnect_timeout`` seconds, every
-live stream fails with ``kvrelay.ConnectionError``.
+live stream fails with ``kvrelay.BrokerUnavailable``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from kvrelay.connection import REDIS_ERRORS
-from kvrelay.errors import ConnectionError, KvrelayError
+from kvrelay.errors import BrokerUnavailable, KvrelayError
 from kvrelay.resp import Frame, RespError, TransportLost
 
 __all__ = [
@@ -301,7 +301,7 @@ class Dispatcher:
                 await asyncio.shield(ready)
         except TimeoutError:
             self.unsubscribe(mailbox)
-            raise ConnectionError(
+            raise BrokerUnavailable(
                 f"Redis at {self._where} did not confirm a subscription within "
                 f"{self._subscribe_timeout:g}s"
             ) from None
@@ -415,13 +415,13 @@ class Dispatcher:
             except Exception as exc:
                 if lost_at is None:
                     self._fail_all(
-                        ConnectionError,
+                        BrokerUnavailable,
                         f"cannot connect to Redis at {self._where} (pub/sub): {exc}",
                     )
                     return
                 if loop.time() - lost_at >= self._reconnect_timeout:
                     self._fail_all(
-                        ConnectionError,
+                        BrokerUnavailable,
                         f"lost the connection to Redis at {self._where} and could not "
                         f"reconnect within {self._reconnect_timeout:g}s: {exc}",
                     )
@@ -445,7 +445,7 @@ class Dispatcher:
                 await transport.aclose()
             if refused is not None:
                 self._fail_all(
-                    ConnectionError, f"Redis at {self._where} refused a pub/sub command: {refused}"
+                    BrokerUnavailable, f"Redis at {self._where} refused a pub/sub command: {refused}"
                 )
                 return
             if self._closed or not self._has_live():

@@ -18,7 +18,7 @@ from typing import Any
 import redis.exceptions
 
 from kvrelay import keys
-from kvrelay.errors import ConnectionError
+from kvrelay.errors import BrokerUnavailable
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
 
 __all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url"]
@@ -121,13 +121,13 @@ class CeleryEnqueuer:
 
     async def __call__(self, request: GenerateRequest) -> None:
         if self._closed:
-            raise ConnectionError("the enqueuer is closed")
+            raise BrokerUnavailable("the enqueuer is closed")
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self.publish, request)
         except Exception as exc:
             if _is_connection_error(exc):
-                raise ConnectionError(
+                raise BrokerUnavailable(
                     f"cannot reach Redis at {self._where} while enqueueing job "
                     f"{request.job_id}: {exc}"
                 ) from exc

@@ -11,11 +11,26 @@ import builtins
 
 from kvrelay.protocol import ErrorCode
 
+# The wire's error codes: only these map a ``Failed`` event to a class.
+_WIRE_CODES = frozenset(v for k, v in vars(ErrorCode).items() if not k.startswith("_"))
+_BY_CODE: dict[str, type[KvrelayError]] = {}
+
 
 class KvrelayError(Exception):
-    """Base class of every kvrelay error. ``code`` is the stable wire code."""
+    """Base class of every kvrelay error. ``code`` is the stable wire code.
+
+    A subclass names its code in its header (``class X(KvrelayError, code=...)``); one for
+    a wire code becomes what a ``Failed`` event with that code raises.
+    """
 
     code: str = ErrorCode.INTERNAL
+
+    def __init_subclass__(cls, code: str | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+            if code in _WIRE_CODES:
+                _BY_CODE[code] = cls
 
     def __init__(self, message: str, *, job_id: str | None = None) -> None:
         super().__init__(message)
@@ -26,93 +41,52 @@ class KvrelayError(Exception):
         return self.message if self.job_id is None else f"{self.message} (job {self.job_id})"
 
 
-class InvalidRequest(KvrelayError, ValueError):
+class InvalidRequest(KvrelayError, ValueError, code=ErrorCode.INVALID_REQUEST):
     """The request is malformed or its values are out of range."""
 
-    code = ErrorCode.INVALID_REQUEST
 
-
-class PromptTooLong(InvalidRequest):
+class PromptTooLong(InvalidRequest, code=ErrorCode.PROMPT_TOO_LONG):
     """The prompt (plus room for one output token) exceeds the model's context length."""
 
-    code = ErrorCode.PROMPT_TOO_LONG
 
-
-class PayloadTooLarge(InvalidRequest):
+class PayloadTooLarge(InvalidRequest, code=ErrorCode.PAYLOAD_TOO_LARGE):
     """The encoded request is larger than the worker accepts."""
 
-    code = ErrorCode.PAYLOAD_TOO_LARGE
 
-
-class ProtocolVersionError(InvalidRequest):
+class ProtocolVersionError(InvalidRequest, code=ErrorCode.PROTOCOL_VERSION):
     """Client and worker speak different major versions of the wire protocol."""
 
-    code = ErrorCode.PROTOCOL_VERSION
 
-
-class UnknownModel(KvrelayError):
+class UnknownModel(KvrelayError, code=ErrorCode.UNKNOWN_MODEL):
     """No worker serves the requested model."""
 
-    code = ErrorCode.UNKNOWN_MODEL
 
-
-class QueueFull(KvrelayError):
+class QueueFull(KvrelayError, code=ErrorCode.QUEUE_FULL):
     """The model's queue is longer than the client's ``max_queue``: shed load or retry later."""
 
-    code = ErrorCode.QUEUE_FULL
 
-
-class DeadlineExceeded(KvrelayError, builtins.TimeoutError):
+class DeadlineExceeded(KvrelayError, builtins.TimeoutError, code=ErrorCode.DEADLINE_EXCEEDED):
     """The job's ``timeout`` passed before it finished (or before a worker picked it up)."""
 
-    code = ErrorCode.DEADLINE_EXCEEDED
 
-
-class Cancelled(KvrelayError):
+class Cancelled(KvrelayError, code=ErrorCode.CANCELLED):
     """The job was aborted (by this caller or another)."""
 
-    code = ErrorCode.CANCELLED
 
-
-class WorkerLost(KvrelayError):
+class WorkerLost(KvrelayError, code=ErrorCode.WORKER_LOST):
     """Workers died while running the job more times than the retry limit allows."""
 
-    code = ErrorCode.WORKER_LOST
 
-
-class StreamTimeout(KvrelayError, builtins.TimeoutError):
+class StreamTimeout(KvrelayError, builtins.TimeoutError, code="stream_timeout"):
     """No event arrived for the stream's inactivity timeout."""
 
-    code = "stream_timeout"
 
-
-class ConnectionError(KvrelayError, builtins.ConnectionError):  # the SDK's own name
+class BrokerUnavailable(KvrelayError, builtins.ConnectionError, code="connection_error"):
     """Redis could not be reached (or was lost and could not be re-established)."""
 
-    code = "connection_error"
 
-
-class InternalError(KvrelayError):
+class InternalError(KvrelayError, code=ErrorCode.INTERNAL):
     """The worker hit an unexpected error while running the job."""
-
-    code = ErrorCode.INTERNAL
-
-
-_BY_CODE: dict[str, type[KvrelayError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidRequest,
-        PromptTooLong,
-        PayloadTooLarge,
-        ProtocolVersionError,
-        UnknownModel,
-        QueueFull,
-        DeadlineExceeded,
-        Cancelled,
-        WorkerLost,
-        InternalError,
-    )
-}
 
 
 def error_for_code(code: str, message: str, *, job_id: str | None = None) -> KvrelayError:

@@ -112,7 +112,7 @@ class StreamContext:
     enqueue: Callable[[GenerateRequest], Awaitable[None]]
     # Fire-and-forget abort of a job (flag + control message).
     abort: Callable[[str], None]
-    # Map a redis/OS error to ``kvrelay.ConnectionError`` (arguments: error, what we did).
+    # Map a redis/OS error to ``kvrelay.BrokerUnavailable`` (arguments: error, what we did).
     connection_error: Callable[[BaseException, str], KvrelayError]
     track: Callable[[AsyncStream], None]
     untrack: Callable[[AsyncStream], None]

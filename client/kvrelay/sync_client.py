@@ -86,7 +86,22 @@ async def _next_or_none(stream: AsyncStream) -> StreamChunk | None:
         return None
 
 
-class Stream:
+class _ClosesOnExit:
+    """``with`` support for objects whose ``close()`` ends them."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Stream(_ClosesOnExit):
     """Synchronous view of an ``AsyncStream``: ``with client.stream(...) as s: for c in s``."""
 
     def __init__(self, runner: _LoopThread, stream: AsyncStream) -> None:
@@ -113,14 +128,6 @@ class Stream:
         self._runner.call(self._stream.start())
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __iter__(self) -> Iterator[StreamChunk]:
         return self
 
@@ -146,7 +153,7 @@ class Stream:
             self._runner.call(self._stream.aclose())
 
 
-class Client:
+class Client(_ClosesOnExit):
     """Synchronous client; takes the same arguments as ``AsyncClient``."""
 
     def __init__(self, url: str = "redis://localhost:6379/0", **kwargs: Any) -> None:
@@ -169,14 +176,6 @@ class Client:
             self.close()
             raise
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def connect(self) -> None:
         self._runner.call(self._client.connect())

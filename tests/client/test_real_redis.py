@@ -157,22 +157,22 @@ async def test_redis_gone_for_good_raises_connection_error(redis_server_factory:
             await stream.__anext__()
             await raw.aclose()
             server.stop()
-            with pytest.raises(kvrelay.ConnectionError):
+            with pytest.raises(kvrelay.BrokerUnavailable):
                 await stream.final()
 
 
 async def test_connection_refused_is_a_clear_error() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     client = AsyncClient(url, model=MODEL, connect_timeout=1)
-    with pytest.raises(kvrelay.ConnectionError, match=f"127.0.0.1:{url.split(':')[2]}"):
+    with pytest.raises(kvrelay.BrokerUnavailable, match=f"127.0.0.1:{url.split(':')[2]}"):
         await asyncio.wait_for(client.connect(), 10)
-    with pytest.raises(kvrelay.ConnectionError):
+    with pytest.raises(kvrelay.BrokerUnavailable):
         await asyncio.wait_for(client.generate("x"), 10)  # the worker registry read fails
-    with pytest.raises(kvrelay.ConnectionError):
+    with pytest.raises(kvrelay.BrokerUnavailable):
         await asyncio.wait_for(client.workers(), 10)
     await client.aclose()
     no_checks = AsyncClient(url, model=MODEL, require_worker=False, connect_timeout=1)
-    with pytest.raises(kvrelay.ConnectionError, match="cannot connect"):
+    with pytest.raises(kvrelay.BrokerUnavailable, match="cannot connect"):
         await asyncio.wait_for(no_checks.generate("x"), 10)  # the subscriber fails first
     await no_checks.aclose()
 
@@ -191,7 +191,7 @@ async def test_password_protected_redis(redis_server_factory: Any) -> None:
         assert (await asyncio.wait_for(client.generate("x"), 20)).text == "Hello"
     await raw.aclose()
     wrong = AsyncClient(f"redis://:nope@127.0.0.1:{server.port}/0", model=MODEL)
-    with pytest.raises(kvrelay.ConnectionError, match=r"\*\*\*"):
+    with pytest.raises(kvrelay.BrokerUnavailable, match=r"\*\*\*"):
         await asyncio.wait_for(wrong.connect(), 10)
     await wrong.aclose()
 

@@ -40,7 +40,7 @@ LONG = {"prompt_token_ids": [3, 4, 5], "max_tokens": 3000, "temperature": 0.0,
 def test_error_tree() -> None:
     for cls in (InvalidRequest, PromptTooLong, PayloadTooLarge, ProtocolVersionError,
                 UnknownModel, QueueFull, DeadlineExceeded, Cancelled, WorkerLost,
-                StreamTimeout, kvrelay.ConnectionError):
+                StreamTimeout, kvrelay.BrokerUnavailable):
         assert issubclass(cls, KvrelayError)
 
 
@@ -158,7 +158,7 @@ async def test_stream_timeout(start_worker: Callable[..., WorkerProcess],
 
 async def test_connection_error() -> None:
     client = AsyncClient("redis://127.0.0.1:1/0", model=MODEL, connect_timeout=1.0)
-    with pytest.raises(kvrelay.ConnectionError):
+    with pytest.raises(kvrelay.BrokerUnavailable):
         async with client:
             await client.generate("hi", max_tokens=2)
     await asyncio.sleep(0)
