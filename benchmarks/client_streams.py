@@ -38,9 +38,9 @@ from kvrelay.protocol import (
     Started,
     Tokens,
     Usage,
+    decode_request_json,
     encode_event,
     log_entry_id,
-    payload_to_request,
 )
 
 MODEL = "bench-model"
@@ -63,7 +63,7 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
                 break
             message = json.loads(item)
             body = base64.b64decode(message["body"])
-            request = payload_to_request(json.loads(body)[0][0])
+            request = decode_request_json(json.dumps(json.loads(body)[0][0]))
             jobs[request.job_id] = 0
         pipe = r.pipeline(transaction=False)
         done: list[str] = []

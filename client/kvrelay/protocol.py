@@ -17,9 +17,13 @@ publishes an ``AbortMessage`` on ``keys.CONTROL_CHANNEL``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final
+import math
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Final
 
 import msgspec
+from msgspec import Meta
 
 PROTOCOL_MAJOR: Final = 1
 PROTOCOL_MINOR: Final = 0
@@ -45,28 +49,153 @@ class ErrorCode:
     INTERNAL: ClassVar[str] = "internal"
 
 
-# --------------------------------------------------------------------------- requests
+# ------------------------------------------------------------------ sampling options
+#
+# The one place where a sampling option's type, bounds and default are written. The
+# SDK's keywords, the worker's payload decoder and the engine's ``SamplingParams`` all
+# validate through ``SamplingOptions`` (``sampling_options_from`` for Python values,
+# ``decode_request_json`` for the wire), so each accepts exactly what the others do.
+
+# Generated tokens when the caller does not say (SDK, wire, engine and CLI alike).
+DEFAULT_MAX_TOKENS: Final = 256
+# Largest max_tokens / min_tokens: no context is longer, and it fits an int32 tensor.
+MAX_TOKENS_LIMIT: Final = 1 << 24
+# Largest token id anywhere in the options (int32); the engine also checks its vocabulary.
+MAX_TOKEN_ID: Final = (1 << 31) - 1
+MAX_N: Final = 128
+MAX_LOGPROBS: Final = 20
+# top_k above the vocabulary means "all of it": the engine clamps to its vocabulary.
+MAX_TOP_K: Final = 1 << 20
+# The seed range the engine's generators take (a signed 64-bit integer).
+MIN_SEED: Final = -(1 << 63)
+MAX_SEED: Final = (1 << 63) - 1
+MAX_TEMPERATURE: Final = 100.0
+MAX_REPETITION_PENALTY: Final = 100.0
+# presence_penalty and frequency_penalty lie in [-MAX_OCCURRENCE_PENALTY, +...] (OpenAI's).
+MAX_OCCURRENCE_PENALTY: Final = 2.0
+MAX_STOP_STRINGS: Final = 16
+MAX_STOP_STRING_CHARS: Final = 256
+MAX_STOP_TOKEN_IDS: Final = 256
+MAX_LOGIT_BIAS_ENTRIES: Final = 300
+# A logit bias lies in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (OpenAI's range).
+MAX_LOGIT_BIAS: Final = 100.0
+# ``priority`` (a request field, not a sampling option) fits an int32.
+MIN_PRIORITY: Final = -(1 << 31)
+MAX_PRIORITY: Final = (1 << 31) - 1
+
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
+TokenCount = Annotated[int, Meta(ge=0, le=MAX_TOKENS_LIMIT)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+OccurrencePenalty = Annotated[float, Meta(ge=-MAX_OCCURRENCE_PENALTY, le=MAX_OCCURRENCE_PENALTY)]
+StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+LogitBias = Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+Priority = Annotated[int, Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
+
+
+class InvalidSamplingOptions(ValueError):
+    """Sampling options outside their bounds; the message names the option."""
 
 
 class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Sampling parameters as sent on the wire; the worker validates them again."""
+    """How to pick each next token, and when to stop: the bounds every side enforces.
 
-    n: int = 1
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: list[str] = msgspec.field(default_factory=list)
-    stop_token_ids: list[int] = msgspec.field(default_factory=list)
-    logprobs: int | None = None
+    ``temperature`` 0 is greedy; ``top_k`` 0 or -1 disables top-k; ``max_tokens=None``
+    runs to a stop condition or the model's context limit. Every float is finite.
+    """
+
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)] | None = DEFAULT_MAX_TOKENS
+    temperature: Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=-1, le=MAX_TOP_K)] = 0
+    min_p: Probability = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=MAX_REPETITION_PENALTY)] = 1.0
+    presence_penalty: OccurrencePenalty = 0.0
+    frequency_penalty: OccurrencePenalty = 0.0
+    seed: Annotated[int, Meta(ge=MIN_SEED, le=MAX_SEED)] | None = None
+    stop: Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)] = msgspec.field(
+        default_factory=list
+    )
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKEN_IDS)] = (
+        msgspec.field(default_factory=list)
+    )
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
-    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    min_tokens: TokenCount = 0
+    logit_bias: Annotated[dict[TokenId, LogitBias], Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] = (
+        msgspec.field(default_factory=dict)
+    )
+
+    def __post_init__(self) -> None:
+        # Runs on decode and convert too: the one rule that spans two fields.
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+
+
+SAMPLING_FIELDS: Final = frozenset(SamplingOptions.__struct_fields__)
+# Keywords where None means "not given" (the wire default applies). ``max_tokens=None``
+# is a value: no limit but the context.
+_NONE_MEANS_DEFAULT: Final = SAMPLING_FIELDS - {"max_tokens"}
+
+
+_PATH = re.compile(r"\$\.([\w.\[\]]+)")
+
+
+def _readable(error: msgspec.ValidationError, values: Mapping[str, Any]) -> str:
+    """msgspec's "Expected `int` <= 20 - at `$.logprobs`" -> "logprobs: expected ..., got 21"."""
+    text = str(error)
+    message, sep, where = text.rpartition(" - at ")
+    found = _PATH.search(where)
+    if not sep or found is None:
+        return text  # a cross-field rule's own message
+    path = found.group(1)
+    if where.startswith("`key`"):
+        path += " key"
+    value = values.get(path)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path}: must be a finite number, got {value!r}"
+    got = f", got {value!r}" if path in values and ", got" not in message else ""
+    return f"{path}: {message[:1].lower()}{message[1:]}{got}"
+
+
+def _bias_key(key: object) -> object:
+    # JSON carries a logit_bias key as a string of digits: accept the same from Python.
+    return int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+
+
+def sampling_options_from(values: Mapping[str, Any]) -> SamplingOptions:
+    """Validate sampling keywords into ``SamplingOptions``; raises ``InvalidSamplingOptions``.
+
+    The keyword conveniences (shared by the SDK and ``SamplingParams``): ``stop`` may be a
+    single string; ``None`` means "not given" for every option but ``max_tokens``.
+    """
+    unknown = set(values) - SAMPLING_FIELDS
+    if unknown:
+        raise InvalidSamplingOptions(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+    given = {k: v for k, v in values.items() if v is not None or k not in _NONE_MEANS_DEFAULT}
+    if isinstance(given.get("stop"), str):
+        given["stop"] = [given["stop"]]
+    bias = given.get("logit_bias")
+    if isinstance(bias, Mapping):
+        given["logit_bias"] = {_bias_key(k): v for k, v in bias.items()}
+    try:
+        return msgspec.convert(given, SamplingOptions)
+    except msgspec.ValidationError as exc:
+        raise InvalidSamplingOptions(_readable(exc, given)) from None
+
+
+def priority_from(value: object) -> int:
+    """Validate a request's ``priority``; raises ``InvalidSamplingOptions`` naming it."""
+    try:
+        return msgspec.convert(value, Priority)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        raise InvalidSamplingOptions(f"priority: {text[:1].lower()}{text[1:]}, got {value!r}") from None
+
+
+# --------------------------------------------------------------------------- requests
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -86,7 +215,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_token_ids: list[int] | None = None
     sampling: SamplingOptions = msgspec.field(default_factory=SamplingOptions)
     # Higher runs first when the engine must choose; FCFS among equals.
-    priority: int = 0
+    priority: Priority = 0
     # Absolute unix time after which the job must not run (or is aborted if running).
     deadline: float | None = None
     # Separates prefix-cache entries of different tenants.
@@ -250,14 +379,6 @@ def encode_request(request: GenerateRequest) -> bytes:
 
 def decode_request_json(data: bytes | str) -> GenerateRequest:
     return _request_decoder.decode(data)
-
-
-def payload_to_request(payload: object) -> GenerateRequest:
-    """Validate a task argument into a ``GenerateRequest`` (raises ``msgspec.ValidationError``)."""
-    if isinstance(payload, (bytes, str)):
-        return decode_request_json(payload)
-    # Round-trip through JSON so validation follows JSON's rules (string dict keys).
-    return decode_request_json(_json_encoder.encode(payload))
 
 
 def log_entry_id(seq: int) -> str:

@@ -1,8 +1,8 @@
 """Keyword arguments -> a validated ``GenerateRequest``.
 
-Validation here is cheap and deliberately shallow (types, exactly one prompt form,
-obvious ranges, payload size): its job is to fail *before* anything is enqueued, with a
-message naming the argument. The worker validates everything again.
+Its job is to fail *before* anything is enqueued, with a message naming the argument.
+Sampling options and ``priority`` are checked by ``kvrelay.protocol`` (the bounds the
+worker enforces, written once); the rest here (prompt forms, timeouts, payload size).
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from typing import Any, TypedDict
 from kvrelay.errors import InvalidRequest, PayloadTooLarge
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    SAMPLING_FIELDS,
     ChatMessage,
     GenerateRequest,
-    SamplingOptions,
+    InvalidSamplingOptions,
     encode_request,
+    priority_from,
+    sampling_options_from,
 )
 
 __all__ = ["GenerateOptions", "JobSettings", "build_request", "new_job_id"]
@@ -35,7 +38,7 @@ class GenerateOptions(TypedDict, total=False):
     messages: Sequence[Mapping[str, str] | ChatMessage]
     prompt_token_ids: Sequence[int]
     model: str
-    # Sampling (names and meaning of the wire ``SamplingOptions``).
+    # Sampling: the wire ``SamplingOptions`` fields (a test keeps the two in step).
     n: int
     max_tokens: int | None
     temperature: float
@@ -60,26 +63,6 @@ class GenerateOptions(TypedDict, total=False):
     job_id: str | None
 
 
-_SAMPLING_KEYS = frozenset(
-    {
-        "n",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "seed",
-        "stop",
-        "stop_token_ids",
-        "logprobs",
-        "ignore_eos",
-        "min_tokens",
-        "logit_bias",
-    }
-)
 _KNOWN_KEYS = frozenset(GenerateOptions.__annotations__)
 
 
@@ -109,15 +92,6 @@ def _is_number(value: object) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(
         value
     )
-
-
-def _int(name: str, value: object, *, minimum: int | None = None) -> int:
-    if not _is_int(value):
-        raise InvalidRequest(f"{name} must be an int, got {type(value).__name__}")
-    assert isinstance(value, int)
-    if minimum is not None and value < minimum:
-        raise InvalidRequest(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _float(
@@ -177,38 +151,6 @@ def _messages(value: object) -> list[ChatMessage]:
     return out
 
 
-def _stop(value: object) -> list[str]:
-    if value is None:
-        return []
-    items: Sequence[object]
-    if isinstance(value, str):
-        items = [value]
-    elif isinstance(value, Sequence) and not isinstance(value, bytes):
-        items = value
-    else:
-        raise InvalidRequest(f"stop must be a str or a list of str, got {type(value).__name__}")
-    out: list[str] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, str) or not item:
-            raise InvalidRequest(f"stop[{i}] must be a non-empty str, got {item!r}")
-        out.append(item)
-    return out
-
-
-def _logit_bias(value: object) -> dict[int, float]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidRequest("logit_bias must be a dict of token id -> bias")
-    out: dict[int, float] = {}
-    for key, bias in value.items():
-        token = int(key) if isinstance(key, str) and key.isdigit() else key
-        if not _is_int(token) or token < 0:
-            raise InvalidRequest(f"logit_bias keys must be token ids (int >= 0), got {key!r}")
-        out[token] = _float(f"logit_bias[{key!r}]", bias, minimum=-100.0, maximum=100.0)
-    return out
-
-
 def _job_id(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidRequest("job_id must be a non-empty str")
@@ -220,52 +162,6 @@ def _job_id(value: object) -> str:
 
 
 # ------------------------------------------------------------------------- building
-
-
-def _sampling(options: Mapping[str, Any]) -> SamplingOptions:
-    kw: dict[str, Any] = {}
-    get = options.get
-    if "n" in options:
-        kw["n"] = _int("n", get("n"), minimum=1)
-    if get("max_tokens") is not None:
-        kw["max_tokens"] = _int("max_tokens", get("max_tokens"), minimum=1)
-    if "temperature" in options:
-        kw["temperature"] = _float("temperature", get("temperature"), minimum=0.0)
-    if "top_p" in options:
-        kw["top_p"] = _float("top_p", get("top_p"), minimum=0.0, maximum=1.0, min_exclusive=True)
-    if "top_k" in options:
-        kw["top_k"] = _int("top_k", get("top_k"), minimum=0)
-    if "min_p" in options:
-        kw["min_p"] = _float("min_p", get("min_p"), minimum=0.0, maximum=1.0)
-    if "repetition_penalty" in options:
-        kw["repetition_penalty"] = _float(
-            "repetition_penalty", get("repetition_penalty"), minimum=0.0, min_exclusive=True
-        )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if name in options:
-            kw[name] = _float(name, get(name), minimum=-2.0, maximum=2.0)
-    if get("seed") is not None:
-        kw["seed"] = _int("seed", get("seed"))
-    if "stop" in options:
-        kw["stop"] = _stop(get("stop"))
-    if get("stop_token_ids") is not None:
-        kw["stop_token_ids"] = _int_list("stop_token_ids", get("stop_token_ids"))
-    if get("logprobs") is not None:
-        kw["logprobs"] = _int("logprobs", get("logprobs"), minimum=0)
-    if "ignore_eos" in options:
-        if not isinstance(get("ignore_eos"), bool):
-            raise InvalidRequest("ignore_eos must be a bool")
-        kw["ignore_eos"] = get("ignore_eos")
-    if "min_tokens" in options:
-        kw["min_tokens"] = _int("min_tokens", get("min_tokens"), minimum=0)
-        max_tokens = kw.get("max_tokens")
-        if max_tokens is not None and kw["min_tokens"] > max_tokens:
-            raise InvalidRequest(
-                f"min_tokens ({kw['min_tokens']}) must be <= max_tokens ({max_tokens})"
-            )
-    if "logit_bias" in options:
-        kw["logit_bias"] = _logit_bias(get("logit_bias"))
-    return SamplingOptions(**kw)
 
 
 def build_request(
@@ -310,7 +206,13 @@ def build_request(
     if not isinstance(model, str) or not model:
         raise InvalidRequest("no model: pass model=... to the client or to this call")
 
-    priority = _int("priority", options.get("priority", 0))
+    try:
+        priority = priority_from(options.get("priority", 0))
+        sampling = sampling_options_from(
+            {k: v for k, v in options.items() if k in SAMPLING_FIELDS}
+        )
+    except InvalidSamplingOptions as exc:
+        raise InvalidRequest(str(exc)) from None
     timeout = options.get("timeout")
     if timeout is not None:
         timeout = _float("timeout", timeout, minimum=0.0, min_exclusive=True)
@@ -323,7 +225,6 @@ def build_request(
     job_id = options.get("job_id")
     job_id = new_job_id() if job_id is None else _job_id(job_id)
 
-    sampling = _sampling({k: v for k, v in options.items() if k in _SAMPLING_KEYS})
     enqueued_at = time.time() if now is None else now
     request = GenerateRequest(
         job_id=job_id,

@@ -254,8 +254,8 @@ async def test_queue_full(make_client: Any, worker: Any, fake_redis: Any) -> Non
 async def test_enqueue_failure_is_reported_and_aborts(
     client: AsyncClient, worker: Any, fake_redis: Any
 ) -> None:
-    worker.fail_enqueue = kvrelay.ConnectionError("broker down")
-    with pytest.raises(kvrelay.ConnectionError, match="broker down"):
+    worker.fail_enqueue = kvrelay.BrokerUnavailable("broker down")
+    with pytest.raises(kvrelay.BrokerUnavailable, match="broker down"):
         await asyncio.wait_for(client.generate("x", job_id="job-ef"), 5)
     await wait_until(lambda: _aborted(fake_redis, "job-ef"))
     assert client.dispatcher.live_channels == 0
@@ -289,7 +289,7 @@ async def test_request_travels_as_the_wire_type(client: AsyncClient, worker: Any
     request = worker.requests[0]
     payload = kvrelay.protocol.request_to_payload(request)
     assert msgspec.json.decode(msgspec.json.encode(payload))["sampling"]["stop"] == ["END"]
-    assert kvrelay.protocol.payload_to_request(payload) == request
+    assert kvrelay.protocol.decode_request_json(msgspec.json.encode(payload)) == request
     assert request.priority == 3
     assert request.cache_salt == "tenant-a"
     assert request.sampling.logit_bias == {5: 1.5}

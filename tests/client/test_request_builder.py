@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import kvrelay
-from kvrelay.protocol import ChatMessage, payload_to_request, request_to_payload
+from kvrelay.protocol import ChatMessage, decode_request_json, encode_request
 from kvrelay.request_builder import build_request
 
 
@@ -24,7 +24,7 @@ def test_defaults() -> None:
     assert len(request.job_id) == 32
     assert request.deadline is None
     assert request.sampling == kvrelay.protocol.SamplingOptions()
-    assert payload_to_request(request_to_payload(request)) == request
+    assert decode_request_json(encode_request(request)) == request
 
 
 def test_every_sampling_keyword_maps_to_the_wire() -> None:
@@ -56,7 +56,12 @@ def test_every_sampling_keyword_maps_to_the_wire() -> None:
     )
     assert (s.seed, s.stop, s.stop_token_ids, s.logprobs) == (7, ["a", "b"], [2], 3)
     assert (s.ignore_eos, s.min_tokens, s.logit_bias) == (True, 2, {5: -1.0, 6: 2.0})
-    assert payload_to_request(request_to_payload(request)) == request
+    assert decode_request_json(encode_request(request)) == request
+
+
+def test_every_wire_sampling_field_is_a_typed_keyword() -> None:
+    """``GenerateOptions`` types the keywords for checkers; the wire struct defines them."""
+    assert set(kvrelay.GenerateOptions.__annotations__) >= kvrelay.protocol.SAMPLING_FIELDS
 
 
 def test_timeout_becomes_an_absolute_deadline() -> None:
@@ -86,8 +91,8 @@ def test_prompt_forms() -> None:
         (None, {"prompt_token_ids": []}, "must not be empty"),
         (None, {"prompt_token_ids": [1, -2]}, r"prompt_token_ids\[1\]"),
         (None, {"prompt_token_ids": [1, True]}, r"prompt_token_ids\[1\]"),
-        ("x", {"n": 0}, "n must be >= 1"),
-        ("x", {"n": True}, "n must be an int"),
+        ("x", {"n": 0}, "n: expected `int` >= 1, got 0"),
+        ("x", {"n": True}, "n: expected `int`, got `bool`"),
         ("x", {"max_tokens": 0}, "max_tokens"),
         ("x", {"max_tokens": 1.5}, "max_tokens"),
         ("x", {"temperature": -0.1}, "temperature"),
@@ -95,7 +100,7 @@ def test_prompt_forms() -> None:
         ("x", {"temperature": "hot"}, "temperature"),
         ("x", {"top_p": 0}, "top_p"),
         ("x", {"top_p": 1.5}, "top_p"),
-        ("x", {"top_k": -1}, "top_k"),
+        ("x", {"top_k": -2}, "top_k"),
         ("x", {"min_p": 2}, "min_p"),
         ("x", {"repetition_penalty": 0}, "repetition_penalty"),
         ("x", {"presence_penalty": 3}, "presence_penalty"),

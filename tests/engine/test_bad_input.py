@@ -16,6 +16,7 @@ from helpers.engine_run import (
     run_engine,
 )
 
+from kvrelay.protocol import GenerateRequest
 from kvrelay_worker.engine import (
     LLM,
     EngineConfigError,
@@ -26,6 +27,7 @@ from kvrelay_worker.engine import (
     SamplingParams,
     SamplingParamsError,
 )
+from kvrelay_worker.job_request import JobRejected, prompt_ids_for
 from kvrelay_worker.models.errors import UnknownModelError
 
 VOCAB = 49152
@@ -48,34 +50,34 @@ def engine(folder: str) -> LLMEngine:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_tokens": -1}, "max_tokens must be a positive integer"),
-        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
-        ({"top_p": 1.5}, "top_p must be in (0, 1]"),
-        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-        ({"temperature": -0.5}, "temperature must be >= 0"),
-        ({"temperature": float("nan")}, "temperature must be a finite number"),
-        ({"n": 0}, "n must be an integer in [1, 128]"),
-        ({"n": 1.5}, "n must be an integer"),
-        ({"logprobs": 21}, "logprobs must be an integer in [0, 20]"),
-        ({"logprobs": -1}, "logprobs must be an integer in [0, 20]"),
-        ({"top_k": -2}, "top_k must be an integer >= -1"),
-        ({"min_p": 1.5}, "min_p must be in [0, 1]"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
-        ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
-        ({"frequency_penalty": -2.5}, "frequency_penalty must be in [-2, 2]"),
-        ({"seed": 1 << 64}, "seed must be a 64-bit integer"),
+        ({"max_tokens": -1}, "max_tokens: expected `int` >= 1, got -1"),
+        ({"max_tokens": 0}, "max_tokens: expected `int` >= 1, got 0"),
+        ({"top_p": 1.5}, "top_p: expected `float` <= 1.0, got 1.5"),
+        ({"top_p": 0.0}, "top_p: expected `float` > 0.0, got 0.0"),
+        ({"temperature": -0.5}, "temperature: expected `float` >= 0.0, got -0.5"),
+        ({"temperature": float("nan")}, "temperature: must be a finite number, got nan"),
+        ({"n": 0}, "n: expected `int` >= 1, got 0"),
+        ({"n": 1.5}, "n: expected `int`, got `float`"),
+        ({"logprobs": 21}, "logprobs: expected `int` <= 20, got 21"),
+        ({"logprobs": -1}, "logprobs: expected `int` >= 0, got -1"),
+        ({"top_k": -2}, "top_k: expected `int` >= -1, got -2"),
+        ({"min_p": 1.5}, "min_p: expected `float` <= 1.0, got 1.5"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty: expected `float` > 0.0, got 0.0"),
+        ({"presence_penalty": 3.0}, "presence_penalty: expected `float` <= 2.0, got 3.0"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty: expected `float` >= -2.0, got -2.5"),
+        ({"seed": 1 << 64}, "seed: expected `int` <= 9223372036854775807"),
         ({"min_tokens": 5, "max_tokens": 3}, "min_tokens (5) must not exceed max_tokens (3)"),
-        ({"stop": 123}, "stop must be a string or a list of strings"),
-        ({"stop": {"a": 1}}, "stop must be a string or a list of strings"),
-        ({"stop": b"END"}, "stop must be a string or a list of strings"),
-        ({"stop": ["ok", 7]}, "stop strings must be non-empty strings, got 7"),
-        ({"stop": [""]}, "stop strings must be non-empty strings"),
-        ({"stop_token_ids": 5}, "stop_token_ids must be a list of token ids"),
-        ({"stop_token_ids": ["a"]}, "stop_token_ids must be non-negative integers"),
-        ({"stop_token_ids": [-1]}, "stop_token_ids must be non-negative integers"),
-        ({"logit_bias": {"5": 1.0}}, "logit_bias keys must be non-negative token ids"),
-        ({"logit_bias": {5: float("inf")}}, "logit_bias values must be finite numbers"),
-        ({"logit_bias": [1, 2]}, "logit_bias must be a mapping"),
+        ({"stop": 123}, "stop: expected `array`, got `int`"),
+        ({"stop": {"a": 1}}, "stop: expected `array`, got `object`"),
+        ({"stop": b"END"}, "stop: expected `array`, got `bytes`"),
+        ({"stop": ["ok", 7]}, "stop[1]: expected `str`, got `int`"),
+        ({"stop": [""]}, "stop[0]: expected `str` of length >= 1"),
+        ({"stop_token_ids": 5}, "stop_token_ids: expected `array`, got `int`"),
+        ({"stop_token_ids": ["a"]}, "stop_token_ids[0]: expected `int`, got `str`"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids[0]: expected `int` >= 0"),
+        ({"logit_bias": {"a": 1.0}}, "logit_bias key: expected `int`, got `str`"),
+        ({"logit_bias": {5: float("inf")}}, "logit_bias[...]: expected `float` <= 100.0"),
+        ({"logit_bias": [1, 2]}, "logit_bias: expected `object`, got `array`"),
     ],
 )
 def test_bad_sampling_params_are_refused(options: dict[str, Any], message: str) -> None:
@@ -96,9 +98,7 @@ def test_good_edge_values_are_accepted() -> None:
 # ------------------------------------------------------------------ requests
 
 
-@pytest.mark.parametrize(
-    ("prompt", "kind", "message"),
-    [
+BAD_PROMPTS: list[tuple[Any, type[EngineInputError], str]] = [
         ("", InvalidPromptError, "the prompt is empty"),
         ([], InvalidPromptError, "the prompt is empty"),
         ([1, 2, VOCAB], InvalidPromptError, f"token id {VOCAB} is outside the vocabulary"),
@@ -108,8 +108,10 @@ def test_good_edge_values_are_accepted() -> None:
         (list(range(100, 100 + MAX_MODEL_LEN)), PromptTooLongError,
          f"the prompt has {MAX_MODEL_LEN} tokens; max_model_len is {MAX_MODEL_LEN}"),
         (" word" * 400, PromptTooLongError, f"max_model_len is {MAX_MODEL_LEN}"),
-    ],
-)
+]
+
+
+@pytest.mark.parametrize(("prompt", "kind", "message"), BAD_PROMPTS)
 def test_bad_prompts_are_refused(engine: LLMEngine, prompt: Any, kind: type[Exception],
                                  message: str) -> None:
     with pytest.raises(kind) as info:
@@ -118,6 +120,19 @@ def test_bad_prompts_are_refused(engine: LLMEngine, prompt: Any, kind: type[Exce
     assert message in str(info.value)
     assert_engine_idle(engine)
     assert engine.step() == []
+
+
+@pytest.mark.parametrize(("prompt", "kind", "message"), BAD_PROMPTS)
+def test_the_worker_refuses_the_same_prompts_with_the_same_words(
+        engine: LLMEngine, prompt: Any, kind: type[Exception], message: str) -> None:
+    """One prompt check serves both doors: the worker's task thread and ``add_request``."""
+    form = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+    request = GenerateRequest(job_id="j", model="m", **form)
+    with pytest.raises(JobRejected) as info:
+        prompt_ids_for(request, engine.tokenizer, engine.vocab_size, engine.max_model_len)
+    expected_code = "prompt_too_long" if kind is PromptTooLongError else "invalid_request"
+    assert info.value.code == expected_code
+    assert message in info.value.message
 
 
 @pytest.mark.parametrize(

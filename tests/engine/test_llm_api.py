@@ -10,6 +10,7 @@ import pytest
 from helpers.engine_run import assert_engine_idle, final_outputs, run_engine
 from helpers.hf_reference import random_prompts
 
+from kvrelay.protocol import DEFAULT_MAX_TOKENS
 from kvrelay_worker.engine import LLM, LLMEngine, RequestOutput, SamplingParams
 
 EOS = 2
@@ -84,7 +85,7 @@ def test_one_params_applies_to_all_and_a_list_must_match(llm: LLM) -> None:
 
 def test_default_params(llm: LLM) -> None:
     (out,) = llm.generate([[10, 20, 30]])
-    assert len(out.token_ids) <= 16
+    assert len(out.token_ids) <= DEFAULT_MAX_TOKENS  # the one default: SDK, wire, engine, CLI
     assert out.finish_reason in ("stop", "length")
 
 

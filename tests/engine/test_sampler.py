@@ -142,7 +142,10 @@ def test_bias_then_repetition_then_openai_penalties() -> None:
 
 
 def test_logit_bias_forces_and_forbids_tokens() -> None:
-    assert SamplingParams(logit_bias={1: 500.0, 2: -500.0}).logit_bias == {1: 100.0, 2: -100.0}
+    # The bias range is the wire's [-100, 100]: the engine refuses what a client may not send.
+    assert SamplingParams(logit_bias={1: 100, 2: -100.0}).logit_bias == {1: 100.0, 2: -100.0}
+    with pytest.raises(ValueError, match=r"logit_bias\[\.\.\.\]: expected `float` <= 100.0"):
+        SamplingParams(logit_bias={1: 500.0})
     logits = random_logits(2, seed=5)
     worst = int(logits[0].argmin())
     best = int(logits[1].argmax())

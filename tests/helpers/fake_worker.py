@@ -29,10 +29,10 @@ from kvrelay.protocol import (
     Tokens,
     Usage,
     WorkerInfo,
+    decode_request_json,
     encode_event,
     encode_worker_info,
     log_entry_id,
-    payload_to_request,
 )
 
 
@@ -175,7 +175,7 @@ def decode_celery_message(raw: bytes | str) -> tuple[dict[str, Any], GenerateReq
     if message["properties"].get("body_encoding") == "base64":
         body = base64.b64decode(body)
     args, _kwargs, _embed = json.loads(body)
-    return message["headers"], payload_to_request(args[0])
+    return message["headers"], decode_request_json(json.dumps(args[0]))
 
 
 async def serve_queue(

@@ -7,16 +7,16 @@ any input: the fuzz tests send random bytes, wrong types and huge prompts throug
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
 
 from kvrelay.protocol import PROTOCOL_MAJOR, ErrorCode, GenerateRequest, decode_request_json
 from kvrelay_worker.engine.chat import apply_chat_template
-from kvrelay_worker.engine.errors import EngineInputError, InvalidPromptError
+from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
+from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.sampling_params import SamplingParams
-
-_encoder = msgspec.json.Encoder()
 
 
 class JobRejected(Exception):
@@ -32,8 +32,11 @@ def decode_payload(payload: object, task_id: str, model: str,
                    max_bytes: int) -> tuple[GenerateRequest, str]:
     """Validate the task argument; return the request and its JSON (kept for failover)."""
     try:
-        raw = payload if isinstance(payload, (str, bytes)) else _encoder.encode(payload)
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+        # Python's json, not msgspec's encoder: that one writes NaN and inf as null, which
+        # an "int or None" option would then take for "not given".
+        raw = payload if isinstance(payload, (str, bytes)) else json.dumps(
+            payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, OverflowError) as exc:
         raise JobRejected(ErrorCode.INVALID_REQUEST, f"payload is not JSON-encodable: {exc}") from None
     size = len(raw.encode() if isinstance(raw, str) else raw)
     if size > max_bytes:
@@ -69,16 +72,9 @@ def decode_payload(payload: object, task_id: str, model: str,
 
 
 def sampling_params_from(request: GenerateRequest) -> SamplingParams:
-    o = request.sampling
+    """The engine's form of the request's options (decoding already enforced their bounds)."""
     try:
-        return SamplingParams(
-            n=o.n, max_tokens=o.max_tokens,
-            temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p,
-            repetition_penalty=o.repetition_penalty, presence_penalty=o.presence_penalty,
-            frequency_penalty=o.frequency_penalty, logit_bias=dict(o.logit_bias) or None,
-            seed=o.seed, logprobs=o.logprobs, min_tokens=o.min_tokens, stop=list(o.stop),
-            stop_token_ids=list(o.stop_token_ids), ignore_eos=o.ignore_eos,
-        )
+        return SamplingParams.from_options(request.sampling)
     except EngineInputError as exc:
         raise JobRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
 
@@ -86,31 +82,18 @@ def sampling_params_from(request: GenerateRequest) -> SamplingParams:
 def prompt_ids_for(request: GenerateRequest, tokenizer: Any, vocab_size: int,
                    max_model_len: int) -> list[int]:
     """Tokens of the prompt (chat template applied to messages), checked against the model."""
+    prompt: Prompt
     try:
         if request.messages is not None:
             messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            ids = apply_chat_template(tokenizer, messages)
-        elif request.prompt is not None:
-            if not request.prompt:
-                raise InvalidPromptError("the prompt is empty")
-            ids = list(tokenizer.encode(request.prompt))
+            prompt = apply_chat_template(tokenizer, messages)
         else:
-            ids = list(request.prompt_token_ids or [])
-            bad = [t for t in ids if not 0 <= t < vocab_size]
-            if bad:
-                raise InvalidPromptError(
-                    f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
-                )
+            prompt = request.prompt if request.prompt is not None else (
+                request.prompt_token_ids or [])
+        return prompt_token_ids(prompt, tokenizer, vocab_size, max_model_len)
+    except PromptTooLongError as exc:
+        raise JobRejected(ErrorCode.PROMPT_TOO_LONG, str(exc)) from None
     except EngineInputError as exc:
         raise JobRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
-    except Exception as exc:  # a tokenizer or template blowing up on odd input
+    except Exception as exc:  # a chat template blowing up on odd input
         raise JobRejected(ErrorCode.INVALID_REQUEST, f"could not tokenize the prompt: {exc}") from None
-    if not ids:
-        raise JobRejected(ErrorCode.INVALID_REQUEST, "the prompt is empty")
-    if len(ids) >= max_model_len:
-        raise JobRejected(
-            ErrorCode.PROMPT_TOO_LONG,
-            f"the prompt has {len(ids)} tokens; this model's limit is {max_model_len} "
-            f"including at least one output token",
-        )
-    return ids

@@ -14,8 +14,7 @@ from typing import Any
 
 import click
 
-from kvrelay import Client, Completion, KvrelayError, UnknownModel
-from kvrelay import ConnectionError as KvrelayConnectionError
+from kvrelay import BrokerUnavailable, Client, Completion, KvrelayError, UnknownModel
 from kvrelay.cli.errors import CliError
 from kvrelay.cli.options import client_options, sampling_options
 from kvrelay.cli.streaming import sampling_kwargs, stream_to_stdout, summary, with_system
@@ -59,7 +58,7 @@ def _read_line(interactive: bool) -> str | None:
 
 @click.command("chat")
 @client_options
-@sampling_options(max_tokens=256, temperature=0.7)
+@sampling_options(temperature=0.7)
 @click.option("-q", "--quiet", is_flag=True, help="No summary line after each answer.")
 def chat(
     model: str | None,
@@ -90,7 +89,7 @@ def chat(
             if interactive:
                 click.echo(f"Chatting with {name}. {HELP_TEXT}", err=True)
             _loop(client, session, options, interactive, quiet)
-    except KvrelayConnectionError as exc:
+    except BrokerUnavailable as exc:
         raise CliError(f"{exc}; {CONNECT_HINT}") from None
 
 
@@ -125,7 +124,7 @@ def _loop(
             continue
         except UnknownModel:
             raise unknown_model(client, str(options["model"])) from None
-        except KvrelayConnectionError:
+        except BrokerUnavailable:
             raise
         except KvrelayError as exc:  # this answer failed; the conversation goes on
             CliError(str(exc)).show()

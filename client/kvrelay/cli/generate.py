@@ -7,8 +7,7 @@ import sys
 import click
 import msgspec
 
-from kvrelay import Client, KvrelayError, UnknownModel
-from kvrelay import ConnectionError as KvrelayConnectionError
+from kvrelay import BrokerUnavailable, Client, KvrelayError, UnknownModel
 from kvrelay.cli.errors import CliError
 from kvrelay.cli.options import client_options, sampling_options
 from kvrelay.cli.streaming import print_summary, sampling_kwargs, stream_to_stdout, with_system
@@ -18,7 +17,7 @@ from kvrelay.cli.target import CONNECT_HINT, model_for, redis_url_for, unknown_m
 @click.command("generate")
 @click.argument("prompt")
 @client_options
-@sampling_options(max_tokens=256, temperature=0.7)
+@sampling_options(temperature=0.7)
 @click.option(
     "--json",
     "as_json",
@@ -74,7 +73,7 @@ def generate(
                 completion = stream_to_stdout(client, messages, options)
             except UnknownModel:
                 raise unknown_model(client, name) from None
-    except KvrelayConnectionError as exc:
+    except BrokerUnavailable as exc:
         raise CliError(f"{exc}; {CONNECT_HINT}") from None
     except KvrelayError as exc:
         raise CliError(str(exc)) from None

@@ -6,6 +6,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+import msgspec
+
+from kvrelay.protocol import DEFAULT_MAX_TOKENS, SamplingOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,7 +118,27 @@ def client_options(func: F) -> F:
     )
 
 
-def sampling_options(max_tokens: int, temperature: float) -> Callable[[F], F]:
+def sampling_range(field: str) -> click.ParamType:
+    """A sampling option's click type, with the bounds ``kvrelay.protocol`` gives it."""
+    struct = msgspec.inspect.type_info(SamplingOptions)
+    assert isinstance(struct, msgspec.inspect.StructType)
+    info = next(f.type for f in struct.fields if f.name == field)
+    if isinstance(info, msgspec.inspect.UnionType):  # "or None": the flag may be left out
+        info = next(t for t in info.types if not isinstance(t, msgspec.inspect.NoneType))
+    if isinstance(info, msgspec.inspect.IntType):
+        low = info.ge if info.gt is None else info.gt + 1
+        high = info.le if info.lt is None else info.lt - 1
+        return click.IntRange(low, high)
+    assert isinstance(info, msgspec.inspect.FloatType), info
+    return click.FloatRange(
+        info.ge if info.gt is None else info.gt,
+        info.le if info.lt is None else info.lt,
+        min_open=info.gt is not None,
+        max_open=info.lt is not None,
+    )
+
+
+def sampling_options(temperature: float) -> Callable[[F], F]:
     """Generation options shared by ``up``, ``generate`` and ``chat``."""
 
     def decorate(func: F) -> F:
@@ -124,27 +147,30 @@ def sampling_options(max_tokens: int, temperature: float) -> Callable[[F], F]:
             [
                 click.option(
                     "--max-tokens",
-                    type=click.IntRange(min=1),
-                    default=max_tokens,
+                    type=sampling_range("max_tokens"),
+                    default=DEFAULT_MAX_TOKENS,
                     show_default=True,
                     help="Most tokens to generate.",
                 ),
                 click.option(
                     "--temperature",
-                    type=click.FloatRange(min=0.0),
+                    type=sampling_range("temperature"),
                     default=temperature,
                     show_default=True,
                     help="Sampling temperature (0: greedy).",
                 ),
                 click.option(
                     "--top-p",
-                    type=click.FloatRange(0.0, 1.0, min_open=True),
+                    type=sampling_range("top_p"),
                     default=1.0,
                     show_default=True,
                     help="Nucleus sampling mass.",
                 ),
                 click.option(
-                    "--seed", type=int, default=None, help="Seed for reproducible sampling."
+                    "--seed",
+                    type=sampling_range("seed"),
+                    default=None,
+                    help="Seed for reproducible sampling.",
                 ),
                 click.option(
                     "--system",

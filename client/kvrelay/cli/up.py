@@ -48,7 +48,7 @@ _PLACEHOLDER_URL = "redis://127.0.0.1:0/0"
     metavar="PORT",
     help="Port of the private Redis [default: a free one].",
 )
-@sampling_options(max_tokens=96, temperature=0.0)
+@sampling_options(temperature=0.0)
 @click.option(
     "--startup-timeout",
     envvar="KVRELAY_STARTUP_TIMEOUT",

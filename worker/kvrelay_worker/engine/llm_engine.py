@@ -17,15 +17,12 @@ import torch
 
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
-from kvrelay_worker.engine.errors import (
-    EngineConfigError,
-    InvalidPromptError,
-    PromptTooLongError,
-)
+from kvrelay_worker.engine.errors import EngineConfigError, InvalidPromptError
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks
 from kvrelay_worker.engine.model_runner import ModelRunner
 from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
+from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
 from kvrelay_worker.engine.sampler import Sampler, SamplerOutput
 from kvrelay_worker.engine.sampling_batch import build_sampling_batch
@@ -36,8 +33,6 @@ from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
-
-Prompt = str | Seq[int]
 
 # What ``prior_finish_reasons`` may say: the finished statuses' values.
 _FINISH_REASONS = frozenset(s.value for s in SequenceStatus if s.finished)
@@ -131,22 +126,6 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidPromptError("the prompt is empty")
-            ids: list[int] = self.tokenizer.encode(prompt)
-            return ids
-        ids = list(prompt)
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise InvalidPromptError(f"prompt token ids must be integers, got {t!r}")
-            if not 0 <= t < self.vocab_size:
-                raise InvalidPromptError(
-                    f"token id {t} is outside the vocabulary [0, {self.vocab_size})"
-                )
-        return ids
-
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *,
                     priority: int = 0, cache_salt: str | None = None,
                     prior_outputs: Seq[Seq[int]] | None = None,
@@ -164,14 +143,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        prompt_ids = self.tokenize(prompt)
-        if not prompt_ids:
-            raise InvalidPromptError("the prompt is empty")
-        if len(prompt_ids) >= self.max_model_len:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt_ids)} tokens; max_model_len is "
-                f"{self.max_model_len}, which leaves no room for output"
-            )
+        prompt_ids = prompt_token_ids(prompt, self.tokenizer, self.vocab_size,
+                                      self.max_model_len)
         for t in params.stop_token_ids or ():
             if t >= self.vocab_size:
                 raise InvalidPromptError(f"stop token id {t} is outside the vocabulary")
