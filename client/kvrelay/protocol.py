@@ -93,7 +93,7 @@ Priority = Annotated[int, Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 
 
 class InvalidSamplingOptions(ValueError):
-    """Sampling options outside their bounds; the message names the option."""
+    """A sampling option (or ``priority``) outside its bounds; the message names it."""
 
 
 class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -162,7 +162,10 @@ def _readable(error: msgspec.ValidationError, values: Mapping[str, Any]) -> str:
 
 def _bias_key(key: object) -> object:
     # JSON carries a logit_bias key as a string of digits: accept the same from Python.
-    return int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+    # (Longer strings stay strings and are refused: int() would choke on thousands of digits.)
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 20:
+        return int(key)
+    return key
 
 
 def sampling_options_from(values: Mapping[str, Any]) -> SamplingOptions:
@@ -192,7 +195,8 @@ def priority_from(value: object) -> int:
         return msgspec.convert(value, Priority)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        raise InvalidSamplingOptions(f"priority: {text[:1].lower()}{text[1:]}, got {value!r}") from None
+        got = "" if ", got" in text else f", got {value!r}"
+        raise InvalidSamplingOptions(f"priority: {text[:1].lower()}{text[1:]}{got}") from None
 
 
 # --------------------------------------------------------------------------- requests

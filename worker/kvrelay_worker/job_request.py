@@ -35,8 +35,8 @@ def decode_payload(payload: object, task_id: str, model: str,
         # Python's json, not msgspec's encoder: that one writes NaN and inf as null, which
         # an "int or None" option would then take for "not given".
         raw = payload if isinstance(payload, (str, bytes)) else json.dumps(
-            payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError, OverflowError) as exc:
+            payload, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise JobRejected(ErrorCode.INVALID_REQUEST, f"payload is not JSON-encodable: {exc}") from None
     size = len(raw.encode() if isinstance(raw, str) else raw)
     if size > max_bytes:
