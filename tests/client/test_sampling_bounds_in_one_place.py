@@ -117,3 +117,24 @@ def test_no_sampling_bound_outside_the_protocol_module() -> None:
     found = [hit for path in sources()
              for hit in copies_of_bounds(path.read_text(), str(path.relative_to(ROOT)))]
     assert found == []
+
+
+def test_the_cli_reads_its_ranges_from_the_wire_struct() -> None:
+    """``--top-p 0`` and ``--max-tokens 0`` are refused by click, from the same bounds."""
+    import click
+
+    from kvrelay.cli.options import sampling_range
+
+    def accepts(field: str, text: str) -> bool:
+        try:
+            sampling_range(field).convert(text, None, None)
+        except click.BadParameter:
+            return False
+        return True
+
+    assert [accepts("top_p", v) for v in ("0", "0.001", "1", "1.01")] == [False, True, True, False]
+    assert [accepts("max_tokens", v) for v in ("0", "1", str(2**24), str(2**24 + 1))] == [
+        False, True, True, False]
+    assert [accepts("seed", v) for v in (str(-(2**63)), str(2**63))] == [True, False]
+    assert [accepts("temperature", v) for v in ("-0.1", "0", "100", "nan")] == [
+        False, True, True, False]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -118,6 +119,16 @@ def client_options(func: F) -> F:
     )
 
 
+class _FiniteFloatRange(click.FloatRange):
+    """A float range that also refuses NaN (which every comparison lets through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
 def sampling_range(field: str) -> click.ParamType:
     """A sampling option's click type, with the bounds ``kvrelay.protocol`` gives it."""
     struct = msgspec.inspect.type_info(SamplingOptions)
@@ -130,7 +141,7 @@ def sampling_range(field: str) -> click.ParamType:
         high = info.le if info.lt is None else info.lt - 1
         return click.IntRange(low, high)
     assert isinstance(info, msgspec.inspect.FloatType), info
-    return click.FloatRange(
+    return _FiniteFloatRange(
         info.ge if info.gt is None else info.gt,
         info.le if info.lt is None else info.lt,
         min_open=info.gt is not None,
