@@ -32,7 +32,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kvrelay import AsyncClient, keys
+from kvrelay import AsyncClient, event_log, keys
 from kvrelay.protocol import (
     Finished,
     Started,
@@ -40,7 +40,6 @@ from kvrelay.protocol import (
     Usage,
     decode_request_json,
     encode_event,
-    log_entry_id,
 )
 
 MODEL = "bench-model"
@@ -81,7 +80,8 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
                 )
                 done.append(job)
             data = encode_event(event)
-            pipe.xadd(keys.event_log(job), {"e": data}, id=log_entry_id(seq))
+            event_log.add_entry(pipe, keys.event_log(job), seq, data,
+                                terminal=isinstance(event, Finished))
             pipe.publish(keys.events_channel(job), data)
             jobs[job] = seq + 1
         if len(pipe):

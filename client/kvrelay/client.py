@@ -7,43 +7,23 @@ few enqueue threads running Celery's producer. Create it once per process and sh
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import weakref
-from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any, Final, Unpack
+from typing import Unpack
 
 from redis.asyncio import Redis
 
-from kvrelay import keys
 from kvrelay.completion import Completion
-from kvrelay.connection import REDIS_ERRORS, connection_error, make_redis, redact_url
+from kvrelay.connection import REDIS_ERRORS, make_redis, redact_url
 from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, TransportFactory
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
-from kvrelay.errors import InvalidRequest, KvrelayError, QueueFull, UnknownModel
-from kvrelay.protocol import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    AbortMessage,
-    GenerateRequest,
-    WorkerInfo,
-    encode_control,
-)
+from kvrelay.errors import InvalidRequest, KvrelayError
+from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
+from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
 from kvrelay.request_builder import MAX_JOB_ID_LENGTH, GenerateOptions, build_request
 from kvrelay.resp import Endpoint, RespConnection
-from kvrelay.stream import AsyncStream, StreamContext
-from kvrelay.workers import live_workers, served_models
+from kvrelay.stream import AsyncStream
 
 __all__ = ["ABORT_FLAG_TTL_S", "AsyncClient"]
-
-log = logging.getLogger("kvrelay.client")
-
-# How long an abort flag outlives the request to cancel (covers a long queue wait).
-ABORT_FLAG_TTL_S: Final = 3600
-# How long the answer "which models have live workers" is reused.
-_SERVED_MODELS_TTL_S: Final = 1.0
-# A model missing from an answer older than this is looked up again before refusing.
-_SERVED_MODELS_RECHECK_S: Final = 0.1
 
 
 class AsyncClient:
@@ -94,8 +74,6 @@ class AsyncClient:
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
         self._stream_timeout = float(stream_timeout)
-        self._max_queue = max_queue
-        self._require_worker = require_worker
         self._max_payload_bytes = max_payload_bytes
         self._owns_redis = redis is None
         self._redis: Redis = (
@@ -133,22 +111,14 @@ class AsyncClient:
                 url, threads=enqueue_threads, connect_timeout=connect_timeout, where=self._where
             )
             enqueuer = self._celery
-        self._enqueuer: Enqueuer = enqueuer
-        self._ctx = StreamContext(
-            redis=self._redis,
-            dispatcher=self._dispatcher,
-            admit=self._admit,
-            enqueue=self._enqueuer,
-            abort=self._abort_soon,
-            connection_error=self._connection_error,
-            track=self._track,
-            untrack=self._untrack,
+        self._jobs = JobLifecycle(
+            self._redis,
+            self._dispatcher,
+            enqueuer,
+            where=self._where,
+            require_worker=require_worker,
+            max_queue=max_queue,
         )
-        self._live: weakref.WeakSet[AsyncStream] = weakref.WeakSet()
-        self._background: set[asyncio.Task[None]] = set()
-        self._served: frozenset[str] | None = None
-        self._served_at = 0.0
-        self._served_refresh: asyncio.Task[frozenset[str]] | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -171,19 +141,16 @@ class AsyncClient:
         try:
             await self._redis.ping()
         except REDIS_ERRORS as exc:
-            raise self._connection_error(exc, "connecting") from exc
+            raise self._jobs.connection_error(exc, "connecting") from exc
         if self._celery is not None:
-            self._spawn(self._celery.start_warm_up())
+            self._jobs.spawn(self._celery.start_warm_up())
 
     async def aclose(self) -> None:
         """Abort unfinished streams, flush pending aborts, close every connection."""
         if self._closed:
             return
         self._closed = True
-        for stream in list(self._live):
-            await stream.aclose()
-        if self._background:
-            await asyncio.wait(list(self._background), timeout=5.0)
+        await self._jobs.aclose()
         await self._dispatcher.aclose()
         if self._celery is not None:
             await self._celery.aclose()
@@ -215,7 +182,7 @@ class AsyncClient:
             prompt, options, default_model=self._model, max_payload_bytes=self._max_payload_bytes
         )
         return AsyncStream(
-            self._ctx,
+            self._jobs,
             job_id=request.job_id,
             request=request,
             stream_timeout=settings.stream_timeout or self._stream_timeout,
@@ -245,7 +212,7 @@ class AsyncClient:
         if timeout is not None and timeout <= 0:
             raise InvalidRequest("timeout must be > 0")
         stream = AsyncStream(
-            self._ctx,
+            self._jobs,
             job_id=job_id,
             request=None,
             stream_timeout=stream_timeout or self._stream_timeout,
@@ -257,96 +224,20 @@ class AsyncClient:
 
     async def cancel(self, job_id: str) -> None:
         """Abort ``job_id`` wherever it is: queued jobs are dropped, running ones stopped."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.set(keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
-        pipe.publish(keys.CONTROL_CHANNEL, encode_control(AbortMessage(job_id=job_id)))
-        try:
-            await pipe.execute()
-        except REDIS_ERRORS as exc:
-            raise self._connection_error(exc, f"cancelling job {job_id}") from exc
+        await self._jobs.cancel(job_id)
 
     # ------------------------------------------------------------------ registry
 
     async def workers(self) -> list[WorkerInfo]:
         """Live workers (dead entries are removed from the registry on the way)."""
-        try:
-            workers = await live_workers(self._redis)
-        except REDIS_ERRORS as exc:
-            raise self._connection_error(exc, "reading the worker registry") from exc
-        self._served = served_models(workers)
-        self._served_at = asyncio.get_running_loop().time()
-        return workers
+        return await self._jobs.workers()
 
     async def queue_length(self, model: str | None = None) -> int:
         """Jobs waiting in ``model``'s queue (not counting those being run)."""
         name = model or self._model
         if not name:
             raise InvalidRequest("no model: pass model=... to the client or to this call")
-        try:
-            return int(await self._redis.llen(keys.queue(name)))
-        except REDIS_ERRORS as exc:
-            raise self._connection_error(exc, "reading the queue length") from exc
-
-    # ------------------------------------------------------------------ internals
-
-    async def _served_models(self, max_age: float) -> frozenset[str]:
-        """Models with a live worker; one registry read serves concurrent callers."""
-        loop = asyncio.get_running_loop()
-        if self._served is not None and loop.time() - self._served_at < max_age:
-            return self._served
-        if self._served_refresh is None or self._served_refresh.done():
-
-            async def refresh() -> frozenset[str]:
-                return served_models(await self.workers())
-
-            self._served_refresh = loop.create_task(refresh())
-        return await asyncio.shield(self._served_refresh)
-
-    async def _admit(self, request: GenerateRequest) -> None:
-        """Refuse before enqueueing: no worker for the model, or its queue too long."""
-        model = request.model
-        if self._require_worker:
-            served = await self._served_models(_SERVED_MODELS_TTL_S)
-            if model not in served:
-                served = await self._served_models(_SERVED_MODELS_RECHECK_S)
-            if model not in served:
-                listing = ", ".join(sorted(served)) if served else "none"
-                raise UnknownModel(
-                    f"no live worker serves model {model!r} (models served: {listing}); "
-                    "pass require_worker=False to enqueue ahead of the workers"
-                )
-        if self._max_queue is not None:
-            length = await self.queue_length(model)
-            if length > self._max_queue:
-                raise QueueFull(
-                    f"the queue of model {model!r} holds {length} jobs "
-                    f"(max_queue={self._max_queue})"
-                )
-
-    def _abort_soon(self, job_id: str) -> None:
-        """Abort in the background: callers may be cancelled or leaving a ``finally``."""
-        self._spawn(self._abort_quietly(job_id))
-
-    async def _abort_quietly(self, job_id: str) -> None:
-        try:
-            await self.cancel(job_id)
-        except Exception as exc:
-            log.warning("could not abort job %s: %s", job_id, exc)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _connection_error(self, exc: BaseException, doing: str) -> KvrelayError:
-        return connection_error(self._where, doing, exc)
-
-    def _track(self, stream: AsyncStream) -> None:
-        self._live.add(stream)
-
-    def _untrack(self, stream: AsyncStream) -> None:
-        self._live.discard(stream)
+        return await self._jobs.queue_length(name)
 
     @property
     def dispatcher(self) -> Dispatcher:

@@ -8,10 +8,8 @@ Rules that keep old and new peers talking:
   travel as msgpack, one tagged union, each with the job's ``seq`` (0, 1, 2, ...).
 
 How events move: the worker appends each event to the job's log stream
-(``keys.event_log``) with the entry id ``f"{seq}-1"`` and a single field ``e`` holding
-the msgpack bytes, then publishes the same bytes on ``keys.events_channel``. Explicit
-ids make the log refuse a duplicate ``seq`` and let a reader fetch "everything after
-seq N" with ``XRANGE log (N+1)-0 +``. Cancel: the client sets ``keys.abort_flag`` and
+(``keys.event_log``, in the format ``kvrelay.event_log`` defines), then publishes the
+same bytes on ``keys.events_channel``. Cancel: the client sets ``keys.abort_flag`` and
 publishes an ``AbortMessage`` on ``keys.CONTROL_CHANNEL``.
 """
 
@@ -383,13 +381,3 @@ def encode_request(request: GenerateRequest) -> bytes:
 
 def decode_request_json(data: bytes | str) -> GenerateRequest:
     return _request_decoder.decode(data)
-
-
-def log_entry_id(seq: int) -> str:
-    """The event log's entry id for ``seq`` (explicit, so a duplicate seq is refused)."""
-    return f"{seq}-1"
-
-
-def seq_of_entry_id(entry_id: bytes | str) -> int:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.split("-", 1)[0])

@@ -20,19 +20,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+import typing
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 import redis.exceptions as redis_exceptions
-from redis.asyncio import Redis
 
-from kvrelay import keys
+from kvrelay import event_log, keys
 from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
 from kvrelay.connection import REDIS_ERRORS
-from kvrelay.dispatcher import RESYNC, Dispatcher, Mailbox
+from kvrelay.dispatcher import RESYNC, Mailbox
 from kvrelay.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -50,10 +49,12 @@ from kvrelay.protocol import (
     Started,
     Tokens,
     decode_event,
-    seq_of_entry_id,
 )
 
-__all__ = ["AsyncStream", "StreamContext"]
+if typing.TYPE_CHECKING:
+    from kvrelay.job_lifecycle import JobLifecycle
+
+__all__ = ["AsyncStream"]
 
 log = logging.getLogger("kvrelay.stream")
 
@@ -101,23 +102,6 @@ def _decode(data: object) -> _Event | None:
         return _Unknown(seq)
 
 
-@dataclass(eq=False, slots=True)
-class StreamContext:
-    """What a stream needs from its client (kept narrow so streams are testable)."""
-
-    redis: Redis
-    dispatcher: Dispatcher
-    # Admission checks (worker present, queue length); raises before anything is sent.
-    admit: Callable[[GenerateRequest], Awaitable[None]]
-    enqueue: Callable[[GenerateRequest], Awaitable[None]]
-    # Fire-and-forget abort of a job (flag + control message).
-    abort: Callable[[str], None]
-    # Map a redis/OS error to ``kvrelay.BrokerUnavailable`` (arguments: error, what we did).
-    connection_error: Callable[[BaseException, str], KvrelayError]
-    track: Callable[[AsyncStream], None]
-    untrack: Callable[[AsyncStream], None]
-
-
 _NEW: Final = "new"
 _STARTING: Final = "starting"
 _LIVE: Final = "live"
@@ -135,7 +119,7 @@ class AsyncStream:
 
     def __init__(
         self,
-        ctx: StreamContext,
+        jobs: JobLifecycle,
         *,
         job_id: str,
         request: GenerateRequest | None,
@@ -143,30 +127,28 @@ class AsyncStream:
         timeout: float | None = None,
         after_seq: int = -1,
     ) -> None:
-        self._ctx = ctx
+        self._jobs = jobs
         self._job_id = job_id
         self._request = request
         self._stream_timeout = stream_timeout
         self._timeout = timeout
         self._after_seq = after_seq
         self._log_key = keys.event_log(job_id)
+        model = request.model if request is not None else None
         n = request.sampling.n if request is not None else 1
-        self._builder = CompletionBuilder(
-            job_id, model=request.model if request is not None else None, n=n
-        )
+        self._builder = CompletionBuilder(job_id, model=model, n=n)
         self._state: str = _NEW
         self._mailbox: Mailbox | None = None
         self._next_seq = 0 if request is not None else after_seq + 1
         self._pending: dict[int, _Event] = {}
+        # Client-side clocks (loop time): the job's deadline, the last event, gap retries.
         self._deadline: float | None = None
-        self._last_progress = 0.0
-        self._gap_retry_at = 0.0
+        self._last_progress = self._gap_retry_at = 0.0
         self._gap_backoff = _GAP_RETRY_FIRST
         self._gap_retries = 0
         self._completion: Completion | None = None
         self._error: KvrelayError | None = None
-        self._abort_on_exit = False
-        self._busy = False
+        self._abort_on_exit = self._busy = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # Events handed out since this stream last let the loop run (see ``__anext__``).
         self._burst = 0
@@ -241,25 +223,25 @@ class AsyncStream:
         self._request = request
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
-        await self._ctx.admit(request)
-        self._mailbox = await self._ctx.dispatcher.subscribe(keys.events_channel(self._job_id))
-        self._ctx.track(self)
+        await self._jobs.admit(request)
+        self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._jobs.track(self)
         # From here on the job may exist: leaving early must abort it.
         self._abort_on_exit = True
-        await self._ctx.enqueue(request)
+        await self._jobs.enqueue(request)
 
     async def _start_resume(self) -> None:
-        self._mailbox = await self._ctx.dispatcher.subscribe(keys.events_channel(self._job_id))
-        self._ctx.track(self)
+        self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._jobs.track(self)
         self._abort_on_exit = True
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         # Subscribed first, so nothing published from now on is missed; the log has the
         # rest. Events up to ``after_seq`` only feed ``final()``; later ones are delivered.
         try:
-            replay = await self._read_log("-")
+            replay = await self._read_log(after_seq=-1)
         except REDIS_ERRORS as exc:
-            raise self._ctx.connection_error(
+            raise self._jobs.connection_error(
                 exc, f"reading the event log of job {self._job_id}"
             ) from exc
         for event in replay:
@@ -287,11 +269,11 @@ class AsyncStream:
         """Release the subscription; abort the job if it may still be running."""
         self._state = state
         if self._mailbox is not None:
-            self._ctx.dispatcher.unsubscribe(self._mailbox)
-        self._ctx.untrack(self)
+            self._jobs.dispatcher.unsubscribe(self._mailbox)
+        self._jobs.untrack(self)
         if self._abort_on_exit:
             self._abort_on_exit = False
-            self._ctx.abort(self._job_id)
+            self._jobs.abort_soon(self._job_id)
 
     def _fail(self, error: KvrelayError) -> KvrelayError:
         """End the stream client-side with ``error`` (aborting the job)."""
@@ -431,7 +413,7 @@ class AsyncStream:
                 await self._fill_gap(check=True)
                 if self._next_seq in pending:
                     continue
-                if self._ctx.dispatcher.connected or mailbox.error is not None:
+                if self._jobs.dispatcher.connected or mailbox.error is not None:
                     raise self._fail(
                         StreamTimeout(
                             f"no event for {self._stream_timeout:g}s", job_id=self._job_id
@@ -462,11 +444,11 @@ class AsyncStream:
     async def _fill_gap(self, *, check: bool = False) -> None:
         """Read the log from ``next_seq`` into the buffer (gap, resync or timeout check)."""
         try:
-            events = await self._read_log(f"{self._next_seq}-0")
+            events = await self._read_log(after_seq=self._next_seq - 1)
         except REDIS_ERRORS as exc:
-            if self._ctx.dispatcher.connected:
+            if self._jobs.dispatcher.connected:
                 raise self._fail(
-                    self._ctx.connection_error(exc, f"reading the event log of job {self._job_id}")
+                    self._jobs.connection_error(exc, f"reading the event log of job {self._job_id}")
                 ) from exc
             events = []  # outage: the dispatcher resyncs us after reconnecting
         except KvrelayError as exc:
@@ -492,23 +474,14 @@ class AsyncStream:
                 )
             )
 
-    async def _read_log(self, start: str) -> list[_Event]:
-        """Every event in the log from entry id ``start`` on, page by page."""
-        events: list[_Event] = []
-        redis = self._ctx.redis
-        while True:
-            try:
-                entries: list[Any] = (
-                    await redis.xrange(self._log_key, min=start, max="+", count=_LOG_PAGE) or []
-                )
-            except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
-                raise InternalError(
-                    f"Redis refused to read the job's event log: {exc}", job_id=self._job_id
-                ) from exc
-            for _entry_id, fields in entries:
-                event = _decode(fields.get(b"e") if fields else None)
-                if event is not None:
-                    events.append(event)
-            if len(entries) < _LOG_PAGE:
-                return events
-            start = f"{seq_of_entry_id(entries[-1][0]) + 1}-0"
+    async def _read_log(self, *, after_seq: int) -> list[_Event]:
+        """Every event in the log after ``after_seq`` (undecodable entries skipped)."""
+        try:
+            found = await event_log.read_after(
+                self._jobs.redis, self._log_key, after_seq, page=_LOG_PAGE
+            )
+        except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
+            raise InternalError(
+                f"Redis refused to read the job's event log: {exc}", job_id=self._job_id
+            ) from exc
+        return [event for data in found if (event := _decode(data)) is not None]

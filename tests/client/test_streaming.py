@@ -9,7 +9,7 @@ import pytest
 from helpers.fake_worker import completion_events, emit, failed_event, play
 
 import kvrelay
-from kvrelay import AsyncClient, Completion, StreamChunk, keys
+from kvrelay import AsyncClient, Completion, StreamChunk, event_log, keys
 from kvrelay.protocol import (
     Finished,
     GenerateRequest,
@@ -176,7 +176,7 @@ async def test_unknown_event_types_keep_their_seq(client: AsyncClient, worker: A
         job = request.job_id
         await emit(w.redis, job, Started(seq=0, worker="w"))
         data = msgspec.msgpack.encode({"type": "progress", "seq": 1, "pct": 50})
-        await w.redis.xadd(keys.event_log(job), {"e": data}, id="1-1")
+        await event_log.add_entry(w.redis, keys.event_log(job), 1, data)
         await w.redis.publish(keys.events_channel(job), data)
         await emit(w.redis, job, Tokens(seq=2, token_ids=[5], text="z"))
         await emit(w.redis, job, Finished(seq=3, finish_reason="stop"))

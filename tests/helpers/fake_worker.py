@@ -1,8 +1,8 @@
 """A scripted stand-in for a worker's side of the event contract (no engine, no Celery).
 
-It writes events exactly as a real worker must: ``XADD keys.event_log(job)`` with entry
-id ``log_entry_id(seq)`` and field ``e``, THEN ``PUBLISH keys.events_channel(job)`` with
-the same bytes. Knobs let a test skip the publish of some events (log only), publish
+It writes events exactly as a real worker must: the log entry through
+``kvrelay.event_log.add_entry`` (the log's one format), THEN ``PUBLISH
+keys.events_channel(job)`` with the same bytes. Knobs let a test skip the publish of some events (log only), publish
 out of order, or publish duplicates, to exercise the client's ordering and gap-filling.
 """
 
@@ -18,8 +18,9 @@ from typing import Any
 
 import redis as sync_redis
 
-from kvrelay import keys
+from kvrelay import event_log, keys
 from kvrelay.protocol import (
+    TERMINAL_EVENTS,
     AnyEvent,
     Failed,
     Finished,
@@ -32,7 +33,6 @@ from kvrelay.protocol import (
     decode_request_json,
     encode_event,
     encode_worker_info,
-    log_entry_id,
 )
 
 
@@ -87,13 +87,18 @@ def failed_event(seq: int, code: str, message: str = "boom") -> Failed:
     return Failed(seq=seq, code=code, message=message)
 
 
+def _add(client: Any, job_id: str, event: AnyEvent, data: bytes) -> Any:
+    terminal = isinstance(event, TERMINAL_EVENTS)
+    return event_log.add_entry(client, keys.event_log(job_id), event.seq, data, terminal=terminal)
+
+
 async def emit(
     redis: Any, job_id: str, event: AnyEvent, *, log: bool = True, publish: bool = True
 ) -> None:
     """Log then publish one event (the order the contract requires)."""
     data = encode_event(event)
     if log:
-        await redis.xadd(keys.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
+        await _add(redis, job_id, event, data)
     if publish:
         await redis.publish(keys.events_channel(job_id), data)
 
@@ -136,7 +141,7 @@ def play_sync(
     for event in events:
         data = encode_event(event)
         pipe = redis.pipeline(transaction=False)
-        pipe.xadd(keys.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
+        _add(pipe, job_id, event, data)
         pipe.publish(keys.events_channel(job_id), data)
         pipe.execute()
         if delay:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from kvrelay import keys
+from kvrelay import event_log, keys
 from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens, Usage, decode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -48,7 +48,8 @@ def _publisher(store: JobStore, fenced: list[str]) -> Publisher:
 
 def _log(store: JobStore, job_id: str) -> list[tuple[int, object]]:
     entries = store.redis.xrange(keys.event_log(job_id))
-    return [(int(entry_id.split(b"-")[0]), decode_event(fields[b"e"]))
+    field = event_log.EVENT_FIELD.encode()
+    return [(event_log.seq_of_entry_id(entry_id), decode_event(fields[field]))
             for entry_id, fields in entries]
 
 

@@ -15,7 +15,8 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from kvrelay import keys
+from kvrelay import event_log, keys
+from kvrelay.event_log import AppendResult
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
     AnyEvent,
@@ -23,7 +24,6 @@ from kvrelay.protocol import (
     Tokens,
     decode_event,
     encode_event,
-    seq_of_entry_id,
 )
 from kvrelay_worker import redis_scripts
 from kvrelay_worker.settings import WorkerSettings
@@ -119,7 +119,8 @@ class JobStore:
         status = _text(result[0])
         if status == "claimed":
             entries = result[2]
-            events = [decode_event(_field(fields, b"e")) for _, fields in entries]
+            events = [decode_event(data) for _, fields in entries
+                      if (data := event_log.event_bytes(fields)) is not None]
             return Claim("claimed", attempt=int(result[1]), progress=progress_from_events(events))
         return Claim(status)
 
@@ -148,11 +149,12 @@ class JobStore:
             [keys.event_log(job_id), keys.lease(job_id)],
             [keys.events_channel(job_id), self.worker_id if fenced else "",
              event.seq, encode_event(event), self.settings.log_max_len,
-             1 if terminal else 0, int(self.settings.log_ttl)],
+             1 if terminal else 0, int(self.settings.log_ttl),
+             int(self.settings.log_live_ttl)],
         )
 
     def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool) -> Any:
-        """Append + publish ``event`` at its ``seq``; returns that seq, or -1 if fenced.
+        """Append + publish ``event`` at its ``seq``; returns that seq or an ``AppendResult``.
 
         With ``fenced`` the write happens only while this worker holds the job's lease, so
         a worker presumed dead can never interleave events with its successor.
@@ -191,14 +193,15 @@ class JobStore:
     def append_unowned(self, job_id: str, event: AnyEvent) -> int:
         """Append ``event`` after the log's last entry, for a job no worker holds.
 
-        Returns the seq it got, or -2 when the log already ended (nothing written).
+        Returns the seq it got, or ``AppendResult.ENDED`` when the log already ended
+        (nothing written).
         """
         for _ in range(16):
             last: list[tuple[bytes, Any]] = self.redis.xrevrange(  # type: ignore[assignment]
                 keys.event_log(job_id), count=1)
-            event.seq = seq_of_entry_id(last[0][0]) + 1 if last else 0
+            event.seq = event_log.seq_of_entry_id(last[0][0]) + 1 if last else 0
             result = int(self.append_event(job_id, event, fenced=False))
-            if result != -3:
+            if result != AppendResult.NOT_NEXT:
                 return result
         raise RuntimeError(f"could not append to the log of job {job_id}: too much contention")
 
@@ -256,14 +259,6 @@ class JobStore:
             keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
             args=[job_id],
         )
-
-
-def _field(flat: list[bytes], name: bytes) -> bytes:
-    """A field of a stream entry as Lua returns it: a flat [name, value, ...] list."""
-    for i in range(0, len(flat) - 1, 2):
-        if flat[i] == name:
-            return flat[i + 1]
-    raise KeyError(name)
 
 
 def _text(value: Any) -> str:

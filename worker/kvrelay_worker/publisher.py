@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import redis
 
+from kvrelay.event_log import AppendResult
 from kvrelay.protocol import AnyEvent, Tokens
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.job_store import JobStore
@@ -129,10 +130,10 @@ class Publisher:
     def _after_write(self, item: EventItem, result: object, now: float) -> None:
         job = item.job
         if isinstance(result, Exception):
-            # XADD refused a seq the log already has: an earlier try of this batch wrote it.
-            if "equal or smaller" not in str(result):
-                log.error("publisher: event for job %s failed: %s", job.job_id, result)
-        elif result == -1:
+            log.error("publisher: event for job %s failed: %s", job.job_id, result)
+        elif result == AppendResult.ALREADY_WRITTEN:
+            pass  # an earlier try of this batch wrote it
+        elif result == AppendResult.FENCED:
             log.warning("publisher: job %s is owned by another worker now; dropping it",
                         job.job_id)
             if item.outcome is not None:

@@ -8,6 +8,20 @@ job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload`
 
 from __future__ import annotations
 
+from kvrelay import event_log
+from kvrelay.event_log import AppendResult
+
+
+def _format(script: str) -> str:
+    """Put the log format's names and the result codes into a script's ``{NAME}`` slots
+    (Lua's own braces are never used in these scripts)."""
+    return script.format(
+        EVENT_FIELD=event_log.EVENT_FIELD,
+        TERMINAL_FIELD=event_log.TERMINAL_FIELD,
+        ENTRY_ID_SUFFIX=event_log.ENTRY_ID_SUFFIX,
+        **{result.name: int(result) for result in AppendResult},
+    )
+
 # KEYS: job record, lease, running zset, event log, abort flag
 # ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s
 # -> {"done"} | {"aborted"} | {"owned", owner} | {"claimed", attempt, log entries}
@@ -68,39 +82,43 @@ redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[3]), ARGV[1])
 return 1
 """
 
-# Append one event to a job's log and publish it. Terminal events carry a second
-# field ``t`` so an unfenced writer can tell that the job already ended.
+# Append one event to a job's log and publish it, in the format of ``kvrelay.event_log``
+# (entry id ``{seq}-1``, the event in field ``e``, terminal entries also carry ``t``).
 # KEYS: event log, lease
 # ARGV: channel, worker id ('' = unfenced), seq, event bytes, max log length,
-#       terminal (0/1), log ttl s (after a terminal event)
-# -> the seq written; -1 when fenced (the lease is someone else's); for unfenced writes
-#    -2 when the log already ended and -3 when ``seq`` is not the next one (retry).
-APPEND_EVENT = """
+#       terminal (0/1), log ttl s (after a terminal event), live log ttl s (before it)
+# -> the seq written, or an ``AppendResult``: FENCED (the lease is someone else's),
+#    ALREADY_WRITTEN (the log has this seq), and for unfenced writes ENDED (the log
+#    already ended) or NOT_NEXT (``seq`` is not the next one: retry).
+APPEND_EVENT = _format("""
+local seq = tonumber(ARGV[3])
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local last_seq = -1
+if #last > 0 then last_seq = tonumber(string.match(last[1][1], '^(%d+)')) end
 if ARGV[2] ~= '' then
-  if redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
+  if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {FENCED} end
+  if seq <= last_seq then return {ALREADY_WRITTEN} end
 else
-  local expected = 0
-  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
   if #last > 0 then
     local fields = last[1][2]
     for i = 1, #fields, 2 do
-      if fields[i] == 't' then return -2 end
+      if fields[i] == '{TERMINAL_FIELD}' then return {ENDED} end
     end
-    expected = tonumber(string.match(last[1][1], '^(%d+)')) + 1
   end
-  if tonumber(ARGV[3]) ~= expected then return -3 end
+  if seq ~= last_seq + 1 then return {NOT_NEXT} end
 end
-local seq = tonumber(ARGV[3])
+local id = seq .. '-{ENTRY_ID_SUFFIX}'
 if ARGV[6] == '1' then
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], seq .. '-1', 'e', ARGV[4], 't', '1')
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], id, '{EVENT_FIELD}', ARGV[4],
+             '{TERMINAL_FIELD}', '1')
   redis.call('EXPIRE', KEYS[1], ARGV[7])
 else
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], seq .. '-1', 'e', ARGV[4])
-  redis.call('EXPIRE', KEYS[1], 86400)
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], id, '{EVENT_FIELD}', ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[8])
 end
 redis.call('PUBLISH', ARGV[1], ARGV[4])
 return seq
-"""
+""")
 
 # Failover check for one job whose lease looked expired.
 # KEYS: job record, lease, running zset, requeue marker

@@ -1,18 +1,17 @@
 """Everything one worker process runs besides Celery itself, wired together.
 
 Created once per process by the worker bootstep: loads the engine, then starts the
-engine thread, the publisher thread, the lease keeper and the control listener. Task
-threads enter through ``run_job``; shutdown goes through ``shutdown`` (graceful: finish
-within the grace period, hand the rest back).
+engine thread, the publisher thread, the lease keeper, the heartbeat, the failover watch
+and the control listener, all over one Redis connection pool. Task threads enter through
+``run_job``; the jobs they hold live in one registry (``OwnedJobs``); shutdown goes
+through ``shutdown`` (graceful: finish within the grace period, hand the rest back).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable
 
 import redis
 
@@ -22,6 +21,8 @@ from kvrelay_worker.control_listener import ControlListener
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.llm_engine import LLMEngine
 from kvrelay_worker.engine_service import EngineService
+from kvrelay_worker.failover import Failover, Requeue
+from kvrelay_worker.heartbeat import Heartbeat
 from kvrelay_worker.job_request import (
     JobRejected,
     decode_payload,
@@ -31,24 +32,25 @@ from kvrelay_worker.job_request import (
 from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.lease_keeper import LeaseKeeper
 from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.owned_jobs import OwnedJobs
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
-
-Requeue = Callable[[str, str], None]
 
 
 class WorkerRuntime:
     def __init__(self, settings: WorkerSettings, requeue: Requeue,
                  engine: LLMEngine | None = None) -> None:
         self.settings = settings
-        self.requeue_fn = requeue
+        self.requeue = requeue
         self.metrics = WorkerMetrics(settings.served_model)
         self.started_at = time.time()
-        self.store = JobStore(self._redis(), settings)
-        self.publisher = Publisher(JobStore(self._redis(), settings), self.metrics,
-                                   requeue=self._requeue, on_fenced=self._on_fenced)
+        # The process's one connection pool: every thread below borrows from it.
+        self.redis = redis.Redis(connection_pool=redis.ConnectionPool.from_url(
+            settings.redis_url, health_check_interval=30, socket_keepalive=True,
+            client_name=f"kvrelay-worker:{settings.worker_id}"))
+        self.store = JobStore(self.redis, settings)
 
         def make_engine() -> LLMEngine:
             if engine is not None:
@@ -56,22 +58,18 @@ class WorkerRuntime:
             config = EngineConfig(**settings.engine_options())  # type: ignore[arg-type]
             return LLMEngine(config, progress=False)
 
+        self.publisher = Publisher(self.store, self.metrics, requeue=requeue,
+                                   on_fenced=lambda job: self.jobs.fence(job.job_id))
         self.service = EngineService(make_engine, self.publisher, self.metrics)
+        self.jobs = OwnedJobs(self.service, self.store)
         self.engine = self.service.start()  # loads the model (on the engine's own thread)
         self.metrics.watch_engine(self.service.stats)
-        self.leases = LeaseKeeper(JobStore(self._redis(), settings), settings,
-                                  owned_jobs=self.owned_job_ids, on_lost=self._on_fenced_id,
-                                  on_aborted=self._on_abort, requeue=self._requeue,
-                                  worker_info=self.worker_info)
-        self.control = ControlListener(self._redis(), on_abort=self._on_abort)
-        self._owned: dict[str, ActiveJob] = {}
-        self._lock = threading.Lock()
+        self.leases = LeaseKeeper(self.store, settings, self.jobs)
+        self.heartbeat = Heartbeat(self.redis, settings, self.worker_info)
+        self.failover = Failover(self.store, settings, requeue)
+        self.control = ControlListener(self.redis, on_abort=self.jobs.abort)
         self.draining = False
         self.metrics_port: int | None = None
-
-    def _redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.settings.redis_url, health_check_interval=30,
-                                    socket_keepalive=True)
 
     # --------------------------------------------------------------- lifecycle
 
@@ -79,6 +77,8 @@ class WorkerRuntime:
         self.publisher.start()
         self.control.start()
         self.leases.start()
+        self.heartbeat.start()
+        self.failover.start()
         if self.settings.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.settings.metrics_port)
         stats = self.engine.stats()
@@ -90,56 +90,34 @@ class WorkerRuntime:
         """Stop taking jobs; let running ones finish within ``grace``; hand back the rest."""
         grace = self.settings.shutdown_grace if grace is None else grace
         self.draining = True
-        log.info("kvrelay worker draining: %d jobs held, grace %.0fs", len(self._owned), grace)
-        for job in self.owned_jobs():
+        log.info("kvrelay worker draining: %d jobs held, grace %.0fs", len(self.jobs), grace)
+        for job in self.jobs.jobs():
             if job.first_token_at is None and not job.prior.has_tokens:
-                self.service.abort(job.job_id, Outcome.HANDBACK)
+                self.jobs.hand_back(job.job_id)
         deadline = time.monotonic() + grace
-        while self._owned and time.monotonic() < deadline:
+        while len(self.jobs) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for job in self.owned_jobs():
-            self.service.abort(job.job_id, Outcome.HANDBACK)
+        for job in self.jobs.jobs():
+            self.jobs.hand_back(job.job_id)
         deadline = time.monotonic() + 10.0
-        while self._owned and time.monotonic() < deadline:
+        while len(self.jobs) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.failover.stop()
         self.leases.stop()
+        self.heartbeat.stop()
         self.control.stop()
         self.service.stop()
         self.publisher.stop()
         log.info("kvrelay worker stopped")
-
-    # ------------------------------------------------------------ bookkeeping
-
-    def owned_jobs(self) -> list[ActiveJob]:
-        with self._lock:
-            return list(self._owned.values())
-
-    def owned_job_ids(self) -> list[str]:
-        with self._lock:
-            return list(self._owned)
 
     def worker_info(self) -> WorkerInfo:
         return WorkerInfo(
             worker_id=self.settings.worker_id, model=self.settings.served_model,
             host=self.settings.host, pid=os.getpid(), device=str(self.engine.device),
             concurrency=self.settings.concurrency, started_at=self.started_at,
-            updated_at=time.time(), jobs_running=len(self._owned), draining=self.draining,
+            updated_at=time.time(), jobs_running=len(self.jobs), draining=self.draining,
             stats=self.service.stats(),
         )
-
-    def _requeue(self, job_id: str, payload_json: str) -> None:
-        self.requeue_fn(job_id, payload_json)
-
-    def _on_abort(self, job_id: str) -> None:
-        if job_id in self._owned:
-            self.service.abort(job_id, Outcome.CANCELLED)
-
-    def _on_fenced(self, job: ActiveJob) -> None:
-        self._on_fenced_id(job.job_id)
-
-    def _on_fenced_id(self, job_id: str) -> None:
-        if job_id in self._owned:
-            self.service.abort(job_id, Outcome.FENCED)
 
     # ------------------------------------------------------------------- jobs
 
@@ -166,7 +144,7 @@ class WorkerRuntime:
         except JobRejected as rejected:
             return self._end_unclaimed(job_id, rejected.code, rejected.message, "rejected")
         if self.draining:
-            self._requeue(job_id, payload_json)
+            self.requeue(job_id, payload_json)
             return Outcome.HANDBACK
         if request.deadline is not None and request.deadline <= time.time():
             return self._end_unclaimed(
@@ -200,9 +178,7 @@ class WorkerRuntime:
         job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
                         next_seq=prior.next_seq)
-        with self._lock:
-            self._owned[job_id] = job
-        try:
+        with self.jobs.hold(job):
             if attempt == 1 and request.enqueued_at:
                 self.metrics.queue_time.observe(max(0.0, job.claimed_at - request.enqueued_at))
             started = Started(seq=0, worker=self.settings.worker_name, attempt=attempt,
@@ -210,10 +186,4 @@ class WorkerRuntime:
             self.publisher.put([EventItem(job, started)])
             self.service.submit(job)
             job.done.wait()
-        finally:
-            with self._lock:
-                self._owned.pop(job_id, None)
-        if job.outcome in (Outcome.FINISHED, Outcome.FAILED, Outcome.CANCELLED,
-                           Outcome.DEADLINE):
-            self.store.release_done(job_id)
         return job.outcome or "unknown"

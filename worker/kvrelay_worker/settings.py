@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
+from kvrelay.event_log import LIVE_LOG_TTL_S
+
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
@@ -54,9 +56,11 @@ class WorkerSettings:
     # On SIGTERM: how long running jobs may take to finish before being handed back.
     shutdown_grace: float = 30.0
     max_payload_bytes: int = 1 << 20
-    # Event log: bounded length, and how long it lives after the job ends.
+    # Event log: bounded length, how long it lives after the job ends, and how long the
+    # log of a job still running lives past its latest event.
     log_max_len: int = 100_000
     log_ttl: float = 3600.0
+    log_live_ttl: float = float(LIVE_LOG_TTL_S)
     # Engine options.
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -79,6 +83,7 @@ class WorkerSettings:
             "max_payload_bytes": self.max_payload_bytes,
             "log_max_len": self.log_max_len,
             "log_ttl": self.log_ttl,
+            "log_live_ttl": self.log_live_ttl,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -91,6 +91,8 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        minimum=1),
     _v("LOG_TTL", "float", "3600", "Seconds a job's replay log lives after the job ends.",
        "worker", minimum=0, exclusive=True),
+    _v("LOG_LIVE_TTL", "float", "86400", "Seconds the replay log of a job still running "
+       "lives past its latest event.", "worker", minimum=0, exclusive=True),
     _v("MAX_NUM_SEQS", "int", "(KVRELAY_CONCURRENCY)", "Most sequences in one engine batch.",
        "worker", minimum=1),
     _v("MAX_NUM_BATCHED_TOKENS", "int", "2048", "Token budget of one engine step (prompt "

@@ -1,0 +1,171 @@
+"""``JobLifecycle``: the one owner of a client's jobs from admission to abort.
+
+A stream asks it to admit its request (refuse before anything is sent), to enqueue it,
+and to abort the job when the caller leaves early; it also keeps the set of live streams
+(so closing the client aborts them) and the background aborts still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Final
+
+from redis.asyncio import Redis
+
+from kvrelay import keys
+from kvrelay.connection import REDIS_ERRORS, connection_error
+from kvrelay.dispatcher import Dispatcher
+from kvrelay.enqueue import Enqueuer
+from kvrelay.errors import KvrelayError, QueueFull, UnknownModel
+from kvrelay.protocol import AbortMessage, GenerateRequest, WorkerInfo, encode_control
+from kvrelay.workers import live_workers, served_models
+
+if TYPE_CHECKING:
+    from kvrelay.stream import AsyncStream
+
+__all__ = ["ABORT_FLAG_TTL_S", "JobLifecycle"]
+
+log = logging.getLogger("kvrelay.client")
+
+# How long an abort flag outlives the request to cancel (covers a long queue wait).
+ABORT_FLAG_TTL_S: Final = 3600
+# How long the answer "which models have live workers" is reused.
+_SERVED_MODELS_TTL_S: Final = 1.0
+# A model missing from an answer older than this is looked up again before refusing.
+_SERVED_MODELS_RECHECK_S: Final = 0.1
+
+
+class JobLifecycle:
+    """Admits, enqueues and aborts the jobs of one client; tracks its live streams.
+
+    ``redis`` (commands, log reads) and ``dispatcher`` (the shared subscriber) are the
+    connections a stream reads its job's events through.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        dispatcher: Dispatcher,
+        enqueuer: Enqueuer,
+        *,
+        where: str,
+        require_worker: bool,
+        max_queue: int | None,
+    ) -> None:
+        self.redis = redis
+        self.dispatcher = dispatcher
+        self._enqueuer = enqueuer
+        self._where = where
+        self._require_worker = require_worker
+        self._max_queue = max_queue
+        self._live: weakref.WeakSet[AsyncStream] = weakref.WeakSet()
+        self._background: set[asyncio.Task[None]] = set()
+        self._served: frozenset[str] | None = None
+        self._served_at = 0.0
+        self._served_refresh: asyncio.Task[frozenset[str]] | None = None
+
+    # ------------------------------------------------------------------ a job's steps
+
+    async def admit(self, request: GenerateRequest) -> None:
+        """Refuse before enqueueing: no worker for the model, or its queue too long."""
+        model = request.model
+        if self._require_worker:
+            served = await self._served_models(_SERVED_MODELS_TTL_S)
+            if model not in served:
+                served = await self._served_models(_SERVED_MODELS_RECHECK_S)
+            if model not in served:
+                listing = ", ".join(sorted(served)) if served else "none"
+                raise UnknownModel(
+                    f"no live worker serves model {model!r} (models served: {listing}); "
+                    "pass require_worker=False to enqueue ahead of the workers"
+                )
+        if self._max_queue is not None:
+            length = await self.queue_length(model)
+            if length > self._max_queue:
+                raise QueueFull(
+                    f"the queue of model {model!r} holds {length} jobs "
+                    f"(max_queue={self._max_queue})"
+                )
+
+    async def enqueue(self, request: GenerateRequest) -> None:
+        await self._enqueuer(request)
+
+    async def cancel(self, job_id: str) -> None:
+        """Abort ``job_id`` wherever it is: queued jobs are dropped, running ones stopped."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
+        pipe.publish(keys.CONTROL_CHANNEL, encode_control(AbortMessage(job_id=job_id)))
+        try:
+            await pipe.execute()
+        except REDIS_ERRORS as exc:
+            raise self.connection_error(exc, f"cancelling job {job_id}") from exc
+
+    def abort_soon(self, job_id: str) -> None:
+        """Abort in the background: callers may be cancelled or leaving a ``finally``."""
+        self.spawn(self._abort_quietly(job_id))
+
+    async def _abort_quietly(self, job_id: str) -> None:
+        try:
+            await self.cancel(job_id)
+        except Exception as exc:
+            log.warning("could not abort job %s: %s", job_id, exc)
+
+    # ------------------------------------------------------------------ live streams
+
+    def track(self, stream: AsyncStream) -> None:
+        self._live.add(stream)
+
+    def untrack(self, stream: AsyncStream) -> None:
+        self._live.discard(stream)
+
+    async def aclose(self) -> None:
+        """Abort every unfinished stream and wait (briefly) for pending aborts."""
+        for stream in list(self._live):
+            await stream.aclose()
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=5.0)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background; ``aclose`` waits for it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------ registry
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Live workers (dead entries are removed from the registry on the way)."""
+        try:
+            workers = await live_workers(self.redis)
+        except REDIS_ERRORS as exc:
+            raise self.connection_error(exc, "reading the worker registry") from exc
+        self._served = served_models(workers)
+        self._served_at = asyncio.get_running_loop().time()
+        return workers
+
+    async def queue_length(self, model: str) -> int:
+        """Jobs waiting in ``model``'s queue (not counting those being run)."""
+        try:
+            return int(await self.redis.llen(keys.queue(model)))
+        except REDIS_ERRORS as exc:
+            raise self.connection_error(exc, "reading the queue length") from exc
+
+    async def _served_models(self, max_age: float) -> frozenset[str]:
+        """Models with a live worker; one registry read serves concurrent callers."""
+        loop = asyncio.get_running_loop()
+        if self._served is not None and loop.time() - self._served_at < max_age:
+            return self._served
+        if self._served_refresh is None or self._served_refresh.done():
+
+            async def refresh() -> frozenset[str]:
+                return served_models(await self.workers())
+
+            self._served_refresh = loop.create_task(refresh())
+        return await asyncio.shield(self._served_refresh)
+
+    def connection_error(self, exc: BaseException, doing: str) -> KvrelayError:
+        """``kvrelay.BrokerUnavailable`` naming this client's server and what it did."""
+        return connection_error(self._where, doing, exc)

@@ -1,0 +1,47 @@
+"""The worker's entry in the registry clients read: written every ``lease_refresh``,
+removed on shutdown, expiring by itself when the worker dies."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import redis
+
+from kvrelay import keys
+from kvrelay.protocol import WorkerInfo, encode_worker_info
+from kvrelay_worker.periodic import Periodic
+from kvrelay_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(self, client: redis.Redis, settings: WorkerSettings,
+                 info: Callable[[], WorkerInfo]) -> None:
+        self.redis = client
+        self.worker_id = settings.worker_id
+        self.info = info
+        self.ttl_ms = int(max(3.0, 3 * settings.lease_refresh) * 1000)
+        self._thread = Periodic("kvrelay-heartbeat", settings.lease_refresh, self.beat)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(keys.worker_heartbeat(self.worker_id))
+            pipe.srem(keys.WORKERS, self.worker_id)
+            pipe.execute()
+        except Exception:
+            log.warning("could not remove the worker's heartbeat on shutdown")
+
+    def beat(self) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.worker_heartbeat(self.worker_id), encode_worker_info(self.info()),
+                 px=self.ttl_ms)
+        pipe.sadd(keys.WORKERS, self.worker_id)
+        pipe.execute()
