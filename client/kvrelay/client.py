@@ -7,11 +7,11 @@ few enqueue threads running Celery's producer. Create it once per process and sh
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Unpack
 
 from redis.asyncio import Redis
 
+from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion
 from kvrelay.connection import REDIS_ERRORS, make_redis, redact_url
 from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, TransportFactory
@@ -26,7 +26,7 @@ from kvrelay.stream import AsyncStream
 __all__ = ["ABORT_FLAG_TTL_S", "AsyncClient"]
 
 
-class AsyncClient:
+class AsyncClient(AsyncResource):
     """Async client for kvrelay workers.
 
     Args:
@@ -123,17 +123,8 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def __aenter__(self) -> AsyncClient:
+    async def _open(self) -> None:
         await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def connect(self) -> None:
         """Check that Redis answers (fail fast with a clear error); warm the producer."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from redis.asyncio import Redis
@@ -59,23 +59,21 @@ class JobLifecycle:
         self.dispatcher = dispatcher
         self._enqueuer = enqueuer
         self._where = where
-        self._require_worker = require_worker
+        # Admission: a model some live worker serves (when required), a queue not too long.
+        self._served = _ServedModels(self._read_workers) if require_worker else None
         self._max_queue = max_queue
         self._live: weakref.WeakSet[AsyncStream] = weakref.WeakSet()
         self._background: set[asyncio.Task[None]] = set()
-        self._served: frozenset[str] | None = None
-        self._served_at = 0.0
-        self._served_refresh: asyncio.Task[frozenset[str]] | None = None
 
     # ------------------------------------------------------------------ a job's steps
 
     async def admit(self, request: GenerateRequest) -> None:
         """Refuse before enqueueing: no worker for the model, or its queue too long."""
         model = request.model
-        if self._require_worker:
-            served = await self._served_models(_SERVED_MODELS_TTL_S)
+        if self._served is not None:
+            served = await self._served.get(_SERVED_MODELS_TTL_S)
             if model not in served:
-                served = await self._served_models(_SERVED_MODELS_RECHECK_S)
+                served = await self._served.get(_SERVED_MODELS_RECHECK_S)
             if model not in served:
                 listing = ", ".join(sorted(served)) if served else "none"
                 raise UnknownModel(
@@ -142,9 +140,12 @@ class JobLifecycle:
             workers = await live_workers(self.redis)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the worker registry") from exc
-        self._served = served_models(workers)
-        self._served_at = asyncio.get_running_loop().time()
+        if self._served is not None:
+            self._served.update(served_models(workers))
         return workers
+
+    async def _read_workers(self) -> frozenset[str]:
+        return served_models(await self.workers())
 
     async def queue_length(self, model: str) -> int:
         """Jobs waiting in ``model``'s queue (not counting those being run)."""
@@ -153,19 +154,32 @@ class JobLifecycle:
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the queue length") from exc
 
-    async def _served_models(self, max_age: float) -> frozenset[str]:
-        """Models with a live worker; one registry read serves concurrent callers."""
-        loop = asyncio.get_running_loop()
-        if self._served is not None and loop.time() - self._served_at < max_age:
-            return self._served
-        if self._served_refresh is None or self._served_refresh.done():
-
-            async def refresh() -> frozenset[str]:
-                return served_models(await self.workers())
-
-            self._served_refresh = loop.create_task(refresh())
-        return await asyncio.shield(self._served_refresh)
-
     def connection_error(self, exc: BaseException, doing: str) -> KvrelayError:
         """``kvrelay.BrokerUnavailable`` naming this client's server and what it did."""
         return connection_error(self._where, doing, exc)
+
+
+class _ServedModels:
+    """Which models have a live worker: one registry read serves concurrent callers, and
+    the answer is reused for as long as a caller accepts."""
+
+    def __init__(self, read: Callable[[], Awaitable[frozenset[str]]]) -> None:
+        self._read = read
+        self._models: frozenset[str] | None = None
+        self._read_at = 0.0
+        self._reading: asyncio.Task[frozenset[str]] | None = None
+
+    def update(self, models: frozenset[str]) -> None:
+        self._models = models
+        self._read_at = asyncio.get_running_loop().time()
+
+    async def get(self, max_age: float) -> frozenset[str]:
+        loop = asyncio.get_running_loop()
+        if self._models is not None and loop.time() - self._read_at < max_age:
+            return self._models
+        if self._reading is None or self._reading.done():
+            self._reading = loop.create_task(self._read_once())
+        return await asyncio.shield(self._reading)
+
+    async def _read_once(self) -> frozenset[str]:
+        return await self._read()

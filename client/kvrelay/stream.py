@@ -22,13 +22,13 @@ import logging
 import time
 import typing
 from collections.abc import AsyncIterator
-from types import TracebackType
 from typing import Final
 
 import msgspec
 import redis.exceptions as redis_exceptions
 
 from kvrelay import event_log, keys
+from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
 from kvrelay.connection import REDIS_ERRORS
 from kvrelay.dispatcher import RESYNC, Mailbox
@@ -102,6 +102,25 @@ def _decode(data: object) -> _Event | None:
         return _Unknown(seq)
 
 
+class _GapRetry:
+    """When to read the log again for a hole it could not fill yet (doubling backoff)."""
+
+    __slots__ = ("at", "delay", "tries")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.at = 0.0
+        self.delay = _GAP_RETRY_FIRST
+        self.tries = 0
+
+    def again(self, now: float) -> None:
+        self.tries += 1
+        self.at = now + self.delay
+        self.delay = min(self.delay * 2, _GAP_RETRY_MAX)
+
+
 _NEW: Final = "new"
 _STARTING: Final = "starting"
 _LIVE: Final = "live"
@@ -109,7 +128,7 @@ _DONE: Final = "done"  # terminal event seen, or failed client-side
 _CLOSED: Final = "closed"  # left early by the caller
 
 
-class AsyncStream:
+class AsyncStream(AsyncResource):
     """The events of one job as ``StreamChunk``s; ``final()`` gives the ``Completion``.
 
     Use as ``async with client.stream(...) as stream: async for chunk in stream: ...``.
@@ -130,22 +149,21 @@ class AsyncStream:
         self._jobs = jobs
         self._job_id = job_id
         self._request = request
-        self._stream_timeout = stream_timeout
-        self._timeout = timeout
-        self._after_seq = after_seq
         self._log_key = keys.event_log(job_id)
         model = request.model if request is not None else None
         n = request.sampling.n if request is not None else 1
         self._builder = CompletionBuilder(job_id, model=model, n=n)
+        self._stream_timeout = stream_timeout
+        self._timeout = timeout
         self._state: str = _NEW
         self._mailbox: Mailbox | None = None
+        # A resume delivers from ``after_seq + 1`` on; earlier events only feed ``final()``.
         self._next_seq = 0 if request is not None else after_seq + 1
         self._pending: dict[int, _Event] = {}
-        # Client-side clocks (loop time): the job's deadline, the last event, gap retries.
+        # Client-side clocks (loop time): the job's deadline, the last event.
         self._deadline: float | None = None
-        self._last_progress = self._gap_retry_at = 0.0
-        self._gap_backoff = _GAP_RETRY_FIRST
-        self._gap_retries = 0
+        self._last_progress = 0.0
+        self._gap = _GapRetry()
         self._completion: Completion | None = None
         self._error: KvrelayError | None = None
         self._abort_on_exit = self._busy = False
@@ -181,17 +199,8 @@ class AsyncStream:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def __aenter__(self) -> AsyncStream:
+    async def _open(self) -> None:
         await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def start(self) -> None:
         """Subscribe, then enqueue (or, for a resume, read the log). Idempotent."""
@@ -245,11 +254,11 @@ class AsyncStream:
                 exc, f"reading the event log of job {self._job_id}"
             ) from exc
         for event in replay:
-            if event.seq <= self._after_seq:
+            if event.seq < self._next_seq:
                 self._absorb(event)
                 if self._state == _DONE:
                     return
-            elif event.seq >= self._next_seq:
+            else:
                 self._pending.setdefault(event.seq, event)
 
     def __del__(self) -> None:
@@ -380,7 +389,7 @@ class AsyncStream:
                     return self._advance(decoded, loop.time())
                 if seq > self._next_seq:
                     pending.setdefault(seq, decoded)
-                    if loop.time() >= self._gap_retry_at:
+                    if loop.time() >= self._gap.at:
                         await self._fill_gap()
                 continue  # seq < next_seq: a duplicate
             if mailbox.error is not None:
@@ -393,8 +402,8 @@ class AsyncStream:
             wake_at = self._last_progress + self._stream_timeout
             if self._deadline is not None and self._deadline < wake_at:
                 wake_at = self._deadline
-            if pending and self._gap_retry_at < wake_at:
-                wake_at = self._gap_retry_at
+            if pending and self._gap.at < wake_at:
+                wake_at = self._gap.at
             self._burst = 0
             if await mailbox.wait(loop, wake_at):
                 continue
@@ -406,7 +415,7 @@ class AsyncStream:
                         job_id=self._job_id,
                     )
                 )
-            if pending and now >= self._gap_retry_at:
+            if pending and now >= self._gap.at:
                 await self._fill_gap()
                 continue
             if now >= self._last_progress + self._stream_timeout:
@@ -435,10 +444,8 @@ class AsyncStream:
             )
         self._next_seq = event.seq + 1
         self._last_progress = now
-        if self._gap_retries:
-            self._gap_retries = 0
-            self._gap_backoff = _GAP_RETRY_FIRST
-            self._gap_retry_at = 0.0
+        if self._gap.tries:
+            self._gap.reset()
         return event
 
     async def _fill_gap(self, *, check: bool = False) -> None:
@@ -460,12 +467,9 @@ class AsyncStream:
         if not pending or self._next_seq in pending:
             return
         # Still a hole: retry later; give up if the job is over and the log cannot say.
-        loop = asyncio.get_running_loop()
-        self._gap_retries += 1
-        self._gap_retry_at = loop.time() + self._gap_backoff
-        self._gap_backoff = min(self._gap_backoff * 2, _GAP_RETRY_MAX)
+        self._gap.again(asyncio.get_running_loop().time())
         terminal = any(isinstance(e, TERMINAL_EVENTS) for e in pending.values())
-        if terminal and self._gap_retries >= _GAP_RETRIES_WITH_TERMINAL and not check:
+        if terminal and self._gap.tries >= _GAP_RETRIES_WITH_TERMINAL and not check:
             first = min(pending)
             raise self._fail(
                 InternalError(
