@@ -57,6 +57,10 @@ class ProtocolVersionError(InvalidRequest, code=ErrorCode.PROTOCOL_VERSION):
     """Client and worker speak different major versions of the wire protocol."""
 
 
+class JobIdReused(InvalidRequest, code=ErrorCode.JOB_ID_REUSED):
+    """The ``job_id`` belongs to a job with a different request (retries must repeat it)."""
+
+
 class UnknownModel(KvrelayError, code=ErrorCode.UNKNOWN_MODEL):
     """No worker serves the requested model."""
 

@@ -19,6 +19,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 __all__ = [
+    "DIGEST_FIELD",
     "EVENT_FIELD",
     "LIVE_LOG_TTL_S",
     "TERMINAL_FIELD",
@@ -36,6 +37,10 @@ EVENT_FIELD: Final = "e"
 TERMINAL_FIELD: Final = "t"
 # Every entry id is ``{seq}-{ENTRY_ID_SUFFIX}``; ``{seq}-0`` sorts just before it.
 ENTRY_ID_SUFFIX: Final = 1
+# The job record's field (``keys.job_record``) holding ``protocol.request_digest`` of the
+# request the job id belongs to: set by the first sender, kept after the job ends (the
+# prompt is not), so a retry attaches to the job and a different request is refused.
+DIGEST_FIELD: Final = "digest"
 # How long the log of a job that is still running lives after its latest event: the
 # worker's default (``KVRELAY_LOG_LIVE_TTL``); after the terminal event, ``log_ttl``.
 LIVE_LOG_TTL_S: Final = 86_400

@@ -8,6 +8,7 @@ and to abort the job when the caller leaves early; it also keeps the set of live
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -15,12 +16,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.asyncio import Redis
 
-from kvrelay import keys
+from kvrelay import event_log, keys
 from kvrelay.connection import REDIS_ERRORS, connection_error
 from kvrelay.dispatcher import Dispatcher
 from kvrelay.enqueue import Enqueuer
-from kvrelay.errors import KvrelayError, QueueFull, UnknownModel
-from kvrelay.protocol import AbortMessage, GenerateRequest, WorkerInfo, encode_control
+from kvrelay.errors import JobIdReused, KvrelayError, QueueFull, UnknownModel
+from kvrelay.protocol import (
+    AbortMessage,
+    GenerateRequest,
+    WorkerInfo,
+    encode_control,
+    request_digest,
+)
 from kvrelay.workers import live_workers, served_models
 
 if TYPE_CHECKING:
@@ -88,8 +95,42 @@ class JobLifecycle:
                     f"(max_queue={self._max_queue})"
                 )
 
+    async def reserve(self, request: GenerateRequest) -> bool:
+        """Claim ``request.job_id`` for this request: True for a new job (enqueue it),
+        False when the same request already has it (attach to that job); raises
+        ``JobIdReused`` when another request has it."""
+        record = keys.job_record(request.job_id)
+        digest = request_digest(request)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(record, event_log.DIGEST_FIELD, digest)
+        pipe.hget(record, event_log.DIGEST_FIELD)
+        try:
+            created, held = await pipe.execute()
+            if created:
+                # A job that never reaches a worker keeps its id no longer than a log.
+                # (Not ``EXPIRE NX`` in the pipeline: Redis 6.2 lacks it.)
+                await self.redis.expire(record, event_log.LIVE_LOG_TTL_S)
+        except REDIS_ERRORS as exc:
+            raise self.connection_error(exc, f"reserving job id {request.job_id}") from exc
+        if created:
+            return True
+        if held is not None and held.decode() != digest:
+            raise JobIdReused(
+                f"job id {request.job_id!r} already belongs to a job with a different "
+                "request; use a new job_id (a retry must send the same request)",
+                job_id=request.job_id,
+            )
+        return False
+
     async def enqueue(self, request: GenerateRequest) -> None:
-        await self._enqueuer(request)
+        """Put the reserved job on its queue; a failed send gives the reservation back
+        (best effort), so the same request may be retried as a new job."""
+        try:
+            await self._enqueuer(request)
+        except BaseException:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self.redis.hdel(keys.job_record(request.job_id), event_log.DIGEST_FIELD)
+            raise
 
     async def cancel(self, job_id: str) -> None:
         """Abort ``job_id`` wherever it is: queued jobs are dropped, running ones stopped."""

@@ -15,6 +15,7 @@ publishes an ``AbortMessage`` on ``keys.CONTROL_CHANNEL``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ class ErrorCode:
     WORKER_LOST: ClassVar[str] = "worker_lost"
     QUEUE_FULL: ClassVar[str] = "queue_full"
     INTERNAL: ClassVar[str] = "internal"
+    JOB_ID_REUSED: ClassVar[str] = "job_id_reused"
 
 
 # ------------------------------------------------------------------ sampling options
@@ -381,3 +383,11 @@ def encode_request(request: GenerateRequest) -> bytes:
 
 def decode_request_json(data: bytes | str) -> GenerateRequest:
     return _request_decoder.decode(data)
+
+
+def request_digest(request: GenerateRequest) -> str:
+    """What makes two requests the same job: everything but when they were sent (a retry
+    carries a new ``enqueued_at`` and ``deadline``). Kept with the job in place of the
+    prompt, so a reused ``job_id`` is told apart from a retry."""
+    timeless = msgspec.structs.replace(request, enqueued_at=0.0, deadline=None)
+    return hashlib.sha256(_json_encoder.encode(timeless)).hexdigest()

@@ -233,11 +233,16 @@ class AsyncStream(AsyncResource):
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._jobs.admit(request)
+        # A retry of the same request (same job_id) attaches to the job it started.
+        new = await self._jobs.reserve(request)
         self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
         self._jobs.track(self)
         # From here on the job may exist: leaving early must abort it.
         self._abort_on_exit = True
-        await self._jobs.enqueue(request)
+        if new:
+            await self._jobs.enqueue(request)
+        else:
+            await self._replay_log()
 
     async def _start_resume(self) -> None:
         self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
@@ -245,8 +250,12 @@ class AsyncStream(AsyncResource):
         self._abort_on_exit = True
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
-        # Subscribed first, so nothing published from now on is missed; the log has the
-        # rest. Events up to ``after_seq`` only feed ``final()``; later ones are delivered.
+        await self._replay_log()
+
+    async def _replay_log(self) -> None:
+        """Read the whole log once subscribed (so nothing published from now on is
+        missed): events before ``next_seq`` only feed ``final()``; the rest wait their
+        turn to be delivered."""
         try:
             replay = await self._read_log(after_seq=-1)
         except REDIS_ERRORS as exc:

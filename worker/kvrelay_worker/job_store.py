@@ -28,8 +28,6 @@ from kvrelay.protocol import (
 from kvrelay_worker import redis_scripts
 from kvrelay_worker.settings import WorkerSettings
 
-_RECORD_TTL_S = 7 * 24 * 3600
-
 # A script, its keys and its arguments.
 _ScriptCall = tuple[Script, list[str], list[Any]]
 
@@ -41,7 +39,7 @@ def now_ms() -> int:
 @dataclass
 class Claim:
     """Outcome of trying to take a job: ``claimed`` (with the attempt and what earlier
-    attempts reported), ``owned``, ``aborted`` or ``done``."""
+    attempts reported), ``owned``, ``aborted``, ``done`` or ``reused``."""
 
     status: str
     attempt: int = 0
@@ -107,14 +105,26 @@ class JobStore:
     def lease_ms(self) -> int:
         return int(self.settings.lease_ttl * 1000)
 
+    @property
+    def ended_ttl_s(self) -> int:
+        """How long an ended job's record stays: as long as its log, no longer."""
+        return max(1, int(self.settings.log_ttl))
+
+    @property
+    def live_ttl_s(self) -> int:
+        """How long a running job's log and record outlive its latest write."""
+        return max(1, int(self.settings.log_live_ttl))
+
     # ------------------------------------------------------------------ claiming
 
-    def claim(self, job_id: str, payload_json: str) -> Claim:
-        """Take the job unless it is done, aborted or owned; one round trip."""
+    def claim(self, job_id: str, payload_json: str, digest: str) -> Claim:
+        """Take the job unless it is done, aborted, owned, or its id belongs to another
+        request (``digest``: ``protocol.request_digest``); one round trip."""
         result = self._claim(
             keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key,
                   keys.event_log(job_id), keys.abort_flag(job_id)],
-            args=[job_id, self.worker_id, self.lease_ms, payload_json, now_ms(), _RECORD_TTL_S],
+            args=[job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
+                  self.live_ttl_s, digest],
         )
         status = _text(result[0])
         if status == "claimed":
@@ -127,7 +137,7 @@ class JobStore:
     def release_done(self, job_id: str) -> bool:
         return bool(self._release_done(
             keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
-            args=[job_id, self.worker_id, _RECORD_TTL_S],
+            args=[job_id, self.worker_id, self.ended_ttl_s],
         ))
 
     def mark_handback(self, job_id: str) -> bool:
@@ -149,8 +159,7 @@ class JobStore:
             [keys.event_log(job_id), keys.lease(job_id)],
             [keys.events_channel(job_id), self.worker_id if fenced else "",
              event.seq, encode_event(event), self.settings.log_max_len,
-             1 if terminal else 0, int(self.settings.log_ttl),
-             int(self.settings.log_live_ttl)],
+             1 if terminal else 0, self.ended_ttl_s, self.live_ttl_s],
         )
 
     def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool) -> Any:
@@ -210,7 +219,8 @@ class JobStore:
         seq = self.append_unowned(job_id, Failed(seq=0, code=code, message=message))
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(keys.job_record(job_id), "state", "done")
-        pipe.expire(keys.job_record(job_id), _RECORD_TTL_S)
+        pipe.hdel(keys.job_record(job_id), "payload")
+        pipe.expire(keys.job_record(job_id), self.ended_ttl_s)
         pipe.execute()
         return seq
 
@@ -248,7 +258,8 @@ class JobStore:
         result = self._check_expired(
             keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key,
                   keys.requeue_marker(job_id)],
-            args=[job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000)],
+            args=[job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000),
+                  self.ended_ttl_s],
         )
         status = _text(result[0])
         payload = _text(result[1]) if status == "requeue" and len(result) > 1 else None

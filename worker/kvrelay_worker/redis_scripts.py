@@ -11,24 +11,33 @@ from __future__ import annotations
 from kvrelay import event_log
 from kvrelay.event_log import AppendResult
 
+_CONSTANTS: dict[str, object] = {
+    "EVENT_FIELD": event_log.EVENT_FIELD,
+    "TERMINAL_FIELD": event_log.TERMINAL_FIELD,
+    "DIGEST_FIELD": event_log.DIGEST_FIELD,
+    "ENTRY_ID_SUFFIX": event_log.ENTRY_ID_SUFFIX,
+    **{result.name: int(result) for result in AppendResult},
+}
+
 
 def _format(script: str) -> str:
     """Put the log format's names and the result codes into a script's ``{NAME}`` slots
-    (Lua's own braces are never used in these scripts)."""
-    return script.format(
-        EVENT_FIELD=event_log.EVENT_FIELD,
-        TERMINAL_FIELD=event_log.TERMINAL_FIELD,
-        ENTRY_ID_SUFFIX=event_log.ENTRY_ID_SUFFIX,
-        **{result.name: int(result) for result in AppendResult},
-    )
+    (other braces, Lua's tables, are left alone)."""
+    for name, value in _CONSTANTS.items():
+        script = script.replace("{" + name + "}", str(value))
+    return script
 
 # KEYS: job record, lease, running zset, event log, abort flag
-# ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s
-# -> {"done"} | {"aborted"} | {"owned", owner} | {"claimed", attempt, log entries}
-# One round trip does the pickup checks and returns what earlier attempts wrote.
-CLAIM = """
+# ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest
+# -> {"done"} | {"reused"} | {"aborted"} | {"owned", owner}
+#    | {"claimed", attempt, log entries}
+# One round trip does the pickup checks and returns what earlier attempts wrote. A copy
+# whose request differs from the one the job id belongs to is "reused" (never run).
+CLAIM = _format("""
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'done' then return {'done'} end
+local digest = redis.call('HGET', KEYS[1], '{DIGEST_FIELD}')
+if digest and digest ~= ARGV[7] then return {'reused'} end
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 -- Any live lease means the job is running (here too: a redelivered copy can come back
 -- to its owner); only a lease its holder is handing back may be taken.
@@ -39,22 +48,25 @@ if owner then
 end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'payload', ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'payload', ARGV[4],
+           '{DIGEST_FIELD}', ARGV[7])
 redis.call('HDEL', KEYS[1], 'handback')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[3]), ARGV[1])
 return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
-"""
+""")
 
+# The job ended here: record it as done (keeping no prompt, only the request's digest, for
+# as long as its log), written before the lease is dropped.
 # KEYS: job record, lease, running zset
 # ARGV: job id, worker id, record ttl s -> 1 if this worker owned the job
 RELEASE_DONE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('HDEL', KEYS[1], 'payload')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[2])
 return 1
 """
 
@@ -122,7 +134,7 @@ return seq
 
 # Failover check for one job whose lease looked expired.
 # KEYS: job record, lease, running zset, requeue marker
-# ARGV: job id, max attempts, marker ms
+# ARGV: job id, max attempts, marker ms, record ttl s (once failed)
 # -> {"alive"} | {"gone"} | {"busy"} | {"exhausted"} | {"requeue", payload}
 CHECK_EXPIRED = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
@@ -135,6 +147,8 @@ local lost = tonumber(redis.call('HGET', KEYS[1], 'lost') or '0')
 if lost + 1 >= tonumber(ARGV[2]) then
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
   redis.call('HSET', KEYS[1], 'state', 'done')
+  redis.call('HDEL', KEYS[1], 'payload')
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
   redis.call('ZREM', KEYS[3], ARGV[1])
   return {'exhausted'}
 end

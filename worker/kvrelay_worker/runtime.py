@@ -15,7 +15,14 @@ import time
 
 import redis
 
-from kvrelay.protocol import ErrorCode, Failed, GenerateRequest, Started, WorkerInfo
+from kvrelay.protocol import (
+    ErrorCode,
+    Failed,
+    GenerateRequest,
+    Started,
+    WorkerInfo,
+    request_digest,
+)
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.control_listener import ControlListener
 from kvrelay_worker.engine.config import EngineConfig
@@ -150,11 +157,16 @@ class WorkerRuntime:
             return self._end_unclaimed(
                 job_id, ErrorCode.DEADLINE_EXCEEDED,
                 "the job's deadline passed before a worker picked it up", Outcome.DEADLINE)
-        claim = self.store.claim(job_id, payload_json)
+        claim = self.store.claim(job_id, payload_json, request_digest(request))
         if claim.status == "aborted":
             return self._end_unclaimed(job_id, ErrorCode.CANCELLED,
                                        "the job was cancelled before it started",
                                        Outcome.CANCELLED)
+        if claim.status == "reused":
+            log.warning("refusing a copy of job %s: its request differs from the one the "
+                        "job id belongs to", job_id)
+            self.metrics.jobs.labels(outcome="rejected").inc()
+            return "reused"
         if claim.status != "claimed" or claim.progress is None:
             log.info("dropping a copy of job %s (%s)", job_id, claim.status)
             return "duplicate"
