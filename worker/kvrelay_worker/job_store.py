@@ -6,6 +6,7 @@ that needs one (each owns its Redis connection pool).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -92,14 +93,18 @@ class JobStore:
         self.settings = settings
         self.worker_id = settings.worker_id
         self.running_key = keys.running_jobs(settings.served_model)
-        self._claim = client.register_script(redis_scripts.CLAIM)
-        self._release_done = client.register_script(redis_scripts.RELEASE_DONE)
-        self._mark_handback = client.register_script(redis_scripts.MARK_HANDBACK)
-        self._release_handback = client.register_script(redis_scripts.RELEASE_HANDBACK)
-        self._refresh = client.register_script(redis_scripts.REFRESH_LEASE)
-        self._append = client.register_script(redis_scripts.APPEND_EVENT)
-        self._check_expired = client.register_script(redis_scripts.CHECK_EXPIRED)
-        self._commit_requeue = client.register_script(redis_scripts.COMMIT_REQUEUE)
+        flagged = redis_scripts.supports_flags(client)
+        script = functools.partial(redis_scripts.register, client, flagged=flagged)
+        self._claim = script(redis_scripts.CLAIM)
+        self._release_done = script(redis_scripts.RELEASE_DONE)
+        self._mark_handback = script(redis_scripts.MARK_HANDBACK)
+        self._release_handback = script(redis_scripts.RELEASE_HANDBACK)
+        # Keeping a lease alive writes next to nothing; refusing it under memory pressure
+        # would only make another worker take the job over.
+        self._refresh = script(redis_scripts.REFRESH_LEASE, allow_oom=True)
+        self._append = script(redis_scripts.APPEND_EVENT)
+        self._check_expired = script(redis_scripts.CHECK_EXPIRED)
+        self._commit_requeue = script(redis_scripts.COMMIT_REQUEUE)
 
     @property
     def lease_ms(self) -> int:

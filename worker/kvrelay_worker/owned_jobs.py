@@ -8,13 +8,18 @@ is ``release``d in Redis if the job really ended here.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import redis
+
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.job_store import JobStore
+
+log = logging.getLogger(__name__)
 
 # Outcomes after which the job is over for good (its lease released as done); the
 # others (handback, fenced) leave the job to another worker.
@@ -54,9 +59,18 @@ class OwnedJobs:
         self.release(job)
 
     def release(self, job: ActiveJob) -> None:
-        """Mark the job done in Redis (lease dropped) if it ended on this worker."""
-        if job.outcome in _ENDED_HERE:
+        """Mark the job done in Redis (lease dropped) if it ended on this worker.
+
+        If Redis refuses, the lease simply expires: failover requeues the job, and its
+        next claim finds the terminal event in the log and ends it as a duplicate.
+        """
+        if job.outcome not in _ENDED_HERE:
+            return
+        try:
             self._store.release_done(job.job_id)
+        except redis.RedisError as exc:
+            log.warning("could not mark job %s done (%s); its lease will expire", job.job_id,
+                        exc)
 
     def abort(self, job_id: str) -> None:
         """The caller cancelled: stop the job (its ``cancelled`` event follows)."""

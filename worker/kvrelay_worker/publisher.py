@@ -114,18 +114,29 @@ class Publisher:
                 other.job.finish(other.outcome)
 
     def _send(self, events: list[EventItem]) -> list[object]:
-        """One pipelined round trip; retried while Redis is unreachable."""
-        if not events:
-            return []
+        """One pipelined round trip; retried while Redis is unreachable, and the writes
+        it refuses for want of memory retried (in order) until they are written: an
+        event is never taken for written, nor its job for finished, before it is."""
+        results: list[object] = [None] * len(events)
+        todo = list(range(len(events)))
         delay = 0.05
-        while True:
+        while todo:
             try:
-                return self.store.append_events(
-                    [(item.job.job_id, item.event) for item in events], fenced=True)
+                sent = self.store.append_events(
+                    [(events[i].job.job_id, events[i].event) for i in todo], fenced=True)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            else:
+                for i, result in zip(todo, sent, strict=True):
+                    results[i] = result
+                todo = [i for i in todo if isinstance(results[i], redis.OutOfMemoryError)]
+                if not todo:
+                    break
+                log.warning("publisher: Redis is out of memory; %d events wait, retrying in "
+                            "%.2fs", len(todo), delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        return results
 
     def _after_write(self, item: EventItem, result: object, now: float) -> None:
         job = item.job

@@ -1,12 +1,16 @@
 """Lua scripts that make each job-state transition atomic in Redis.
 
-Every key a script touches is built by ``kvrelay.keys`` and passed in ``KEYS``. The
+Every key a script touches is built by ``kvrelay.keys`` and passed in ``KEYS``; the event
+log's names and result codes come from ``kvrelay.event_log``. The
 job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload``,
 ``attempts`` (claims so far), ``lost`` (attempts that died with their worker),
 ``handback`` (owner handing the job back on shutdown).
 """
 
 from __future__ import annotations
+
+import redis
+from redis.commands.core import Script
 
 from kvrelay import event_log
 from kvrelay.event_log import AppendResult
@@ -18,6 +22,22 @@ _CONSTANTS: dict[str, object] = {
     "ENTRY_ID_SUFFIX": event_log.ENTRY_ID_SUFFIX,
     **{result.name: int(result) for result in AppendResult},
 }
+
+
+def supports_flags(client: redis.Redis) -> bool:
+    """Script flags (a ``#!lua`` first line) came with Redis 7; 6.2 cannot parse them."""
+    version = str(client.info("server").get("redis_version", "0"))
+    return int(version.split(".", 1)[0]) >= 7
+
+
+def register(client: redis.Redis, source: str, *, flagged: bool,
+             allow_oom: bool = False) -> Script:
+    """Register a script; where Redis knows script flags, as a flagged script: a server
+    out of memory (``maxmemory``, ``noeviction``) then refuses the whole script before it
+    runs, never half of its writes, unless it is marked ``allow_oom``."""
+    if flagged:
+        source = ("#!lua flags=allow-oom\n" if allow_oom else "#!lua\n") + source.lstrip("\n")
+    return client.register_script(source)
 
 
 def _format(script: str) -> str:
