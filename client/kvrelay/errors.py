@@ -81,6 +81,10 @@ class WorkerLost(KvrelayError, code=ErrorCode.WORKER_LOST):
     """Workers died while running the job more times than the retry limit allows."""
 
 
+class LogTruncated(WorkerLost, code=ErrorCode.LOG_TRUNCATED):
+    """A worker died and the job's replay log had lost its start: it cannot be continued."""
+
+
 class StreamTimeout(KvrelayError, builtins.TimeoutError, code="stream_timeout"):
     """No event arrived for the stream's inactivity timeout."""
 

@@ -47,6 +47,7 @@ class ErrorCode:
     QUEUE_FULL: ClassVar[str] = "queue_full"
     INTERNAL: ClassVar[str] = "internal"
     JOB_ID_REUSED: ClassVar[str] = "job_id_reused"
+    LOG_TRUNCATED: ClassVar[str] = "log_truncated"
 
 
 # ------------------------------------------------------------------ sampling options

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from kvrelay.protocol import GenerateRequest
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.job_store import PriorProgress
+from kvrelay_worker.log_window import LogWindow
 
 
 class Outcome:
@@ -32,8 +33,10 @@ class ActiveJob:
     attempt: int
     prior: PriorProgress
     claimed_at: float = field(default_factory=time.time)
-    # Owned by the publisher thread: the seq the next event gets.
+    # Owned by the publisher thread: the seq the next event gets, and the log's byte
+    # window (made on the first event, from ``prior``).
     next_seq: int = 0
+    log_window: LogWindow | None = None
     # Set by the engine thread when it stops the job early (Outcome.*).
     abort_reason: str | None = None
     first_token_at: float | None = None

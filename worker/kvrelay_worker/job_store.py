@@ -56,6 +56,13 @@ class PriorProgress:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     texts: dict[int, list[str]] = field(default_factory=dict)
     finish_reasons: dict[int, str] = field(default_factory=dict)
+    # (seq, bytes) of every entry, oldest first: where the log's byte cap stands.
+    entry_sizes: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def truncated(self) -> bool:
+        """The log no longer starts at seq 0 (trimmed): the job cannot be continued."""
+        return bool(self.entry_sizes) and self.entry_sizes[0][0] != 0
 
     @property
     def has_tokens(self) -> bool:
@@ -133,10 +140,11 @@ class JobStore:
         )
         status = _text(result[0])
         if status == "claimed":
-            entries = result[2]
-            events = [decode_event(data) for _, fields in entries
-                      if (data := event_log.event_bytes(fields)) is not None]
-            return Claim("claimed", attempt=int(result[1]), progress=progress_from_events(events))
+            entries = [(event_log.seq_of_entry_id(entry_id), data) for entry_id, fields in result[2]
+                       if (data := event_log.event_bytes(fields)) is not None]
+            progress = progress_from_events([decode_event(data) for _, data in entries])
+            progress.entry_sizes = [(seq, len(data)) for seq, data in entries]
+            return Claim("claimed", attempt=int(result[1]), progress=progress)
         return Claim(status)
 
     def release_done(self, job_id: str) -> bool:
@@ -157,14 +165,15 @@ class JobStore:
 
     # -------------------------------------------------------------------- events
 
-    def _append_call(self, job_id: str, event: AnyEvent, fenced: bool) -> _ScriptCall:
+    def _append_call(self, job_id: str, event: AnyEvent, fenced: bool,
+                     keep_from: int = 0) -> _ScriptCall:
         terminal = isinstance(event, TERMINAL_EVENTS)
         return (
             self._append,
             [keys.event_log(job_id), keys.lease(job_id)],
             [keys.events_channel(job_id), self.worker_id if fenced else "",
              event.seq, encode_event(event), self.settings.log_max_len,
-             1 if terminal else 0, self.ended_ttl_s, self.live_ttl_s],
+             1 if terminal else 0, self.ended_ttl_s, self.live_ttl_s, keep_from],
         )
 
     def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool) -> Any:
@@ -176,10 +185,14 @@ class JobStore:
         script, key_list, args = self._append_call(job_id, event, fenced)
         return script(keys=key_list, args=args)
 
-    def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool) -> list[Any]:
+    def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool,
+                      keep_from: Sequence[int] | None = None) -> list[Any]:
         """``append_event`` for many (job id, event) pairs in one round trip; each result
-        in place (an exception object for a write Redis refused)."""
-        return self._pipelined([self._append_call(job_id, e, fenced) for job_id, e in events])
+        in place (an exception object for a write Redis refused). ``keep_from``: per
+        event, the oldest seq its log keeps (0: all)."""
+        starts = keep_from or [0] * len(events)
+        return self._pipelined([self._append_call(job_id, e, fenced, start)
+                                for (job_id, e), start in zip(events, starts, strict=True)])
 
     def _pipelined(self, calls: list[_ScriptCall]) -> list[Any]:
         """Run script calls in one pipelined round trip, by their SHA alone.

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import redis
 
 from kvrelay.event_log import AppendResult
-from kvrelay.protocol import AnyEvent, Tokens
+from kvrelay.protocol import AnyEvent, Tokens, encode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,16 @@ class Publisher:
 
     def _process(self, items: list[Item]) -> None:
         events = [i for i in items if isinstance(i, EventItem)]
+        keep_from: list[int] = []
         for item in events:
-            item.event.seq = item.job.next_seq
-            item.job.next_seq += 1
-        results = self._send(events)
+            job = item.job
+            item.event.seq = job.next_seq
+            job.next_seq += 1
+            if job.log_window is None:
+                job.log_window = LogWindow(self.store.settings.log_max_bytes,
+                                           job.prior.entry_sizes)
+            keep_from.append(job.log_window.add(item.event.seq, len(encode_event(item.event))))
+        results = self._send(events, keep_from)
         now = time.time()
         for item, result in zip(events, results, strict=True):
             self._after_write(item, result, now)
@@ -113,7 +120,7 @@ class Publisher:
             elif isinstance(other, DoneItem):
                 other.job.finish(other.outcome)
 
-    def _send(self, events: list[EventItem]) -> list[object]:
+    def _send(self, events: list[EventItem], keep_from: list[int]) -> list[object]:
         """One pipelined round trip; retried while Redis is unreachable, and the writes
         it refuses for want of memory retried (in order) until they are written: an
         event is never taken for written, nor its job for finished, before it is."""
@@ -123,7 +130,8 @@ class Publisher:
         while todo:
             try:
                 sent = self.store.append_events(
-                    [(events[i].job.job_id, events[i].event) for i in todo], fenced=True)
+                    [(events[i].job.job_id, events[i].event) for i in todo], fenced=True,
+                    keep_from=[keep_from[i] for i in todo])
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
             else:

@@ -118,7 +118,8 @@ return 1
 # (entry id ``{seq}-1``, the event in field ``e``, terminal entries also carry ``t``).
 # KEYS: event log, lease
 # ARGV: channel, worker id ('' = unfenced), seq, event bytes, max log length,
-#       terminal (0/1), log ttl s (after a terminal event), live log ttl s (before it)
+#       terminal (0/1), log ttl s (after a terminal event), live log ttl s (before it),
+#       oldest seq to keep (0: keep all; the byte cap, see ``log_window``)
 # -> the seq written, or an ``AppendResult``: FENCED (the lease is someone else's),
 #    ALREADY_WRITTEN (the log has this seq), and for unfenced writes ENDED (the log
 #    already ended) or NOT_NEXT (``seq`` is not the next one: retry).
@@ -148,6 +149,7 @@ else
   redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], id, '{EVENT_FIELD}', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[8])
 end
+if tonumber(ARGV[9]) > 0 then redis.call('XTRIM', KEYS[1], 'MINID', ARGV[9]) end
 redis.call('PUBLISH', ARGV[1], ARGV[4])
 return seq
 """)

@@ -172,21 +172,32 @@ class WorkerRuntime:
             return "duplicate"
         return self._run_claimed(job_id, request, payload_json, claim.attempt, claim.progress)
 
+    def _fail_claimed(self, job_id: str, prior: PriorProgress, code: str, message: str,
+                      outcome: str) -> str:
+        """End a job this worker claimed but cannot run: its ``Failed`` event, then done."""
+        self.store.append_event(job_id, Failed(seq=prior.next_seq, code=code, message=message),
+                                fenced=True)
+        self.store.release_done(job_id)
+        self.metrics.jobs.labels(outcome=outcome).inc()
+        return outcome
+
     def _run_claimed(self, job_id: str, request: GenerateRequest, payload_json: str,
                      attempt: int, prior: PriorProgress) -> str:
         if prior.terminal:
             self.store.release_done(job_id)
             return "duplicate"
+        if prior.truncated:
+            return self._fail_claimed(
+                job_id, prior, ErrorCode.LOG_TRUNCATED,
+                "the job's worker died and its replay log no longer starts at its first event "
+                "(over KVRELAY_LOG_MAX_LEN or KVRELAY_LOG_MAX_BYTES): it cannot be continued",
+                Outcome.FAILED)
         try:
             params = sampling_params_from(request)
             prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
                                         self.engine.max_model_len)
         except JobRejected as rejected:
-            self.store.append_event(job_id, Failed(seq=prior.next_seq, code=rejected.code,
-                                                   message=rejected.message), fenced=True)
-            self.store.release_done(job_id)
-            self.metrics.jobs.labels(outcome="rejected").inc()
-            return "rejected"
+            return self._fail_claimed(job_id, prior, rejected.code, rejected.message, "rejected")
         job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
                         next_seq=prior.next_seq)

@@ -59,6 +59,8 @@ class WorkerSettings:
     # Event log: bounded length, how long it lives after the job ends, and how long the
     # log of a job still running lives past its latest event.
     log_max_len: int = 100_000
+    # ... and bounded in bytes (the oldest entries go first).
+    log_max_bytes: int = 32 << 20
     log_ttl: float = 3600.0
     log_live_ttl: float = float(LIVE_LOG_TTL_S)
     # Engine options.
@@ -82,6 +84,7 @@ class WorkerSettings:
             "visibility_timeout": self.visibility_timeout,
             "max_payload_bytes": self.max_payload_bytes,
             "log_max_len": self.log_max_len,
+            "log_max_bytes": self.log_max_bytes,
             "log_ttl": self.log_ttl,
             "log_live_ttl": self.log_live_ttl,
         }

@@ -89,6 +89,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "accepts.", "worker", minimum=1),
     _v("LOG_MAX_LEN", "int", "100000", "Most events kept in a job's replay log.", "worker",
        minimum=1),
+    _v("LOG_MAX_BYTES", "int", "33554432", "Most bytes kept in a job's replay log (the oldest "
+       "events go first; a job whose log lost its start cannot be taken over).", "worker",
+       minimum=1),
     _v("LOG_TTL", "float", "3600", "Seconds a job's replay log lives after the job ends.",
        "worker", minimum=0, exclusive=True),
     _v("LOG_LIVE_TTL", "float", "86400", "Seconds the replay log of a job still running "

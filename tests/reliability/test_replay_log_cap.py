@@ -1,0 +1,66 @@
+"""The replay log is capped in bytes as well as in entries: the oldest events go first.
+
+Fails on the code before the fix (only ``MAXLEN`` entries bounded the log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from kvrelay import event_log, keys
+from kvrelay.protocol import GenerateRequest, Tokens
+from kvrelay_worker.active_job import ActiveJob
+from kvrelay_worker.engine.sampling_params import SamplingParams
+from kvrelay_worker.job_store import JobStore, PriorProgress
+from kvrelay_worker.log_window import LogWindow
+from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.publisher import EventItem, Publisher
+from kvrelay_worker.settings import WorkerSettings
+
+MAX_BYTES = 2_000
+
+
+@pytest.fixture
+def store(clean_redis_url: str) -> Iterator[JobStore]:
+    client = redis.Redis.from_url(clean_redis_url)
+    yield JobStore(client, WorkerSettings(redis_url=clean_redis_url, model_name="m",
+                                          log_max_bytes=MAX_BYTES))
+    client.close()
+
+
+def _log(store: JobStore, job_id: str) -> list[tuple[int, bytes]]:
+    return [(event_log.seq_of_entry_id(entry_id), event_log.event_bytes(fields) or b"")
+            for entry_id, fields in store.redis.xrange(keys.event_log(job_id))]
+
+
+def test_the_publisher_keeps_the_log_under_its_byte_cap(store: JobStore) -> None:
+    request = GenerateRequest(job_id="j", model="m", prompt_token_ids=[1])
+    job = ActiveJob(job_id="j", request=request, payload_json="{}",
+                    params=SamplingParams(max_tokens=100), prompt_ids=[1], attempt=1,
+                    prior=PriorProgress())
+    store.redis.set(keys.lease("j"), store.worker_id)
+    publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
+                          on_fenced=lambda job: None)
+    publisher.start()
+    for i in range(0, 60, 3):  # batches of three, as engine steps would hand them over
+        publisher.put([EventItem(job, Tokens(seq=0, token_ids=[n], text=f"<{n:05d}>" * 8,
+                                             index=n % 2))
+                       for n in range(i, i + 3)])
+    publisher.stop()  # after writing everything put before
+    entries = _log(store, "j")
+    assert sum(len(data) for _, data in entries) <= MAX_BYTES
+    seqs = [seq for seq, _ in entries]
+    assert seqs[-1] == 59  # the newest is always there...
+    assert seqs == list(range(seqs[0], 60))  # ...after a contiguous tail
+    assert seqs[0] > 0  # and the oldest went
+    assert sum(len(data) for _, data in entries) + 120 > MAX_BYTES  # no more than needed
+
+
+def test_the_window_counts_what_the_claim_read_and_keeps_the_newest() -> None:
+    window = LogWindow(100, [(0, 40), (1, 40)])
+    assert window.add(2, 10) == 0
+    assert window.add(3, 30) == 1  # 0 goes: 40 + 10 + 30 <= 100
+    assert window.add(4, 500) == 4  # a single entry over the cap still stays
