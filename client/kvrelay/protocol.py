@@ -391,4 +391,7 @@ def request_digest(request: GenerateRequest) -> str:
     carries a new ``enqueued_at`` and ``deadline``). Kept with the job in place of the
     prompt, so a reused ``job_id`` is told apart from a retry."""
     timeless = msgspec.structs.replace(request, enqueued_at=0.0, deadline=None)
-    return hashlib.sha256(_json_encoder.encode(timeless)).hexdigest()
+    # Through the wire form and back, as a worker sees it (``1`` for a float field is
+    # ``1.0`` there), so both sides hash the same bytes.
+    canonical = decode_request_json(_json_encoder.encode(timeless))
+    return hashlib.sha256(_json_encoder.encode(canonical)).hexdigest()
