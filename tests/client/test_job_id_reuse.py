@@ -65,10 +65,10 @@ def test_both_sides_hash_a_request_alike() -> None:
 
     # As built by hand (an int where the wire type is a float) and as a worker decodes it.
     sent = GenerateRequest(job_id="j", model="m", prompt="p", enqueued_at=5.0, deadline=9.0,
-                           sampling=SamplingOptions(temperature=1, top_p=0))  # type: ignore[arg-type]
+                           sampling=SamplingOptions(temperature=2, min_p=0))  # type: ignore[arg-type]
     received = decode_request_json(encode_request(sent))
     retried = GenerateRequest(job_id="j", model="m", prompt="p", enqueued_at=7.0,
-                              sampling=SamplingOptions(temperature=1.0, top_p=0.0))
+                              sampling=SamplingOptions(temperature=2.0, min_p=0.0))
     assert request_digest(sent) == request_digest(received) == request_digest(retried)
     other = GenerateRequest(job_id="j", model="m", prompt="q")
     assert request_digest(other) != request_digest(sent)
