@@ -233,10 +233,11 @@ class AsyncStream(AsyncResource):
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._jobs.admit(request)
-        # A retry of the same request (same job_id) attaches to the job it started.
-        new = await self._jobs.reserve(request)
         self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
         self._jobs.track(self)
+        # A retry of the same request (same job_id) attaches to the job it started; a
+        # refused id (``JobIdReused``) is another caller's job: never abort it.
+        new = await self._jobs.reserve(request)
         # From here on the job may exist: leaving early must abort it.
         self._abort_on_exit = True
         if new:

@@ -72,3 +72,14 @@ def test_both_sides_hash_a_request_alike() -> None:
     assert request_digest(sent) == request_digest(received) == request_digest(retried)
     other = GenerateRequest(job_id="j", model="m", prompt="q")
     assert request_digest(other) != request_digest(sent)
+
+
+async def test_a_refused_request_leaves_the_other_job_alone(
+    make_client: Any, worker: Any, fake_redis: Any
+) -> None:
+    client: AsyncClient = make_client()
+    await asyncio.wait_for(client.generate("first", job_id="job-9"), 5)
+    with pytest.raises(kvrelay.JobIdReused):
+        await client.generate("second", job_id="job-9")
+    await asyncio.sleep(0.05)  # an abort would be sent in the background
+    assert await fake_redis.get(keys.abort_flag("job-9")) is None
