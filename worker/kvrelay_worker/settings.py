@@ -6,6 +6,7 @@ through plain ``celery -A kvrelay_worker.app worker`` reads exactly the same set
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -69,6 +70,13 @@ class WorkerSettings:
     worker_id: str = field(default_factory=_worker_id)
 
     def __post_init__(self) -> None:
+        # NaN and infinity slip through every comparison below (LEASE_TTL=nan made every
+        # claim raise), so each number must first be finite.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SettingsError(f"KVRELAY_{f.name.upper()} must be a finite number, "
+                                    f"got {value}")
         positive = {
             "concurrency": self.concurrency,
             "lease_ttl": self.lease_ttl,

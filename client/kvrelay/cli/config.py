@@ -9,6 +9,7 @@ a number is reported as one line naming the variable, not as a failure deep in a
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,6 +166,8 @@ def _check_number(variable: Variable, value: str, raw: str) -> str | None:
     except ValueError:
         kind = "a number" if variable.kind == "float" else "an integer"
         return f"{name} must be {kind}, got {raw!r}"
+    if not math.isfinite(number):  # nan passes every bound below, inf means "never"
+        return f"{name} must be a finite number, got {raw!r}"
     if variable.kind == "port" and not 0 <= number <= 65535:
         return f"{name} must be a port number (0-65535), got {raw!r}"
     low = variable.minimum
