@@ -32,11 +32,17 @@ from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.lease_keeper import LeaseKeeper
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import EventItem, Publisher
+from kvrelay_worker.redis_client import worker_redis
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 Requeue = Callable[[str, str], None]
+
+# How often a task thread waiting for its job checks that the engine thread still runs.
+_LIVENESS_CHECK_S = 1.0
+# How long the publisher gets to write the failure of a job whose engine died.
+_PUBLISH_GRACE_S = 30.0
 
 
 class WorkerRuntime:
@@ -70,8 +76,7 @@ class WorkerRuntime:
         self.metrics_port: int | None = None
 
     def _redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.settings.redis_url, health_check_interval=30,
-                                    socket_keepalive=True)
+        return worker_redis(self.settings)
 
     # --------------------------------------------------------------- lifecycle
 
@@ -80,7 +85,8 @@ class WorkerRuntime:
         self.control.start()
         self.leases.start()
         if self.settings.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(self.settings.metrics_port)
+            self.metrics_port = self.metrics.serve(self.settings.metrics_port,
+                                                   self.settings.metrics_host)
         stats = self.engine.stats()
         log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens",
                  self.settings.worker_id, self.settings.served_model, self.engine.device,
@@ -209,7 +215,7 @@ class WorkerRuntime:
                               prompt_tokens=len(prompt_ids))
             self.publisher.put([EventItem(job, started)])
             self.service.submit(job)
-            job.done.wait()
+            self._wait_for_end(job)
         finally:
             with self._lock:
                 self._owned.pop(job_id, None)
@@ -217,3 +223,17 @@ class WorkerRuntime:
                            Outcome.DEADLINE):
             self.store.release_done(job_id)
         return job.outcome or "unknown"
+
+    def _wait_for_end(self, job: ActiveJob) -> None:
+        """Wait for the job's end, but not past the death of the engine thread that would
+        have ended it: then the job fails as ``internal`` and the Celery slot is freed."""
+        while not job.done.wait(_LIVENESS_CHECK_S):
+            if self.service.is_alive():
+                continue
+            log.error("the engine thread is gone; failing job %s", job.job_id)
+            self.publisher.put([EventItem(job, Failed(
+                seq=0, code=ErrorCode.INTERNAL, message="the worker's engine stopped"),
+                Outcome.FAILED)])
+            if not job.done.wait(_PUBLISH_GRACE_S):
+                job.finish(Outcome.FAILED)  # the publisher is stuck too: stop waiting
+            return

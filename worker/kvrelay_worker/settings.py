@@ -40,6 +40,8 @@ class WorkerSettings:
     dtype: str = "auto"
     concurrency: int = 64
     metrics_port: int | None = None
+    # The metrics server's address: loopback unless told otherwise (it is unauthenticated).
+    metrics_host: str = "127.0.0.1"
     # Lease: how long a job stays owned without a refresh, and the refresh period.
     lease_ttl: float = 5.0
     lease_refresh: float = 1.0
@@ -55,6 +57,9 @@ class WorkerSettings:
     # On SIGTERM: how long running jobs may take to finish before being handed back.
     shutdown_grace: float = 30.0
     max_payload_bytes: int = 1 << 20
+    # Seconds any Redis call of the worker may take (connect, read, write) before it fails:
+    # no thread waits forever on a Redis that stopped answering.
+    redis_socket_timeout: float = 30.0
     # Event log: bounded length, and how long it lives after the job ends.
     log_max_len: int = 100_000
     log_ttl: float = 3600.0
@@ -85,6 +90,7 @@ class WorkerSettings:
             "max_attempts": self.max_attempts,
             "visibility_timeout": self.visibility_timeout,
             "max_payload_bytes": self.max_payload_bytes,
+            "redis_socket_timeout": self.redis_socket_timeout,
             "log_max_len": self.log_max_len,
             "log_ttl": self.log_ttl,
         }

@@ -67,6 +67,8 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "engine's default batch size).", "worker", minimum=1),
     _v("METRICS_PORT", "port", "(off)", "Serve Prometheus metrics on this port (0: any free "
        "port).", "worker"),
+    _v("METRICS_HOST", "str", "127.0.0.1", "Address the metrics server binds (0.0.0.0: every "
+       "interface; the endpoint has no authentication).", "worker"),
     _v("LEASE_TTL", "float", "5.0", "Seconds a job stays owned without a lease refresh; then "
        "live workers requeue it.", "worker", minimum=0, exclusive=True),
     _v("LEASE_REFRESH", "float", "1.0", "Seconds between lease refreshes (shorter than "
@@ -88,6 +90,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        minimum=0),
     _v("MAX_PAYLOAD_BYTES", "int", "1048576", "Largest request (bytes of JSON) a worker "
        "accepts.", "worker", minimum=1),
+    _v("REDIS_SOCKET_TIMEOUT", "float", "30", "Seconds any Redis call of a worker (connect, "
+       "read, write) may take before it fails instead of waiting forever.", "worker",
+       minimum=0, exclusive=True),
     _v("LOG_MAX_LEN", "int", "100000", "Most events kept in a job's replay log.", "worker",
        minimum=1),
     _v("LOG_TTL", "float", "3600", "Seconds a job's replay log lives after the job ends.",
