@@ -36,10 +36,10 @@ NUM_REQUESTS = 32
 
 # Caps used when the protocol module does not define them (yet): (protocol names, value).
 FALLBACK_CAPS: dict[str, tuple[tuple[str, ...], int]] = {
-    "stop_strings": (("MAX_STOP_STRINGS", "MAX_STOP"), 16),
-    "stop_string_chars": (("MAX_STOP_STRING_LENGTH", "MAX_STOP_LENGTH", "MAX_STOP_CHARS"), 256),
+    "stop_strings": (("MAX_STOP_STRINGS",), 16),
+    "stop_string_chars": (("MAX_STOP_STRING_CHARS",), 256),
     "stop_token_ids": (("MAX_STOP_TOKEN_IDS",), 256),
-    "logit_bias": (("MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_ENTRIES"), 300),
+    "logit_bias": (("MAX_LOGIT_BIAS_ENTRIES",), 300),
 }
 
 
