@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion
+from kvrelay.config_values import count, seconds
 from kvrelay.connection import REDIS_ERRORS, make_redis, redact_url
 from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, TransportFactory
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
@@ -66,10 +67,15 @@ class AsyncClient(AsyncResource):
         redis: Redis | None = None,
         enqueuer: Enqueuer | None = None,
     ) -> None:
-        if stream_timeout <= 0:
-            raise InvalidRequest("stream_timeout must be > 0")
-        if max_queue is not None and (isinstance(max_queue, bool) or max_queue < 0):
-            raise InvalidRequest("max_queue must be None or an int >= 0")
+        stream_timeout = seconds("stream_timeout", stream_timeout)
+        connect_timeout = seconds("connect_timeout", connect_timeout)
+        reconnect_timeout = seconds("reconnect_timeout", reconnect_timeout)
+        health_check_interval = seconds("health_check_interval", health_check_interval)
+        if max_queue is not None:
+            max_queue = count("max_queue", max_queue, minimum=0)
+        enqueue_threads = count("enqueue_threads", enqueue_threads, minimum=1)
+        max_connections = count("max_connections", max_connections, minimum=1)
+        max_payload_bytes = count("max_payload_bytes", max_payload_bytes, minimum=1)
         self._url = url
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
@@ -198,10 +204,10 @@ class AsyncClient(AsyncResource):
             raise InvalidRequest("job_id must be a non-empty str")
         if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < -1:
             raise InvalidRequest("after_seq must be an int >= -1")
-        if stream_timeout is not None and stream_timeout <= 0:
-            raise InvalidRequest("stream_timeout must be > 0")
-        if timeout is not None and timeout <= 0:
-            raise InvalidRequest("timeout must be > 0")
+        if stream_timeout is not None:
+            stream_timeout = seconds("stream_timeout", stream_timeout)
+        if timeout is not None:
+            timeout = seconds("timeout", timeout)
         stream = AsyncStream(
             self._jobs,
             job_id=job_id,

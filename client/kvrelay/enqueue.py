@@ -21,7 +21,7 @@ from kvrelay import keys
 from kvrelay.errors import BrokerUnavailable
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
 
-__all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url"]
+__all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url", "task_argsrepr"]
 
 # Anything that puts a request on its model's queue. ``CeleryEnqueuer`` in production;
 # tests inject a coroutine function that plays the worker instead.
@@ -33,6 +33,15 @@ def celery_broker_url(url: str) -> str:
     if url.startswith("unix://"):
         return "redis+socket://" + url[len("unix://") :]
     return url
+
+
+def task_argsrepr(job_id: str) -> str:
+    """What a task message's ``argsrepr`` header shows instead of the request.
+
+    Celery would otherwise repeat the payload (the prompt) as text in the headers, which
+    monitoring tools (Flower, ``celery events``) display and store.
+    """
+    return f"[<kvrelay job {job_id}>]"
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -108,8 +117,8 @@ class CeleryEnqueuer:
             queue=keys.queue(request.model),
             serializer="json",
             ignore_result=True,
-            # Keep the message small: Celery would otherwise repeat the payload as text.
-            argsrepr=f"[<kvrelay job {request.job_id}>]",
+            # Keep the prompt out of the headers (and the message small).
+            argsrepr=task_argsrepr(request.job_id),
             kwargsrepr="{}",
         )
 

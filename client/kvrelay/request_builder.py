@@ -238,7 +238,13 @@ def build_request(
         cache_salt=cache_salt,
         enqueued_at=enqueued_at,
     )
-    size = len(encode_request(request))
+    try:
+        size = len(encode_request(request))
+    except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from os.fsdecode or bad input
+        raise InvalidRequest(
+            f"the request holds text that is not valid Unicode and cannot be sent as UTF-8 "
+            f"(prompt, messages, stop, cache_salt or job_id): {exc}"
+        ) from None
     if size > max_payload_bytes:
         raise PayloadTooLarge(
             f"request is {size} bytes of JSON; workers accept at most {max_payload_bytes}"

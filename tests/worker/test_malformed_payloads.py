@@ -2,7 +2,7 @@
 
 Random bytes and strings, wrong JSON types, missing or mistyped fields, a prompt over the
 payload limit, a prompt over the context length, an unknown model, invalid sampling
-values, a future protocol version, extra task arguments. Every job gets exactly one
+values, a future protocol version, extra task arguments, a lone surrogate, deep nesting. Every job gets exactly one
 ``Failed`` event with the stable code its defect calls for; a good job afterwards works.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers.bad_payloads import LONE_SURROGATE, nested_stop_json
 from helpers.celery_send import send_raw
 from helpers.job_log import wait_terminal
 from helpers.worker_process import WorkerProcess
@@ -71,6 +72,9 @@ MAKERS: list[Maker] = [
     lambda j, r: ([_sampling(j, top_k="many")], {}, "invalid_request"),
     lambda j, r: ([_good(j)], {"surprise": 1}, "invalid_request"),
     lambda j, r: ([_good(j), "extra"], {}, "invalid_request"),
+    # Defects that blow up while decoding (an uncaught error used to end the task silently).
+    lambda j, r: ([_good(j, prompt=f"hi {LONE_SURROGATE}", prompt_token_ids=None)], {}, "invalid_request"),
+    lambda j, r: ([nested_stop_json(j, MODEL, r.choice([900, 5000]))], {}, "invalid_request"),
 ]
 
 

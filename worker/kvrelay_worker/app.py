@@ -17,6 +17,7 @@ from kombu import Exchange, Queue
 
 from kvrelay import keys
 from kvrelay.protocol import TASK_NAME
+from kvrelay_worker.job_copy import send_job_copy
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
 
@@ -39,6 +40,9 @@ def make_celery(s: WorkerSettings) -> Celery:
             "unacked_key": keys.CELERY_UNACKED,
             "unacked_index_key": keys.CELERY_UNACKED_INDEX,
             "unacked_mutex_key": keys.CELERY_UNACKED_MUTEX,
+            # kombu's blocking pops time out after a second; these bound everything else.
+            "socket_timeout": s.redis_socket_timeout,
+            "socket_connect_timeout": s.redis_socket_timeout,
         },
         task_serializer="json",
         accept_content=["json"],
@@ -67,9 +71,7 @@ _runtime: WorkerRuntime | None = None
 
 def requeue(job_id: str, payload_json: str) -> None:
     """Put a copy of a job back on its model's queue (failover and hand-back)."""
-    import json
-
-    app.send_task(TASK_NAME, args=[json.loads(payload_json)], task_id=job_id, queue=QUEUE)
+    send_job_copy(app, QUEUE, job_id, payload_json)
 
 
 class EngineBootstep(bootsteps.StartStopStep):

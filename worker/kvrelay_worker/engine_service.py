@@ -98,6 +98,10 @@ class EngineService:
         self._commands.put(None)
         self._thread.join(timeout)
 
+    def is_alive(self) -> bool:
+        """Whether the engine thread still runs (a job submitted to a dead one never ends)."""
+        return self._thread.is_alive()
+
     def submit(self, job: ActiveJob) -> None:
         self._commands.put(_Add(job))
 

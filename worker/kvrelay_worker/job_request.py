@@ -18,6 +18,9 @@ from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.sampling_params import SamplingParams
 
+# How much of an unexpected decoding error's text goes into the Failed event.
+_MAX_REASON_CHARS = 300
+
 
 class JobRejected(Exception):
     """A job the worker will not run; ``code`` goes on the wire."""
@@ -30,7 +33,24 @@ class JobRejected(Exception):
 
 def decode_payload(payload: object, task_id: str, model: str,
                    max_bytes: int) -> tuple[GenerateRequest, str]:
-    """Validate the task argument; return the request and its JSON (kept for failover)."""
+    """Validate the task argument; return the request and its JSON (kept for failover).
+
+    Whatever decoding raises becomes ``invalid_request``: a lone surrogate fails to encode,
+    deep nesting exhausts the recursion limit, and an escaped exception would end the task
+    without the caller ever hearing of it.
+    """
+    try:
+        return _decode_payload(payload, task_id, model, max_bytes)
+    except JobRejected:
+        raise
+    except Exception as exc:  # RecursionError, UnicodeEncodeError, whatever else
+        reason = f"{type(exc).__name__}: {exc}"[:_MAX_REASON_CHARS]
+        raise JobRejected(ErrorCode.INVALID_REQUEST,
+                          f"payload could not be decoded: {reason}") from None
+
+
+def _decode_payload(payload: object, task_id: str, model: str,
+                    max_bytes: int) -> tuple[GenerateRequest, str]:
     try:
         # Python's json, not msgspec's encoder: that one writes NaN and inf as null, which
         # an "int or None" option would then take for "not given".

@@ -38,9 +38,9 @@ class WorkerMetrics:
         """Export the engine's live state, read at scrape time (never stale)."""
         self.registry.register(_EngineStatsCollector(stats))
 
-    def serve(self, port: int) -> int:
-        """Start the HTTP endpoint; returns the bound port (0 picks a free one)."""
-        server, _ = start_http_server(port, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Start the HTTP endpoint on ``host``; returns the bound port (0 picks a free one)."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_port)
 
 

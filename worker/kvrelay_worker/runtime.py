@@ -13,8 +13,6 @@ import logging
 import os
 import time
 
-import redis
-
 from kvrelay.protocol import (
     ErrorCode,
     Failed,
@@ -41,9 +39,15 @@ from kvrelay_worker.lease_keeper import LeaseKeeper
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.owned_jobs import OwnedJobs
 from kvrelay_worker.publisher import EventItem, Publisher
+from kvrelay_worker.redis_client import worker_redis
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+# How often a task thread waiting for its job checks that the engine thread still runs.
+_LIVENESS_CHECK_S = 1.0
+# How long the publisher gets to write the failure of a job whose engine died.
+_PUBLISH_GRACE_S = 30.0
 
 
 class WorkerRuntime:
@@ -54,9 +58,7 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(settings.served_model)
         self.started_at = time.time()
         # The process's one connection pool: every thread below borrows from it.
-        self.redis = redis.Redis(connection_pool=redis.ConnectionPool.from_url(
-            settings.redis_url, health_check_interval=30, socket_keepalive=True,
-            client_name=f"kvrelay-worker:{settings.worker_id}"))
+        self.redis = worker_redis(settings)
         self.store = JobStore(self.redis, settings)
 
         def make_engine() -> LLMEngine:
@@ -87,7 +89,8 @@ class WorkerRuntime:
         self.heartbeat.start()
         self.failover.start()
         if self.settings.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(self.settings.metrics_port)
+            self.metrics_port = self.metrics.serve(self.settings.metrics_port,
+                                                   self.settings.metrics_host)
         stats = self.engine.stats()
         log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens",
                  self.settings.worker_id, self.settings.served_model, self.engine.device,
@@ -208,5 +211,19 @@ class WorkerRuntime:
                               prompt_tokens=len(prompt_ids))
             self.publisher.put([EventItem(job, started)])
             self.service.submit(job)
-            job.done.wait()
+            self._wait_for_end(job)
         return job.outcome or "unknown"
+
+    def _wait_for_end(self, job: ActiveJob) -> None:
+        """Wait for the job's end, but not past the death of the engine thread that would
+        have ended it: then the job fails as ``internal`` and the Celery slot is freed."""
+        while not job.done.wait(_LIVENESS_CHECK_S):
+            if self.service.is_alive():
+                continue
+            log.error("the engine thread is gone; failing job %s", job.job_id)
+            self.publisher.put([EventItem(job, Failed(
+                seq=0, code=ErrorCode.INTERNAL, message="the worker's engine stopped"),
+                Outcome.FAILED)])
+            if not job.done.wait(_PUBLISH_GRACE_S):
+                job.finish(Outcome.FAILED)  # the publisher is stuck too: stop waiting
+            return

@@ -6,6 +6,7 @@ through plain ``celery -A kvrelay_worker.app worker`` reads exactly the same set
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -41,6 +42,8 @@ class WorkerSettings:
     dtype: str = "auto"
     concurrency: int = 64
     metrics_port: int | None = None
+    # The metrics server's address: loopback unless told otherwise (it is unauthenticated).
+    metrics_host: str = "127.0.0.1"
     # Lease: how long a job stays owned without a refresh, and the refresh period.
     lease_ttl: float = 5.0
     lease_refresh: float = 1.0
@@ -56,6 +59,9 @@ class WorkerSettings:
     # On SIGTERM: how long running jobs may take to finish before being handed back.
     shutdown_grace: float = 30.0
     max_payload_bytes: int = 1 << 20
+    # Seconds any Redis call of the worker may take (connect, read, write) before it fails:
+    # no thread waits forever on a Redis that stopped answering.
+    redis_socket_timeout: float = 30.0
     # Event log: bounded length, how long it lives after the job ends, and how long the
     # log of a job still running lives past its latest event.
     log_max_len: int = 100_000
@@ -75,6 +81,13 @@ class WorkerSettings:
     worker_id: str = field(default_factory=_worker_id)
 
     def __post_init__(self) -> None:
+        # NaN and infinity slip through every comparison below (LEASE_TTL=nan made every
+        # claim raise), so each number must first be finite.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SettingsError(f"KVRELAY_{f.name.upper()} must be a finite number, "
+                                    f"got {value}")
         positive = {
             "concurrency": self.concurrency,
             "lease_ttl": self.lease_ttl,
@@ -83,6 +96,7 @@ class WorkerSettings:
             "max_attempts": self.max_attempts,
             "visibility_timeout": self.visibility_timeout,
             "max_payload_bytes": self.max_payload_bytes,
+            "redis_socket_timeout": self.redis_socket_timeout,
             "log_max_len": self.log_max_len,
             "log_max_bytes": self.log_max_bytes,
             "log_ttl": self.log_ttl,

@@ -9,6 +9,7 @@ a number is reported as one line naming the variable, not as a failure deep in a
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "engine's default batch size).", "worker", minimum=1),
     _v("METRICS_PORT", "port", "(off)", "Serve Prometheus metrics on this port (0: any free "
        "port).", "worker"),
+    _v("METRICS_HOST", "str", "127.0.0.1", "Address the metrics server binds (0.0.0.0: every "
+       "interface; the endpoint has no authentication).", "worker"),
     _v("LEASE_TTL", "float", "5.0", "Seconds a job stays owned without a lease refresh; then "
        "live workers requeue it.", "worker", minimum=0, exclusive=True),
     _v("LEASE_REFRESH", "float", "1.0", "Seconds between lease refreshes (shorter than "
@@ -87,6 +90,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        minimum=0),
     _v("MAX_PAYLOAD_BYTES", "int", "1048576", "Largest request (bytes of JSON) a worker "
        "accepts.", "worker", minimum=1),
+    _v("REDIS_SOCKET_TIMEOUT", "float", "30", "Seconds any Redis call of a worker (connect, "
+       "read, write) may take before it fails instead of waiting forever.", "worker",
+       minimum=0, exclusive=True),
     _v("LOG_MAX_LEN", "int", "100000", "Most events kept in a job's replay log.", "worker",
        minimum=1),
     _v("LOG_MAX_BYTES", "int", "33554432", "Most bytes kept in a job's replay log (the oldest "
@@ -170,6 +176,8 @@ def _check_number(variable: Variable, value: str, raw: str) -> str | None:
     except ValueError:
         kind = "a number" if variable.kind == "float" else "an integer"
         return f"{name} must be {kind}, got {raw!r}"
+    if not math.isfinite(number):  # nan passes every bound below, inf means "never"
+        return f"{name} must be a finite number, got {raw!r}"
     if variable.kind == "port" and not 0 <= number <= 65535:
         return f"{name} must be a port number (0-65535), got {raw!r}"
     low = variable.minimum

@@ -9,6 +9,7 @@ import msgspec
 
 from kvrelay import BrokerUnavailable, Client, KvrelayError, UnknownModel
 from kvrelay.cli.errors import CliError
+from kvrelay.cli.finite_float import FiniteFloatRange
 from kvrelay.cli.options import client_options, sampling_options
 from kvrelay.cli.streaming import print_summary, sampling_kwargs, stream_to_stdout, with_system
 from kvrelay.cli.target import CONNECT_HINT, model_for, redis_url_for, unknown_model
@@ -26,7 +27,7 @@ from kvrelay.cli.target import CONNECT_HINT, model_for, redis_url_for, unknown_m
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     metavar="SECONDS",
     help="Fail if the job has not finished after this long.",
 )

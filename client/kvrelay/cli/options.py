@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 import msgspec
 
+from kvrelay.cli.finite_float import FiniteFloatRange
 from kvrelay.protocol import DEFAULT_MAX_TOKENS, SamplingOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -109,7 +109,7 @@ def client_options(func: F) -> F:
                 "--stream-timeout",
                 envvar="KVRELAY_STREAM_TIMEOUT",
                 show_envvar=True,
-                type=click.FloatRange(min=0, min_open=True),
+                type=FiniteFloatRange(min=0, min_open=True),
                 default=120.0,
                 show_default=True,
                 metavar="SECONDS",
@@ -117,16 +117,6 @@ def client_options(func: F) -> F:
             ),
         ],
     )
-
-
-class _FiniteFloatRange(click.FloatRange):
-    """A float range that also refuses NaN (which every comparison lets through)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return number
 
 
 def sampling_range(field: str) -> click.ParamType:
@@ -141,7 +131,7 @@ def sampling_range(field: str) -> click.ParamType:
         high = info.le if info.lt is None else info.lt - 1
         return click.IntRange(low, high)
     assert isinstance(info, msgspec.inspect.FloatType), info
-    return _FiniteFloatRange(
+    return FiniteFloatRange(
         info.ge if info.gt is None else info.gt,
         info.le if info.lt is None else info.lt,
         min_open=info.gt is not None,

@@ -19,6 +19,7 @@ from kvrelay import Client, KvrelayError
 from kvrelay.cli import stack_file
 from kvrelay.cli.config import env_float
 from kvrelay.cli.errors import CliError, require_worker_package
+from kvrelay.cli.finite_float import FiniteFloatRange
 from kvrelay.cli.options import redis_url_option, sampling_options, worker_options
 from kvrelay.cli.signals import interrupts_held, stop_signals_interrupt
 from kvrelay.cli.stack import LocalStack
@@ -53,7 +54,7 @@ _PLACEHOLDER_URL = "redis://127.0.0.1:0/0"
     "--startup-timeout",
     envvar="KVRELAY_STARTUP_TIMEOUT",
     show_envvar=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=300.0,
     show_default=True,
     metavar="SECONDS",

@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from kvrelay.cli.finite_float import FiniteFloatRange
 from kvrelay.cli.options import redis_url_option, worker_options
 from kvrelay.cli.worker_launch import plan_worker, prepare_if_needed, worker_environment
 
@@ -25,7 +26,7 @@ from kvrelay.cli.worker_launch import plan_worker, prepare_if_needed, worker_env
     "--shutdown-grace",
     envvar="KVRELAY_SHUTDOWN_GRACE",
     show_envvar=True,
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     metavar="SECONDS",
     help="On SIGTERM, time running jobs get to finish [default: 30].",
 )

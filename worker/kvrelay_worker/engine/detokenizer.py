@@ -4,13 +4,17 @@ Text is produced token by token so streams can show it at once, with three promi
 the deltas concatenate to the decode of the whole output; a character split across
 tokens (multi-byte UTF-8) is held until it is complete, never shown broken; and a stop
 string never reaches the caller, not even partly: text that might be the start of a stop
-string is held back until the next tokens decide.
+string is held back until the next tokens decide. Stop strings are matched by one
+automaton that reads each new character once (``stop_matcher``), so a step costs
+O(new text) however many stop strings a request brings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from typing import Any
+
+from kvrelay_worker.engine.stop_matcher import ROOT, stop_matcher
 
 _INCOMPLETE = "\ufffd"
 # Prompt tokens decoded in front of the output, so tokenizers that drop a word's leading
@@ -37,7 +41,8 @@ class IncrementalDetokenizer:
         self.text = ""
         self._emitted = 0
         self.stopped = False
-        self._max_stop = max((len(s) for s in self.stop), default=0)
+        self._matcher = stop_matcher(self.stop) if self.stop else None
+        self._stop_state = ROOT
 
     def _decode(self, ids: list[int]) -> str:
         text: str = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -64,13 +69,15 @@ class IncrementalDetokenizer:
         return full[len(prefix) :]
 
     def _append(self, new_text: str) -> None:
-        start = max(0, len(self.text) - self._max_stop + 1)
+        start = len(self.text)
         self.text += new_text
-        if not self.stop or self._num_output < self.min_tokens:
+        if self._matcher is None:
             return
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
+        # Only the new text is read: the automaton's state stands for the tail before it.
+        scanned = self._matcher.scan(self._stop_state, new_text)
+        self._stop_state = scanned.state
+        if scanned.match_start is not None and self._num_output >= self.min_tokens:
+            self.text = self.text[: start + scanned.match_start]
             self.stopped = True
 
     def flush(self) -> None:
@@ -82,14 +89,9 @@ class IncrementalDetokenizer:
 
     def _holdback(self) -> int:
         """Length of the longest tail of ``text`` that could begin a stop string."""
-        if self.stopped or not self.stop:
+        if self.stopped or self._matcher is None:
             return 0
-        text = self.text
-        for length in range(min(self._max_stop - 1, len(text)), 0, -1):
-            tail = text[-length:]
-            if any(s.startswith(tail) for s in self.stop):
-                return length
-        return 0
+        return self._matcher.pending(self._stop_state)
 
     def take_delta(self, finished: bool) -> str:
         """Text not yet handed out (all of it once the choice is finished)."""
