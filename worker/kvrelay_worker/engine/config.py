@@ -80,6 +80,12 @@ class EngineConfig:
             raise EngineConfigError(f"invalid device {self.device!r}: {exc}") from exc
         if device.type == "cuda" and not torch.cuda.is_available():
             raise EngineConfigError(f"device {self.device!r} asked for, but CUDA is not available")
+        if (device.type == "cuda" and device.index is not None
+                and device.index >= torch.cuda.device_count()):
+            raise EngineConfigError(
+                f"device {self.device!r} asked for, but only {torch.cuda.device_count()} "
+                "CUDA device(s) are visible"
+            )
         if device.type not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
 

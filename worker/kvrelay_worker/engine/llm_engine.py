@@ -17,6 +17,7 @@ import torch
 
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
+from kvrelay_worker.engine.device import bind_device
 from kvrelay_worker.engine.errors import EngineConfigError, InvalidPromptError
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks
@@ -52,6 +53,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, progress: bool = False) -> None:
         from kvrelay_worker.models.loader import load_model_source
 
+        bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)
         max_len = self._default_max_len(config, files.config.max_position_embeddings)
         model = build_model(files.config, files.weights(), config.torch_dtype,
@@ -77,6 +79,7 @@ class LLMEngine:
 
     def _setup(self, config: EngineConfig, model: LlamaForCausalLM, tokenizer: Any,
                model_id: str) -> None:
+        bind_device(config.torch_device)
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
