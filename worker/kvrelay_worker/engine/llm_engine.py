@@ -26,7 +26,7 @@ from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
 from kvrelay_worker.engine.sampler import Sampler, SamplerOutput
-from kvrelay_worker.engine.sampling_batch import build_sampling_batch
+from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
@@ -122,6 +122,8 @@ class LLMEngine:
                                    config.enable_chunked_prefill)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
+        self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
+                                                     self.device)
         self.requests: dict[str, RequestState] = {}
         self._pending: list[StepOutput] = []
         self._arrivals = itertools.count()
@@ -235,8 +237,7 @@ class LLMEngine:
         sampling = [item.seq for item in sched.scheduled if item.samples]
         result: SamplerOutput | None = None
         if sampling:
-            batch = build_sampling_batch(sampling, self.vocab_size, self.eos_token_ids,
-                                         self.device)
+            batch = self.sampling_batches.build(sampling)
             result = self.sampler(logits, batch)
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
