@@ -24,7 +24,8 @@ def weight_bytes_read(row: dict[str, Any]) -> float:
     if "weight_bytes_read" in row:
         return float(row["weight_bytes_read"])
     hidden, vocab = LLAMA3_8B["hidden_size"], LLAMA3_8B["vocab_size"]
-    assert isinstance(hidden, int) and isinstance(vocab, int)
+    assert isinstance(hidden, int)
+    assert isinstance(vocab, int)
     return float(row["weight_bytes"] - vocab * hidden * _BF16 + row["batch"] * hidden * _BF16)
 
 
