@@ -87,3 +87,17 @@ def test_a_device_index_past_the_visible_devices_is_refused(
         calls: list[tuple[str, Any]]) -> None:
     with pytest.raises(EngineConfigError, match="only 2 CUDA device"):
         EngineConfig(device="cuda:2")
+
+
+def test_engine_start_refuses_a_device_without_room_for_the_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked when the runner is built, not at the first step's kernel launch."""
+    from kvrelay_kernels.triton_kernels import launch_config
+    from kvrelay_worker.engine.model_runner import ModelRunner
+
+    monkeypatch.setattr(launch_config, "_shared_memory_optin", lambda index: 16 * 1024)
+    monkeypatch.setattr(launch_config, "_sm_count", lambda index: 132)
+    model = SimpleNamespace(config=SimpleNamespace(num_attention_heads=32,
+                                                   num_key_value_heads=8, head_dim=128))
+    with pytest.raises(EngineConfigError, match=r"shared memory.*\(device cuda:1\)"):
+        ModelRunner(model, 16, torch.device("cuda:1"), torch.float32)  # type: ignore[arg-type]
