@@ -77,7 +77,7 @@ def test_seeded_sampling_alone_equals_batched_on_cuda(
     folder = str(tiny_model(MODEL))
     seeded = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=4321,
                             repetition_penalty=1.1, ignore_eos=True)
-    llm = LLM(folder, device="cuda", dtype="float32", gpu_memory_utilization=0.2)
+    llm = LLM(folder, device="cuda", dtype="float32", gpu_memory_utilization=0.2, max_num_seqs=8)
     alone = llm.generate([PROMPTS[2]], seeded)[0].token_ids
     others = [SamplingParams(max_tokens=15, temperature=1.0, ignore_eos=True),
               SamplingParams(max_tokens=25, temperature=0.0, ignore_eos=True),
@@ -94,7 +94,7 @@ def test_logprobs_on_cuda(tiny_model: Callable[[str], Path]) -> None:
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=3, ignore_eos=True)
     cpu = LLM(folder, device="cpu", dtype="float32").generate(PROMPTS[:3], params)
     gpu = LLM(folder, device="cuda", dtype="float32",
-              gpu_memory_utilization=0.2).generate(PROMPTS[:3], params)
+              gpu_memory_utilization=0.2, max_num_seqs=8).generate(PROMPTS[:3], params)
     for c, g in zip(cpu, gpu, strict=True):
         assert g.token_ids == c.token_ids
         assert g.logprobs is not None
@@ -119,7 +119,7 @@ def test_engine_on_the_second_device(tiny_model: Callable[[str], Path]) -> None:
     cpu = LLM(folder, device="cpu", dtype="float32").generate(PROMPTS, greedy)
     torch.cuda.synchronize(0)
     before = torch.cuda.memory_allocated(0)
-    llm = LLM(folder, device="cuda:1", dtype="float32", gpu_memory_utilization=0.2)
+    llm = LLM(folder, device="cuda:1", dtype="float32", gpu_memory_utilization=0.2, max_num_seqs=8)
     runner = llm.engine.runner
     assert runner.kv_caches[0].device == torch.device("cuda:1")
     assert runner.decode_runner is not None
