@@ -73,3 +73,19 @@ def test_decode_steps_with_delayed_copies_give_the_same_tokens(
     monkeypatch.setattr(StagingBuffer, "copy_to", delayed)
     got = [o.token_ids for o in LLM(folder, **options).generate(prompts, params)]
     assert got == expected
+
+
+def test_host_to_device_copies_survive_the_next_one() -> None:
+    """``host_to_device`` stages through a fresh pinned tensor per call; torch's pinned
+    allocator keeps it reserved until the queued copy has run, so a second call while the
+    first copy waits cannot overwrite the first one's source."""
+    from kvrelay_worker.engine.transfer import host_to_device
+
+    cuda = torch.device("cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    first = host_to_device(torch.full((N,), 1, dtype=torch.int64), cuda)
+    second = host_to_device(torch.full((N,), 2, dtype=torch.int64), cuda)
+    torch.cuda.synchronize()
+    assert torch.equal(first, torch.ones_like(first))
+    assert torch.equal(second, torch.full_like(second, 2))

@@ -31,6 +31,36 @@ class _Slot:
     synced: int = 0  # tokens of seq.token_ids already in the tables
 
 
+class _Pairs:
+    """(table row, token id) pairs to scatter. A decode step adds one token per sequence,
+    kept in plain lists (cheaper than small arrays); a prompt adds thousands, kept as one
+    numpy array each (cheaper than list items)."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.ids: list[int] = []
+        self.chunks: list[tuple[int, np.ndarray]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.ids or self.chunks)
+
+    def add(self, row: int, ids: list[int]) -> None:
+        if len(ids) == 1:
+            self.rows.append(row)
+            self.ids.append(ids[0])
+        elif ids:
+            self.chunks.append((row, np.asarray(ids, dtype=np.int64)))
+
+    def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.concatenate([np.asarray(self.rows, dtype=np.int64),
+                               *(np.full(ids.shape, row, dtype=np.int64)
+                                 for row, ids in self.chunks)])
+        ids = np.concatenate([np.asarray(self.ids, dtype=np.int64),
+                              *(ids for _, ids in self.chunks)])
+        return (host_to_device(torch.from_numpy(rows), device),
+                host_to_device(torch.from_numpy(ids), device))
+
+
 class PenaltyState:
     """Seen-token masks and output-token counts, one table row per live sequence."""
 
@@ -63,10 +93,7 @@ class PenaltyState:
         Untracked sequences get row 0 (no seen token, no count).
         """
         rows: list[int] = []
-        seen_rows: list[np.ndarray] = []
-        seen_ids: list[np.ndarray] = []
-        count_rows: list[np.ndarray] = []
-        count_ids: list[np.ndarray] = []
+        seen, counts = _Pairs(), _Pairs()
         for seq, track in zip(seqs, tracked, strict=True):
             if not track:
                 rows.append(0)
@@ -75,28 +102,21 @@ class PenaltyState:
             if slot is None:
                 slot = self._slots[seq.seq_id] = _Slot(seq, self._take_row())
             rows.append(slot.row)
-            if slot.synced == seq.num_tokens:
+            total = seq.num_tokens
+            if slot.synced == total:
                 continue
-            new = np.asarray(seq.token_ids[slot.synced:], dtype=np.int64)
-            seen_rows.append(np.full(new.shape, slot.row, dtype=np.int64))
-            seen_ids.append(new)
-            outputs = new[max(0, seq.num_prompt_tokens - slot.synced):]
-            count_rows.append(np.full(outputs.shape, slot.row, dtype=np.int64))
-            count_ids.append(outputs)
-            slot.synced = seq.num_tokens
-        if seen_ids:
-            row_t, ids_t = self._pairs(seen_rows, seen_ids)
-            self.seen[row_t, ids_t] = True
-        if count_ids:
-            row_t, ids_t = self._pairs(count_rows, count_ids)
-            ones = torch.ones(ids_t.shape, dtype=torch.float32, device=self.device)
-            self.counts.index_put_((row_t, ids_t), ones, accumulate=True)
+            new = seq.token_ids[slot.synced:]
+            seen.add(slot.row, new)
+            counts.add(slot.row, new[max(0, seq.num_prompt_tokens - slot.synced):])
+            slot.synced = total
+        if seen:
+            row_ids, token_ids = seen.tensors(self.device)
+            self.seen[row_ids, token_ids] = True
+        if counts:
+            row_ids, token_ids = counts.tensors(self.device)
+            ones = torch.ones(token_ids.shape, dtype=torch.float32, device=self.device)
+            self.counts.index_put_((row_ids, token_ids), ones, accumulate=True)
         return rows
-
-    def _pairs(self, rows: list[np.ndarray], ids: list[np.ndarray]
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        return (host_to_device(torch.from_numpy(np.concatenate(rows)), self.device),
-                host_to_device(torch.from_numpy(np.concatenate(ids)), self.device))
 
     def _take_row(self) -> int:
         if not self._free:
