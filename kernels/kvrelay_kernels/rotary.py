@@ -72,4 +72,4 @@ def rotary_embedding(
 
         rotary_embedding_triton(positions, query, key, cos_sin_cache, head_size, is_neox)
     else:
-        rotary_embedding_reference(positions, query, key, cos_sin_cache, head_size, is_neox)
+        rotary_embedding_reference(positions, (query, key), cos_sin_cache, head_size, is_neox)

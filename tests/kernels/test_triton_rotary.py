@@ -74,7 +74,7 @@ def test_rotary_matches_reference(layout, is_neox, head_size, rot_dim, table, dt
         key = fused[:, q_width : q_width + k_width].clone().view(num_tokens, k_heads, head_size)
     value_before = fused[:, q_width + k_width :].clone()
     expected_q, expected_k = query.clone(), key.clone()
-    rotary_embedding_reference(positions, expected_q, expected_k, cos_sin, head_size, is_neox)
+    rotary_embedding_reference(positions, (expected_q, expected_k), cos_sin, head_size, is_neox)
     rotary_embedding_triton(positions, query, key, cos_sin, head_size, is_neox)
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(query, expected_q, atol=atol, rtol=rtol)

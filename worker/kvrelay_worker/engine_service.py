@@ -27,6 +27,7 @@ from kvrelay.protocol import (
     Usage,
 )
 from kvrelay_worker.active_job import ActiveJob, Outcome
+from kvrelay_worker.engine.device import bind_device
 from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
 from kvrelay_worker.engine.llm_engine import LLMEngine
 from kvrelay_worker.engine.outputs import ChoiceDelta, StepOutput
@@ -117,6 +118,8 @@ class EngineService:
     def _run(self) -> None:
         try:
             self._engine = self._make_engine()
+            # An engine built elsewhere (passed in) steps here: this thread needs its device.
+            bind_device(self._engine.device)
             self._refresh_stats()
         except BaseException as exc:
             self._startup_error = exc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -18,24 +20,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
 
 def rotary_embedding_reference(
     positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor,
+    tensors: Sequence[torch.Tensor],
     cos_sin_cache: torch.Tensor,
     head_size: int,
     is_neox: bool = True,
 ) -> None:
-    """Rotate ``query`` and ``key`` in place.
+    """Rotate each of ``tensors`` (a layer's query and key) in place.
 
-    ``query`` is ``[tokens, num_heads * head_size]`` or ``[tokens, num_heads, head_size]``
-    (likewise ``key``; rows may be strided, as in a slice of a fused QKV output); ``cos_sin_cache`` is ``[max_position, rot_dim]`` holding the cosines
-    then the sines of each position's angles. Only the first ``rot_dim`` features of each
+    Each is ``[tokens, num_heads * head_size]`` or ``[tokens, num_heads, head_size]``
+    (rows may be strided, as in a slice of a fused QKV output); ``cos_sin_cache`` is
+    ``[max_position, rot_dim]`` holding the cosines then the sines of each position's
+    angles, looked up once for all of them. Only the first ``rot_dim`` features of each
     head rotate. ``is_neox`` pairs feature ``i`` with ``i + rot_dim/2`` (Hugging Face's
     ``rotate_half``); otherwise adjacent features pair up (GPT-J style).
     """
     rot_dim = cos_sin_cache.shape[1]
     cos, sin = cos_sin_cache[positions.to(torch.int64)].to(torch.float32).chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
-    for x in (query, key):
+    for x in tensors:
         heads = x if x.dim() == 3 else x.unflatten(-1, (-1, head_size))
         rotated = _rotate(heads[..., :rot_dim], cos, sin, is_neox)
         heads[..., :rot_dim] = rotated.to(x.dtype)

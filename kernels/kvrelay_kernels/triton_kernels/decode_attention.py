@@ -26,8 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kvrelay_kernels.triton_kernels.dot import mma, mma_precision, mma_widen
+from kvrelay_kernels.triton_kernels.dot import mma_precision, mma_widen
 from kvrelay_kernels.triton_kernels.launch_config import DecodeConfig
+from kvrelay_kernels.triton_kernels.online_softmax import attend_tile
 
 
 @triton.jit
@@ -83,23 +84,13 @@ def _decode_split_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     head_offset = kv_head.to(tl.int64) * stride_cache_head
     for tile_start in range(kv_start, kv_end, TILE_N):
-        pos = tile_start + offs_n
-        n_mask = pos < kv_end
-        block = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        token_offset = (block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_slot
-                        + head_offset)
-        kv_offset = token_offset[:, None] + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
-        scores = mma(q, tl.trans(k), DOT_PRECISION, DOT_WIDEN) * qk_scale_log2
-        scores = tl.where(n_mask[None, :], scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
-        alpha = tl.exp2(row_max - new_max)
-        probs = tl.exp2(scores - new_max[:, None])
-        row_sum = row_sum * alpha + tl.sum(probs, 1)
-        v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + mma(probs.to(q.dtype), v, DOT_PRECISION, DOT_WIDEN)
-        row_max = new_max
+        acc, row_max, row_sum = attend_tile(
+            q, acc, row_max, row_sum, row_max,  # q_pos unused: every key is visible
+            k_cache_ptr, v_cache_ptr, table, head_offset,
+            tile_start, kv_end, offs_n, offs_d, d_mask,
+            stride_cache_block, stride_cache_slot, qk_scale_log2,
+            BLOCK_SIZE, False, DOT_PRECISION, DOT_WIDEN,
+        )
 
     if DIRECT:
         result = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from kvrelay_kernels.checks import KernelArgumentError
+
 # Flash-decoding aims for about this many programs per streaming multiprocessor, so that
 # a small batch still spreads its context over the whole device.
 DECODE_PROGRAMS_PER_SM = 4
@@ -30,6 +32,8 @@ DECODE_NUM_STAGES = 3
 # Under the CPU interpreter there is no device to fill; a few "SMs" keep tests meaningful
 # (several splits for a few-hundred-token context) and fast.
 INTERPRETER_SM_COUNT = 4
+# The smallest context tile the kernels are planned with (tl.dot needs 16 rows or more).
+MIN_TILE_N = 16
 
 
 @dataclass(frozen=True)
@@ -74,10 +78,60 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(index)
 
 
-def _tile_n(block_size: int, dtype: torch.dtype) -> int:
-    """A whole number of KV blocks, about DECODE_TILE_N tokens' worth of 16-bit data."""
-    base = DECODE_TILE_N // 2 if dtype == torch.float32 else DECODE_TILE_N
-    return max(base, block_size)
+@functools.cache
+def _shared_memory_optin(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    budget = getattr(props, "shared_memory_per_block_optin", 0)
+    return int(budget) or 48 * 1024  # what every CUDA device gives a block by default
+
+
+def shared_memory_budget(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may use on ``device``; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _shared_memory_optin(index)
+
+
+def _tile_n(dtype: torch.dtype) -> int:
+    """About DECODE_TILE_N tokens' worth of 16-bit data, whatever the KV block size.
+
+    A tile may cover part of a block (every token is gathered through the block table on
+    its own), so large blocks do not grow the tile nor the shared memory it needs.
+    """
+    return DECODE_TILE_N // 2 if dtype == torch.float32 else DECODE_TILE_N
+
+
+def shared_memory_estimate(tile_n: int, num_stages: int, head_pad: int, dtype: torch.dtype,
+                           resident_rows: int) -> int:
+    """Bytes a program holds in shared memory: K and V tiles per pipeline stage, plus
+    ``resident_rows`` rows of queries. An estimate of what Triton allocates, not a bound."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return num_stages * 2 * tile_n * head_pad * size + resident_rows * head_pad * size
+
+
+def fit_pipeline(tile_n: int, num_stages: int, head_pad: int, dtype: torch.dtype,
+                 resident_rows: int, budget: int | None) -> tuple[int, int]:
+    """Fewer stages, then smaller tiles, until the estimate fits ``budget`` (None: any).
+
+    Raises ``KernelArgumentError`` when even one stage of the smallest tile does not fit:
+    the model's head size and dtype need more shared memory than the device has.
+    """
+    if budget is None:
+        return tile_n, num_stages
+    while shared_memory_estimate(tile_n, num_stages, head_pad, dtype, resident_rows) > budget:
+        if num_stages > 1:
+            num_stages -= 1
+        elif tile_n > MIN_TILE_N:
+            tile_n //= 2
+        else:
+            need = shared_memory_estimate(tile_n, 1, head_pad, dtype, resident_rows)
+            raise KernelArgumentError(
+                f"attention at head size {head_pad} in {str(dtype).removeprefix('torch.')} "
+                f"needs about {need} bytes of shared memory per program; this device "
+                f"allows {budget}: use a 16-bit dtype"
+            )
+    return tile_n, num_stages
 
 
 def choose_num_splits(
@@ -106,30 +160,47 @@ def decode_config(
     dtype: torch.dtype,
     device: torch.device,
 ) -> DecodeConfig:
-    group = num_heads // num_kv_heads
-    tile_n = _tile_n(block_size, dtype)
+    group_pad = max(16, triton.next_power_of_2(num_heads // num_kv_heads))
+    head_pad = triton.next_power_of_2(head_size)
+    tile_n, num_stages = fit_pipeline(
+        _tile_n(dtype), 2 if dtype == torch.float32 else DECODE_NUM_STAGES, head_pad, dtype,
+        group_pad, shared_memory_budget(device))
     return DecodeConfig(
         tile_n=tile_n,
         num_splits=choose_num_splits(num_seqs, num_kv_heads, max_seq_len, tile_n,
                                      sm_count(device)),
-        group_pad=max(16, triton.next_power_of_2(group)),
-        head_pad=triton.next_power_of_2(head_size),
+        group_pad=group_pad,
+        head_pad=head_pad,
         num_warps=DECODE_NUM_WARPS,
-        num_stages=2 if dtype == torch.float32 else DECODE_NUM_STAGES,
+        num_stages=num_stages,
     )
 
 
 def prefill_config(
-    *, num_heads: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype
+    *, num_heads: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype,
+    device: torch.device,
 ) -> PrefillConfig:
     group = num_heads // num_kv_heads
     block_m = max(64, triton.next_power_of_2(group))
-    tile_n = _tile_n(block_size, dtype)
+    head_pad = triton.next_power_of_2(head_size)
+    tile_n, num_stages = fit_pipeline(_tile_n(dtype), 2, head_pad, dtype, block_m,
+                                      shared_memory_budget(device))
     return PrefillConfig(
         block_m=block_m,
         block_q=block_m // group,
         tile_n=tile_n,
-        head_pad=triton.next_power_of_2(head_size),
+        head_pad=head_pad,
         num_warps=4 if block_m <= 64 else 8,
-        num_stages=2,
+        num_stages=num_stages,
     )
+
+
+def check_attention_fits(*, num_heads: int, num_kv_heads: int, head_size: int,
+                         block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Raise ``KernelArgumentError`` now if the attention kernels cannot run on ``device``
+    at these shapes (engines call this at start rather than fail at the first step)."""
+    decode_config(num_seqs=1, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                  head_size=head_size, block_size=block_size, max_seq_len=1, dtype=dtype,
+                  device=device)
+    prefill_config(num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+                   block_size=block_size, dtype=dtype, device=device)

@@ -64,7 +64,7 @@ def paged_attention_triton(
     else:
         config_p = prefill_config(
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-            block_size=block_size, dtype=query.dtype,
+            block_size=block_size, dtype=query.dtype, device=query.device,
         )
         prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc,
                           seq_lens, scale, out, config_p)

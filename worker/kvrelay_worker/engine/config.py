@@ -20,6 +20,10 @@ _DTYPES = {
     "bf16": torch.bfloat16,
 }
 
+# KV block sizes (tokens per block) the engine accepts; tests/kernels/test_block_sizes.py
+# runs the attention and KV-store kernels at every one of them.
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
 
 @dataclass
 class EngineConfig:
@@ -54,7 +58,8 @@ class EngineConfig:
 
     def validate(self) -> None:
         checks: list[tuple[bool, str]] = [
-            (self.block_size in (8, 16, 32, 64, 128), "block_size must be one of 8, 16, 32, 64, 128"),
+            (self.block_size in BLOCK_SIZES,
+             f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))}"),
             (self.max_num_seqs >= 1, "max_num_seqs must be at least 1"),
             (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1"),
             (self.kv_cache_memory > 0, "kv_cache_memory must be a positive number of bytes"),
@@ -80,6 +85,12 @@ class EngineConfig:
             raise EngineConfigError(f"invalid device {self.device!r}: {exc}") from exc
         if device.type == "cuda" and not torch.cuda.is_available():
             raise EngineConfigError(f"device {self.device!r} asked for, but CUDA is not available")
+        if (device.type == "cuda" and device.index is not None
+                and device.index >= torch.cuda.device_count()):
+            raise EngineConfigError(
+                f"device {self.device!r} asked for, but only {torch.cuda.device_count()} "
+                "CUDA device(s) are visible"
+            )
         if device.type not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
 

@@ -19,10 +19,12 @@ sampling rows only (``HostBatch.logits_indices``), as the eager path does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
 from kvrelay_worker.engine.model_runner import HostBatch
+from kvrelay_worker.engine.staging import Fence, StagingBuffer
 from kvrelay_worker.engine.transfer import host_to_device
 from kvrelay_worker.models.attention import AttentionMetadata
 from kvrelay_worker.models.llama import LlamaForCausalLM
@@ -40,7 +42,8 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class DecodeRunner:
     def __init__(self, model: LlamaForCausalLM, max_batch: int, max_model_len: int,
-                 block_size: int, device: torch.device) -> None:
+                 block_size: int, device: torch.device,
+                 new_fence: Callable[[], Fence] | None = None) -> None:
         self.model = model
         self.max_batch = max_batch
         self.max_model_len = max_model_len
@@ -48,16 +51,17 @@ class DecodeRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.runs_by_bucket: dict[int, int] = {}
         max_blocks = -(-max_model_len // block_size)
+        self.device = device
         # Per-token inputs live in one [4, max_batch] tensor (ids, positions, slots, lengths)
-        # so a step moves them with one copy from a pinned host mirror; block tables too.
+        # so a step moves them with one copy from a pinned host buffer; block tables too,
+        # as many rows and columns as the step has (``[:n, :width]``), not the whole table.
         self._packed = torch.zeros((4, max_batch), dtype=torch.int64, device=device)
         self._packed[2].fill_(-1)
         self._packed[3].fill_(1)
         self.block_tables = torch.zeros((max_batch, max_blocks), dtype=torch.int32, device=device)
-        pin = device.type == "cuda"  # pinned memory makes the copies asynchronous
-        self._host_packed = torch.zeros((4, max_batch), dtype=torch.int64, pin_memory=pin)
-        self._host_tables = torch.zeros((max_batch, max_blocks), dtype=torch.int32,
-                                        pin_memory=pin)
+        self._staged_packed = StagingBuffer(4 * max_batch, torch.int64, device, new_fence)
+        self._staged_tables = StagingBuffer(max_batch * max_blocks, torch.int32, device,
+                                            new_fence)
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.logits = torch.zeros((max_batch, model.config.vocab_size), dtype=torch.float32,
                                   device=device)
@@ -84,8 +88,15 @@ class DecodeRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture one graph per bucket, largest first, all sharing one memory pool."""
+        # The engine thread has set this device current already (engine/device.py); saying
+        # it again here keeps the pool and the stream on it whoever calls.
+        with torch.cuda.device(self.device):
+            self._capture_all()
+        log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
+
+    def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for batch in reversed(self.buckets):
@@ -96,14 +107,15 @@ class DecodeRunner:
                 self.graphs[batch] = graph
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
 
     @torch.inference_mode()
     def run(self, host: HostBatch) -> torch.Tensor:
         """Run the step; return logits ``[num_sampling_seqs, vocab]`` (float32)."""
         n = host.num_seqs
         batch = self._bucket(n)
-        staged = self._host_packed.numpy()
+        # Each buffer waits here for its previous copy to the device to have run.
+        staged_packed = self._staged_packed.writable((4, self.max_batch))
+        staged = staged_packed.numpy()
         staged[0, :n] = host.input_ids.numpy()
         staged[1, :n] = host.positions.numpy()
         staged[2, :n] = host.slot_mapping.numpy()
@@ -111,10 +123,11 @@ class DecodeRunner:
         staged[3, :n] = host.seq_lens.numpy()
         staged[3, n:batch] = 1
         width = host.block_tables.shape[1]
-        self._host_tables.numpy()[:n, :width] = host.block_tables.numpy()
-        # The previous step ended by reading its logits back, so these buffers are free.
-        self._packed.copy_(self._host_packed, non_blocking=True)
-        self.block_tables[:n].copy_(self._host_tables[:n], non_blocking=True)
+        staged_tables = self._staged_tables.writable((n, width))
+        staged_tables.numpy()[:] = host.block_tables.numpy()
+        self._staged_packed.copy_to(self._packed, staged_packed)
+        # Columns past ``width`` keep older entries; no sequence of this step reads them.
+        self._staged_tables.copy_to(self.block_tables[:n, :width], staged_tables)
         self.runs_by_bucket[batch] = self.runs_by_bucket.get(batch, 0) + 1
         graph = self.graphs.get(batch)
         if graph is not None:

@@ -17,6 +17,7 @@ import torch
 
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
+from kvrelay_worker.engine.device import bind_device
 from kvrelay_worker.engine.errors import EngineConfigError, InvalidPromptError
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks
@@ -25,7 +26,7 @@ from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
 from kvrelay_worker.engine.sampler import Sampler, SamplerOutput
-from kvrelay_worker.engine.sampling_batch import build_sampling_batch
+from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
@@ -52,6 +53,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, progress: bool = False) -> None:
         from kvrelay_worker.models.loader import load_model_source
 
+        bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)
         max_len = self._default_max_len(config, files.config.max_position_embeddings)
         model = build_model(files.config, files.weights(), config.torch_dtype,
@@ -77,6 +79,7 @@ class LLMEngine:
 
     def _setup(self, config: EngineConfig, model: LlamaForCausalLM, tokenizer: Any,
                model_id: str) -> None:
+        bind_device(config.torch_device)
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
@@ -119,6 +122,8 @@ class LLMEngine:
                                    config.enable_chunked_prefill)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
+        self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
+                                                     self.device)
         self.requests: dict[str, RequestState] = {}
         self._pending: list[StepOutput] = []
         self._arrivals = itertools.count()
@@ -232,8 +237,7 @@ class LLMEngine:
         sampling = [item.seq for item in sched.scheduled if item.samples]
         result: SamplerOutput | None = None
         if sampling:
-            batch = build_sampling_batch(sampling, self.vocab_size, self.eos_token_ids,
-                                         self.device)
+            batch = self.sampling_batches.build(sampling)
             result = self.sampler(logits, batch)
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.scheduler import ScheduledSequence
 from kvrelay_worker.engine.transfer import host_to_device
 
@@ -74,6 +75,22 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.decode_runner: DecodeRunner | None = None
+        if device.type == "cuda":
+            self._check_kernels_fit()
+
+    def _check_kernels_fit(self) -> None:
+        """Fail at start, with the reason, if the attention kernels cannot run here."""
+        from kvrelay_kernels import KernelArgumentError
+        from kvrelay_kernels.triton_kernels.launch_config import check_attention_fits
+
+        cfg = self.model.config
+        try:
+            check_attention_fits(num_heads=cfg.num_attention_heads,
+                                 num_kv_heads=cfg.num_key_value_heads, head_size=cfg.head_dim,
+                                 block_size=self.block_size, dtype=self.dtype,
+                                 device=self.device)
+        except KernelArgumentError as exc:
+            raise EngineConfigError(f"{exc} (device {self.device})") from exc
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         cfg = self.model.config

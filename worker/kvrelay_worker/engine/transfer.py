@@ -10,7 +10,10 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
     On CUDA the copy goes through pinned memory with ``non_blocking=True``, so it is
     queued on the stream instead of making the host wait (a copy from pageable memory
-    blocks). The pinned staging buffer stays reserved until the copy has run.
+    blocks). Each call stages through a fresh pinned tensor from torch's pinned-memory
+    allocator, which records an event with the copy and does not hand that memory out
+    again until the event has completed: no fence of our own is needed here (buffers
+    reused on purpose go through ``engine.staging.StagingBuffer``).
     """
     if device.type != "cuda":
         return t.to(device)

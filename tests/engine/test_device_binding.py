@@ -1,0 +1,103 @@
+"""The engine's thread makes the engine's CUDA device current before anything is built.
+
+No GPU here: ``torch.cuda`` is mocked so that ``cuda:1`` looks valid, and the steps after
+the call under test are replaced by recorders that stop the build. What is checked is
+the order: ``set_device(cuda:1)`` comes first, on the thread that builds and steps.
+benchmarks/gpu_check.sh runs a real engine on ``cuda:1`` where a host has two GPUs.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import kvrelay_worker.engine.llm_engine as llm_engine_module
+import kvrelay_worker.models.loader as loader_module
+from kvrelay_worker.engine import EngineConfig, LLMEngine
+from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine_service import EngineService
+
+
+class Stop(Exception):
+    """Ends the build once the recorded call has happened."""
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Two fake CUDA devices; ``set_device`` calls recorded with the calling thread."""
+    log: list[tuple[str, Any]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: log.append(
+        ("set_device", (torch.device(device), threading.current_thread().name))))
+    return log
+
+
+def _recorder(log: list[tuple[str, Any]], name: str, result: Any = None,
+              stop: bool = False) -> Any:
+    def record(*args: Any, **kwargs: Any) -> Any:
+        log.append((name, threading.current_thread().name))
+        if stop:
+            raise Stop
+        return result
+    return record
+
+
+def test_engine_sets_its_device_before_loading_or_building(
+        calls: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    files = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64),
+                            weights=lambda: iter(()), tokenizer=None, name="fake")
+    monkeypatch.setattr(loader_module, "load_model_source", _recorder(calls, "load", files))
+    monkeypatch.setattr(llm_engine_module, "build_model", _recorder(calls, "build", stop=True))
+    with pytest.raises(Stop):
+        LLMEngine(EngineConfig(device="cuda:1"))
+    thread = threading.current_thread().name
+    assert calls == [("set_device", (torch.device("cuda:1"), thread)), ("load", thread),
+                     ("build", thread)]
+
+
+def test_engine_around_a_built_model_sets_its_device_before_the_runner(
+        calls: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=8, eos_token_ids=[1]))
+    monkeypatch.setattr(llm_engine_module, "ModelRunner", _recorder(calls, "runner", stop=True))
+    with pytest.raises(Stop):
+        LLMEngine.from_model(EngineConfig(device="cuda:1"), model, None)  # type: ignore[arg-type]
+    assert [name for name, _ in calls] == ["set_device", "runner"]
+    assert calls[0][1][0] == torch.device("cuda:1")
+
+
+def test_engine_thread_sets_the_device_of_an_engine_built_elsewhere(
+        calls: list[tuple[str, Any]]) -> None:
+    """A worker may be handed a ready engine; the thread that steps it binds its device."""
+    engine = SimpleNamespace(device=torch.device("cuda:1"),
+                             has_unfinished_requests=lambda: False, stats=dict)
+    service = EngineService(lambda: engine, publisher=None, metrics=None)  # type: ignore[arg-type,return-value]
+    try:
+        assert service.start() is engine
+    finally:
+        service.stop()
+    assert calls == [("set_device", (torch.device("cuda:1"), "kvrelay-engine"))]
+
+
+def test_a_device_index_past_the_visible_devices_is_refused(
+        calls: list[tuple[str, Any]]) -> None:
+    with pytest.raises(EngineConfigError, match="only 2 CUDA device"):
+        EngineConfig(device="cuda:2")
+
+
+def test_engine_start_refuses_a_device_without_room_for_the_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked when the runner is built, not at the first step's kernel launch."""
+    from kvrelay_kernels.triton_kernels import launch_config
+    from kvrelay_worker.engine.model_runner import ModelRunner
+
+    monkeypatch.setattr(launch_config, "_shared_memory_optin", lambda index: 16 * 1024)
+    monkeypatch.setattr(launch_config, "_sm_count", lambda index: 132)
+    model = SimpleNamespace(config=SimpleNamespace(num_attention_heads=32,
+                                                   num_key_value_heads=8, head_dim=128))
+    with pytest.raises(EngineConfigError, match=r"shared memory.*\(device cuda:1\)"):
+        ModelRunner(model, 16, torch.device("cuda:1"), torch.float32)  # type: ignore[arg-type]
