@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
 from kvrelay_worker.engine.errors import EngineConfigError
@@ -32,6 +30,8 @@ class EngineConfig:
     ``kv_cache_memory`` (bytes) sizes the KV pool on CPU; on CUDA the pool takes
     ``gpu_memory_utilization`` of the device's memory minus weights and the measured peak
     of a forward pass. ``num_kv_blocks`` overrides both (tests use it to force preemption).
+    A preempted sequence is always recomputed (its blocks freed, its prefix usually found
+    again in the prefix cache); there is no swap space to choose instead.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -47,7 +47,6 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
     seed: int = 0
-    preemption_mode: Literal["recompute"] = "recompute"
     # CUDA graphs for decode steps (GPU only); False runs every step eagerly.
     enable_cuda_graphs: bool = True
     # Largest batch captured in a CUDA graph (clamped to max_num_seqs).
@@ -69,7 +68,6 @@ class EngineConfig:
              "num_kv_blocks must be at least 1"),
             (self.max_model_len is None or self.max_model_len >= 1,
              "max_model_len must be at least 1"),
-            (self.preemption_mode == "recompute", "preemption_mode must be 'recompute'"),
             (self.cuda_graph_max_batch >= 1, "cuda_graph_max_batch must be at least 1"),
         ]
         for ok, message in checks:

@@ -272,11 +272,6 @@ def read_gguf_config(path: Path) -> ModelConfig:
     return GGUFCheckpoint(path).config
 
 
-def iter_gguf_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(hf_name, float32 tensor)`` pairs from a GGUF file, one tensor in memory at a time."""
-    return GGUFCheckpoint(path).weights()
-
-
 def _hf_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
