@@ -7,7 +7,8 @@ token's context (salt and every token up to it) into a fake KV cache at the slot
 block table names, after checking that every context slot the model would read holds
 exactly the right identity. A wrong prefix hit, a block handed to two writers or a block
 table that misses a token therefore shows up as a wrong identity. Sampling appends a
-random token; sequences finish at random, at ``max_tokens`` or at ``max_model_len``.
+random token through the scheduler's ``update_from_output``; sequences finish at random
+(a stop string, as far as the scheduler knows), at ``max_tokens`` or at ``max_model_len``.
 
 Checked after every operation: reference counts equal the number of sequences holding
 each block and are never negative; a block is free exactly when nobody holds it; a block
@@ -36,6 +37,7 @@ from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.stop_conditions import StopConditions
 
 BLOCK_SIZE = 4
 # Tokens come from a tiny alphabet so that equal prompts and equal generated tails are
@@ -77,7 +79,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             budget = max(budget, self.max_len)
         self.caching = caching
         self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, caching, model_id="m")
-        self.sched = Scheduler(self.kv, max_num_seqs, budget, enable_chunked_prefill=chunked)
+        self.sched = Scheduler(self.kv, max_num_seqs, budget, enable_chunked_prefill=chunked,
+                               stop=StopConditions(max_model_len=self.max_len))
 
     # ------------------------------------------------------------------ operations
 
@@ -161,17 +164,29 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert block.block_hash is None, "writing into a published (cached) block"
                 self.kv_content[self._slot(seq, position)] = self._identity(seq, position)
         sampling = [item.seq for item in out.scheduled if item.samples]
-        for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.kv.publish_computed_blocks(item.seq)
         for seq in sampling:
-            assert seq.num_computed_tokens == seq.num_tokens
-            seq.append_token(rng.randrange(ALPHABET))
-            if (seq.num_output_tokens >= (seq.params.max_tokens or 0)
-                    or seq.num_tokens >= self.max_len):
-                self._finish(seq, SequenceStatus.FINISHED_LENGTH)
-            elif rng.random() < stop_chance:
-                self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+            assert seq.num_computed_tokens + next(
+                i.num_new_tokens for i in out.scheduled if i.seq is seq) == seq.num_tokens
+        tokens = [rng.randrange(ALPHABET) for _ in sampling]
+        stops = {seq.seq_id: rng.random() < stop_chance for seq in sampling}
+        grown = self.sched.update_from_output(out.scheduled, tokens,
+                                              lambda seq, _token: stops[seq.seq_id])
+        assert grown == sampling
+        for seq, token in zip(sampling, tokens, strict=True):
+            assert seq.token_ids[-1] == token
+            length_done = (seq.num_output_tokens >= (seq.params.max_tokens or 0)
+                           or seq.num_tokens >= self.max_len)
+            if stops[seq.seq_id]:
+                expected: SequenceStatus | None = SequenceStatus.FINISHED_STOPPED
+            else:
+                expected = SequenceStatus.FINISHED_LENGTH if length_done else None
+            if expected is None:
+                assert not seq.is_finished
+            else:
+                assert seq.status is expected
+                assert list(seq.block_table) == []
+                self.live.remove(seq)
+                self.finished.append(seq)
 
     # ------------------------------------------------------------------- checks
 

@@ -134,6 +134,8 @@ class EngineService:
                 try:
                     outputs = self.engine.step()
                 except Exception:
+                    # The engine fails a request that breaks a step by itself; reaching
+                    # here means the step failed outside any request (scheduling).
                     log.exception("engine step failed; failing the jobs it held")
                     self._fail_all(ErrorCode.INTERNAL, "the engine failed while running the job")
                     continue
@@ -214,6 +216,11 @@ class EngineService:
         for out in outputs:
             job = self._jobs.get(out.request_id)
             if job is None:
+                continue
+            if out.error is not None:  # this request broke a step; the others went on
+                items.append(EventItem(job, Failed(seq=0, code=ErrorCode.INTERNAL,
+                                                   message=str(out.error)), Outcome.FAILED))
+                del self._jobs[job.job_id]
                 continue
             for delta in out.deltas:
                 if delta.token_ids or delta.text or (

@@ -6,6 +6,7 @@ from kvrelay_worker.engine.errors import (
     EngineInputError,
     InvalidPromptError,
     PromptTooLongError,
+    RequestFailedError,
     SamplingParamsError,
 )
 from kvrelay_worker.engine.llm import LLM
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidPromptError",
     "LLMEngine",
     "PromptTooLongError",
+    "RequestFailedError",
     "RequestOutput",
     "SamplingParams",
     "SamplingParamsError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from kvrelay_worker.engine.errors import EngineConfigError

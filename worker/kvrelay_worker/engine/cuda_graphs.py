@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvrelay_worker.engine.model_runner import HostBatch
+from kvrelay_worker.engine.host_batch import HostBatch
 from kvrelay_worker.engine.staging import Fence, StagingBuffer
 from kvrelay_worker.engine.transfer import host_to_device
 from kvrelay_worker.models.attention import AttentionMetadata

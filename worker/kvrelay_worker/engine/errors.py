@@ -21,3 +21,10 @@ class SamplingParamsError(EngineInputError):
 
 class EngineConfigError(EngineInputError):
     """An engine option is invalid or the KV pool cannot hold one full-length sequence."""
+
+
+class RequestFailedError(RuntimeError):
+    """An engine step failed because of this request (found by retrying without it).
+
+    Only this request ends, with this error; the others in the step go on.
+    """

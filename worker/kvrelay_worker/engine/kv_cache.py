@@ -84,8 +84,8 @@ class KVCacheManager:
         """Make room for ``num_new_tokens`` more tokens after the computed (or cached) ones.
 
         ``cached`` are prefix-cache hits for a sequence being admitted; on success they
-        join its block table and count as computed. Returns False, changing nothing, when
-        the pool cannot supply the blocks.
+        join its block table (the scheduler counts them as computed). Returns False,
+        changing nothing, when the pool cannot supply the blocks.
         """
         cached = cached or []
         blocks = self._blocks.setdefault(seq.seq_id, [])
@@ -101,7 +101,6 @@ class KVCacheManager:
             self.pool.touch(cached)
             blocks.extend(cached)
             seq.block_table.extend(b.block_id for b in cached)
-            seq.num_computed_tokens = num_computed
             self._num_published[seq.seq_id] = len(blocks)
         if needed > 0:
             new = self.pool.get_new_blocks(needed)

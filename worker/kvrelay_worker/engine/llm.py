@@ -46,7 +46,8 @@ class LLM:
         """Run every prompt to completion; outputs come back in the prompts' order.
 
         A prompt is a string or a list of token ids; one ``SamplingParams`` applies to all
-        prompts, or give a list with one per prompt.
+        prompts, or give a list with one per prompt. A request that makes an engine step
+        fail raises ``RequestFailedError`` (the others are aborted with it).
         """
         batch = self._as_batch(prompts)
         params = self._as_params(sampling_params, len(batch))
@@ -104,6 +105,8 @@ class LLM:
         with bar:
             while len(results) < len(ids):
                 for out in self.engine.step():
+                    if out.error is not None and out.request_id in wanted:
+                        raise out.error
                     if out.output is not None and out.request_id in wanted:
                         results[out.request_id] = out.output
                         bar.update(1)

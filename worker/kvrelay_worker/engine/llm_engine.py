@@ -18,25 +18,29 @@ import torch
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.device import bind_device
-from kvrelay_worker.engine.errors import EngineConfigError, InvalidPromptError
+from kvrelay_worker.engine.errors import (
+    EngineConfigError,
+    InvalidPromptError,
+    RequestFailedError,
+    SamplingParamsError,
+)
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks
 from kvrelay_worker.engine.model_runner import ModelRunner
 from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
+from kvrelay_worker.engine.prior_choices import PriorChoices
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
 from kvrelay_worker.engine.sampler import Sampler, SamplerOutput
-from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder
+from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder, build_sampling_batch
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.scheduler import Scheduler
+from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
-
-# What ``prior_finish_reasons`` may say: the finished statuses' values.
-_FINISH_REASONS = frozenset(s.value for s in SequenceStatus if s.finished)
 
 
 def eos_token_ids_of(model: LlamaForCausalLM, tokenizer: Any) -> tuple[int, ...]:
@@ -119,7 +123,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  model_id)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill)
+                                   config.enable_chunked_prefill,
+                                   StopConditions(frozenset(self.eos_token_ids), max_len))
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
         self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
@@ -136,12 +141,11 @@ class LLMEngine:
                     prior_outputs: Seq[Seq[int]] | None = None,
                     prior_texts: Seq[str] | None = None,
                     prior_finish_reasons: Seq[str | None] | None = None) -> list[int]:
-        """Queue a request; return its prompt token ids.
+        """Validate a request and queue it; return its prompt token ids.
 
         ``prior_*`` resume a request an earlier attempt started (failover): per choice,
         the tokens and text it already reported, and a finish reason for choices that had
         already ended. Generation continues after them; they are never reported again.
-        Choices past the end of a ``prior_*`` list have no prior tokens, text or reason.
         Bad input raises before anything is queued, so the engine is left as it was.
         """
         if request_id in self.requests:
@@ -150,65 +154,77 @@ class LLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         prompt_ids = prompt_token_ids(prompt, self.tokenizer, self.vocab_size,
                                       self.max_model_len)
+        self._check_sampling(params, prompt_ids)
+        prior = PriorChoices.checked(prior_outputs, prior_texts, prior_finish_reasons,
+                                      self.vocab_size)
+        state = self._new_request(request_id, prompt, prompt_ids, params, priority,
+                                  cache_salt, prior)
+        self._queue(state)
+        return prompt_ids
+
+    def _check_sampling(self, params: SamplingParams, prompt_ids: list[int]) -> None:
+        """Refuse options the sampler could not apply, now rather than inside a step.
+
+        The request's sampling row is built once, as a step would build it: a value that
+        passes the type checks but breaks tensor building fails here, alone.
+        """
         for t in params.stop_token_ids or ():
             if t >= self.vocab_size:
                 raise InvalidPromptError(f"stop token id {t} is outside the vocabulary")
-        priors = [list(p) for p in (prior_outputs or [])]
-        for p in priors:
-            if any(not 0 <= t < self.vocab_size for t in p):
-                raise InvalidPromptError("prior output has a token outside the vocabulary")
-        texts = list(prior_texts or [])
-        reasons = list(prior_finish_reasons or [])
-        for reason in reasons:
-            if reason is not None and reason not in _FINISH_REASONS:
-                raise InvalidPromptError(
-                    f"prior finish reason {reason!r} is not one of {sorted(_FINISH_REASONS)}")
+        probe = Sequence(request_id="", choice_index=0, token_ids=list(prompt_ids),
+                         num_prompt_tokens=len(prompt_ids), params=params)
+        try:
+            build_sampling_batch([probe], self.vocab_size, self.eos_token_ids, self.device)
+        except Exception as exc:
+            raise SamplingParamsError(f"the sampling options cannot be applied: {exc}") from exc
+
+    def _new_request(self, request_id: str, prompt: Prompt, prompt_ids: list[int],
+                     params: SamplingParams, priority: int, cache_salt: str | None,
+                     prior: PriorChoices) -> RequestState:
+        """The request's state: one sequence, detokenizer and finish per choice."""
         arrival = next(self._arrivals)
         choices: list[ChoiceState] = []
-        # Queued only once every choice is built: a failure half-way must not leave
-        # sequences in the scheduler that no request state owns (they would never finish).
-        to_schedule: list[Sequence] = []
-        first: Sequence | None = None
         for index in range(params.n):
-            prior = priors[index] if index < len(priors) else []
-            seq = Sequence(
-                request_id=request_id,
-                choice_index=index,
-                token_ids=prompt_ids + prior,
-                num_prompt_tokens=len(prompt_ids),
-                params=params,
-                priority=priority,
-                arrival_order=arrival,
-                cache_salt=cache_salt,
-            )
+            tokens = prior.tokens(index)
+            seq = Sequence(request_id=request_id, choice_index=index,
+                           token_ids=prompt_ids + tokens, num_prompt_tokens=len(prompt_ids),
+                           params=params, priority=priority, arrival_order=arrival,
+                           cache_salt=cache_salt)
             detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop_strings,
                                            params.skip_special_tokens, params.min_tokens)
-            if prior:
-                detok.resume(prior, texts[index] if index < len(texts) else "")
+            if tokens:
+                detok.resume(tokens, prior.text(index))
             choice = ChoiceState(seq=seq, detok=detok,
                                  logprobs=[] if params.logprobs is not None else None)
-            choices.append(choice)
-            reason = reasons[index] if index < len(reasons) else None
-            reason = reason or self._length_reason(seq)
+            status = self.scheduler.stop.length_status(seq)
+            reason = prior.finish_reason(index) or (status.value if status else None)
             if reason is not None:
                 choice.finish_reason = reason
                 choice.reported_finish = True
                 seq.status = SequenceStatus(reason)
+            choices.append(choice)
+        return RequestState(request_id, prompt if isinstance(prompt, str) else None,
+                            prompt_ids, choices)
+
+    def _queue(self, state: RequestState) -> None:
+        """Hand the unfinished choices to the scheduler (or report a request already done).
+
+        Choices 2..n wait for the first one's prompt, so they find its blocks cached.
+        """
+        first: Sequence | None = None
+        for choice in state.choices:
+            if choice.finish_reason is not None:
                 continue
+            seq = choice.seq
             if first is None:
                 first = seq
             elif self.config.enable_prefix_caching:
                 seq.waits_for = first
-            to_schedule.append(seq)
-        for seq in to_schedule:
             self.scheduler.add(seq)
-        state = RequestState(request_id, prompt if isinstance(prompt, str) else None,
-                             prompt_ids, choices)
-        self.requests[request_id] = state
         if state.finished:
             self._pending.append(state.step_output())
-            del self.requests[request_id]
-        return prompt_ids
+        else:
+            self.requests[state.request_id] = state
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; reported as ``abort`` by the next step."""
@@ -228,38 +244,106 @@ class LLMEngine:
     # ---------------------------------------------------------------------- step
 
     def step(self) -> list[StepOutput]:
+        """Schedule, execute, sample, update; report every request the step touched.
+
+        When the step raises, it is retried on halves of the batch until the requests
+        that make it fail are alone; those fail (``StepOutput.error``), the rest go on.
+        """
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return outputs
         self.num_steps += 1
-        logits = self.runner.execute(sched.scheduled)
-        sampling = [item.seq for item in sched.scheduled if item.samples]
-        result: SamplerOutput | None = None
-        if sampling:
-            batch = self.sampling_batches.build(sampling)
-            result = self.sampler(logits, batch)
-        for item in sched.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.kv.publish_computed_blocks(item.seq)
         touched: dict[str, RequestState] = {}
-        if result is not None:
-            for row, seq in enumerate(sampling):
-                # A scheduled sequence's request is always here: requests leave only once
-                # every choice is finished, and a finished sequence is never scheduled.
-                state = self.requests[seq.request_id]
-                self._accept_token(state.choices[seq.choice_index], result, row)
-                touched[seq.request_id] = state
+        try:
+            sampled = self._execute_and_sample(sched.scheduled)
+        except Exception as exc:
+            log.warning("engine step failed (%r); retrying its batch in parts to find "
+                        "the request that makes it fail", exc)
+            self._isolate_failure(sched.scheduled, touched)
+        else:
+            self._update(sched.scheduled, sampled, touched)
         for request_id, state in touched.items():
             outputs.append(state.step_output())
             if state.finished:
                 del self.requests[request_id]
         return outputs
 
-    def _accept_token(self, choice: ChoiceState, result: SamplerOutput, row: int) -> None:
+    def _execute_and_sample(self, scheduled: Seq[ScheduledSequence]) -> SamplerOutput | None:
+        """Run the model on ``scheduled`` and sample its sampling rows; changes no sequence."""
+        logits = self.runner.execute(scheduled)
+        sampling = [item.seq for item in scheduled if item.samples]
+        if not sampling:
+            return None
+        return self.sampler(logits, self.sampling_batches.build(sampling))
+
+    def _update(self, scheduled: Seq[ScheduledSequence], result: SamplerOutput | None,
+                touched: dict[str, RequestState]) -> None:
+        """Let the scheduler apply the step, then record each new token for its request."""
+        tokens = result.token_ids if result is not None else []
+        detok_failures: dict[str, Exception] = {}
+
+        def stop_string(seq: Sequence, token: int) -> bool:
+            choice = self.requests[seq.request_id].choices[seq.choice_index]
+            try:
+                return choice.detok.add_token(token)
+            except Exception as exc:  # fails this request alone, below
+                detok_failures.setdefault(seq.request_id, exc)
+                return False
+
+        grown = self.scheduler.update_from_output(scheduled, tokens, stop_string)
+        for row, seq in enumerate(grown):
+            # A scheduled sequence's request is always here: requests leave only once
+            # every choice is finished, and a finished sequence is never scheduled.
+            state = self.requests[seq.request_id]
+            assert result is not None
+            self._record_token(state.choices[seq.choice_index], result, row)
+            touched[seq.request_id] = state
+        for request_id, exc in detok_failures.items():
+            self._fail_request(request_id, exc, touched)
+
+    def _isolate_failure(self, scheduled: Seq[ScheduledSequence],
+                         touched: dict[str, RequestState]) -> None:
+        """Run ``scheduled`` in halves until each failure is down to one sequence.
+
+        Nothing of a failed attempt is kept (``update`` never ran), so a part that
+        succeeds is applied like a normal step and a lone sequence that fails ends its
+        request alone.
+        """
+        parts = [list(scheduled)]
+        while parts:
+            part = [item for item in parts.pop() if not item.seq.is_finished]
+            if not part:
+                continue
+            try:
+                sampled = self._execute_and_sample(part)
+            except Exception as exc:
+                if len(part) == 1:
+                    self._fail_request(part[0].seq.request_id, exc, touched)
+                else:
+                    middle = len(part) // 2
+                    parts += [part[middle:], part[:middle]]
+                continue
+            self._update(part, sampled, touched)
+
+    def _fail_request(self, request_id: str, exc: Exception,
+                      touched: dict[str, RequestState]) -> None:
+        log.error("request %s makes the engine step fail; failing it alone",
+                  request_id, exc_info=exc)
+        state = self.requests[request_id]
+        for choice in state.choices:
+            if choice.finish_reason is None:
+                self.scheduler.finish(choice.seq, SequenceStatus.FINISHED_ABORTED)
+                choice.finish_reason = SequenceStatus.FINISHED_ABORTED.value
+        error = RequestFailedError(f"the engine step failed on this request: {exc!r}")
+        error.__cause__ = exc
+        state.error = error
+        touched[request_id] = state
+
+    def _record_token(self, choice: ChoiceState, result: SamplerOutput, row: int) -> None:
+        """Note a token the scheduler appended: news to report, logprobs, the finish."""
         seq = choice.seq
         token = result.token_ids[row]
-        seq.append_token(token)
         choice.new_ids.append(token)
         if choice.logprobs is not None and result.token_logprobs is not None:
             k = seq.params.logprobs or 0
@@ -272,30 +356,8 @@ class LLMEngine:
             )
             choice.logprobs.append(entry)
             choice.new_logprobs.append(entry)
-        stopped_by_string = choice.detok.add_token(token)
-        reason = self._finish_reason(seq, token, stopped_by_string)
-        if reason is not None:
-            choice.finish_reason = reason
-            self.scheduler.finish(seq, SequenceStatus(reason))
-
-    def _finish_reason(self, seq: Sequence, token: int, stopped_by_string: bool) -> str | None:
-        params = seq.params
-        if seq.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token in self.eos_token_ids:
-                return "stop"
-            if params.stop_token_ids and token in params.stop_token_ids:
-                return "stop"
-            if stopped_by_string:
-                return "stop"
-        return self._length_reason(seq)
-
-    def _length_reason(self, seq: Sequence) -> str | None:
-        max_tokens = seq.params.max_tokens
-        if max_tokens is not None and seq.num_output_tokens >= max_tokens:
-            return "length"
-        if seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+        if seq.is_finished:
+            choice.finish_reason = seq.status.value
 
     # --------------------------------------------------------------------- stats
 

@@ -11,42 +11,17 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from kvrelay_worker.engine.cuda_graphs import DecodeRunner
 from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine.host_batch import HostBatch
 from kvrelay_worker.engine.scheduler import ScheduledSequence
 from kvrelay_worker.engine.transfer import host_to_device
-
-if TYPE_CHECKING:
-    from kvrelay_worker.engine.cuda_graphs import DecodeRunner
 from kvrelay_worker.models.attention import AttentionMetadata
 from kvrelay_worker.models.llama import LlamaForCausalLM
-
-
-@dataclass
-class HostBatch:
-    """A flattened batch on the host (CPU tensors), before it goes to the device."""
-
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
-    slot_mapping: torch.Tensor  # [num_tokens] int64
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
-    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
-    seq_lens: torch.Tensor  # [num_seqs] int32
-    logits_indices: torch.Tensor  # [num_sampling] int64
-    max_query_len: int
-    max_seq_len: int
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.shape[0])
-
-    @property
-    def is_decode_only(self) -> bool:
-        return self.max_query_len == 1
 
 
 @dataclass
@@ -223,8 +198,6 @@ class ModelRunner:
         """On CUDA, run decode steps at fixed padded shapes (captured as graphs if asked)."""
         if self.device.type != "cuda":
             return
-        from kvrelay_worker.engine.cuda_graphs import DecodeRunner
-
         self.decode_runner = DecodeRunner(self.model, max_batch, max_model_len,
                                           self.block_size, self.device)
         if use_graphs:

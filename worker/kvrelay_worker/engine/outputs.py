@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvrelay_worker.engine.errors import RequestFailedError
+
 
 @dataclass
 class TokenLogprob:
@@ -69,7 +71,10 @@ class ChoiceDelta:
 
 @dataclass
 class StepOutput:
-    """One request's news from one engine step; ``output`` is set once it finished."""
+    """One request's news from one engine step; ``output`` is set once it finished.
+
+    ``error`` is set (and ``finished`` true) when a step failed because of this request.
+    """
 
     request_id: str
     deltas: list[ChoiceDelta]
@@ -77,3 +82,4 @@ class StepOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     output: RequestOutput | None = None
+    error: RequestFailedError | None = None

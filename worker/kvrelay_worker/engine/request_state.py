@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
+from kvrelay_worker.engine.errors import RequestFailedError
 from kvrelay_worker.engine.outputs import (
     ChoiceDelta,
     CompletionChoice,
@@ -52,6 +53,7 @@ class RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     choices: list[ChoiceState]
+    error: RequestFailedError | None = None
 
     @property
     def finished(self) -> bool:
@@ -71,6 +73,7 @@ class RequestState:
             num_prompt_tokens=len(self.prompt_token_ids),
             num_cached_tokens=self.num_cached_tokens,
             output=self.final_output() if finished else None,
+            error=self.error,
         )
 
     def final_output(self) -> RequestOutput:

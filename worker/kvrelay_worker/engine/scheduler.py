@@ -6,15 +6,27 @@ while the token budget, the sequence limit and the KV pool allow. When the pool 
 hold a running sequence's next tokens, the lowest-priority, most recently admitted running
 sequence is preempted: its blocks are freed and it waits to be recomputed (its full
 blocks usually survive in the prefix cache, so recompute is cheap).
+
+The scheduler is the only writer of a sequence's progress: ``schedule`` allocates and
+counts prefix-cache hits, ``update_from_output`` applies what a step computed and
+sampled (computed tokens, newly full blocks to the cache, the new token, the finish).
+Until ``update_from_output`` runs, a scheduled step has changed nothing that running it
+again would not repeat, so a step that fails can be retried, whole or in part.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.stop_conditions import StopConditions
+
+# Told each sampled token after it is appended; True when it completed a stop string.
+StopStringCheck = Callable[[Sequence, int], bool]
 
 
 @dataclass
@@ -52,8 +64,10 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True) -> None:
+                 enable_chunked_prefill: bool = True,
+                 stop: StopConditions | None = None) -> None:
         self.kv = kv
+        self.stop = stop or StopConditions()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -100,6 +114,31 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self._waiting)
+
+    # ------------------------------------------------------------------------ update
+
+    def update_from_output(self, scheduled: Seq[ScheduledSequence], sampled: Seq[int],
+                           stop_string: StopStringCheck | None = None) -> list[Sequence]:
+        """Apply what a step did for ``scheduled``: the one place sequences advance.
+
+        Every item's computed tokens advance and its newly full blocks go to the prefix
+        cache; then each item that sampled (``sampled`` holds their tokens, in order)
+        gets its token appended, ``stop_string`` is asked about it, and a sequence that
+        is done is finished and its blocks freed. Returns the sequences that got a token.
+        """
+        sampling = [item.seq for item in scheduled if item.samples]
+        if len(sampling) != len(sampled):
+            raise ValueError(f"{len(sampled)} sampled tokens for {len(sampling)} rows")
+        for item in scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.kv.publish_computed_blocks(item.seq)
+        for seq, token in zip(sampling, sampled, strict=True):
+            seq.append_token(token)
+            stopped = stop_string(seq, token) if stop_string is not None else False
+            status = self.stop.finish_status(seq, token, stopped)
+            if status is not None:
+                self.finish(seq, status)
+        return sampling
 
     # ---------------------------------------------------------------------- schedule
 
@@ -175,6 +214,7 @@ class Scheduler:
             num_new = min(remaining, budget)
             if not self.kv.allocate_slots(seq, num_new, cached):
                 break
+            seq.num_computed_tokens += num_cached
             heapq.heappop(self._waiting)
             self.stats.prefix_cache_queries += seq.num_tokens
             self.stats.prefix_cache_hits += num_cached
