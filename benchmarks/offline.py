@@ -504,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from kvrelay_worker.models.model_cache import prepare_model
+    from kvrelay_worker.loading import prepare_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -224,7 +224,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from kvrelay_worker.models.loader import load_model_source
+    from kvrelay_worker.loading import load_model_source
 
     vocab = load_model_source(args.model).config.vocab_size
     prompt_len, output_len = ((16, 64), (8, 32)) if args.quick else ((32, 256), (32, 128))

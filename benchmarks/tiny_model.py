@@ -17,7 +17,7 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from kvrelay_worker.models.model_cache import prepare_model
+    from kvrelay_worker.loading import prepare_model
 
     smollm2 = prepare_model("smollm2-135m-instruct", progress=False)
     config = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256,

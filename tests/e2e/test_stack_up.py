@@ -115,7 +115,7 @@ def test_a_dying_worker_is_one_line(tmp_path: Path, tiny_model: Callable[[str], 
 @pytest.mark.slow
 def test_default_model_demo(tmp_path: Path) -> None:
     """What `make demo` runs: SmolLM2 (cached after its first conversion) on this machine."""
-    from kvrelay_worker.models.registry import DEFAULT_MODEL, REGISTRY
+    from kvrelay_worker.loading import DEFAULT_MODEL, REGISTRY
 
     if REGISTRY[DEFAULT_MODEL].locate() is None:
         pytest.skip(f"needs `{REGISTRY[DEFAULT_MODEL].install_hint}`")

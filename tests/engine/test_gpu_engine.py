@@ -110,7 +110,7 @@ def test_smollm2_bf16_gpu_tracks_transformers_bf16(smollm2_gguf: Path) -> None:
     gpu_llm = LLM(str(smollm2_gguf), device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3)
     gpu = gpu_llm.chat(conversations, params)
     ours = sum(c.token_ids[:16] == g.token_ids[:16] for c, g in zip(cpu, gpu, strict=True))
-    from kvrelay_worker.models.model_cache import prepare_model
+    from kvrelay_worker.loading import prepare_model
 
     hf = load_hf_model(prepare_model(str(smollm2_gguf), progress=False)).to("cuda", torch.bfloat16)
     theirs = 0

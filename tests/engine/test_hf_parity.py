@@ -17,8 +17,8 @@ from helpers.hf_reference import hf_greedy, load_hf_model, random_prompts
 
 from kvrelay_worker import SamplingParams
 from kvrelay_worker.engine import LLM, EngineConfig, LLMEngine
+from kvrelay_worker.loading import load_model_source
 from kvrelay_worker.models.factory import build_model
-from kvrelay_worker.models.loader import load_model_source
 
 PROMPT_LENGTHS = [1, 7, 16, 33, 64, 129, 200, 300]
 NEW_TOKENS = 32

@@ -16,17 +16,22 @@ from helpers.tiny_gguf import TINY_VOCAB_SIZE, write_gguf_from_hf
 from helpers.tiny_models import TINY_MODEL_NAMES, TINY_MODELS, build_tiny_model
 from safetensors.torch import load_file
 
-from kvrelay_worker.models import cache_layout, gguf_file, model_cache
-from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
-from kvrelay_worker.models.hf_folder import (
+from kvrelay_worker.loading import (
+    cache_layout,
+    gguf_file,
+    load_model_source,
+    model_cache,
+    resolve_model,
+)
+from kvrelay_worker.loading.hf_folder import (
     config_from_hf_dict,
     hf_dict_from_config,
     iter_safetensors_weights,
     read_hf_config,
 )
-from kvrelay_worker.models.loader import load_model_source, resolve_model
-from kvrelay_worker.models.model_cache import prepare_model
-from kvrelay_worker.models.tokenizer import load_tokenizer
+from kvrelay_worker.loading.model_cache import prepare_model
+from kvrelay_worker.loading.tokenizer import load_tokenizer
+from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
 
 SMOLLM2 = "smollm2-135m-instruct"
 TEXTS = [

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kvrelay_worker.models import cache_layout, registry
+from kvrelay_worker.loading import cache_layout, registry
+from kvrelay_worker.loading.model_source import resolve_model
+from kvrelay_worker.loading.registry import known_models, registry_model_path
 from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
-from kvrelay_worker.models.model_source import resolve_model
-from kvrelay_worker.models.registry import known_models, registry_model_path
 
 SMOLLM2 = "smollm2-135m-instruct"
 

@@ -22,7 +22,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
 
 def list_models(as_json: bool) -> None:
     require_worker_package("kvrelay models")
-    from kvrelay_worker.models.registry import DEFAULT_MODEL, known_models
+    from kvrelay_worker.loading import DEFAULT_MODEL, known_models
 
     infos = known_models()
     if as_json:
@@ -68,8 +68,7 @@ def _load_check(folder: object) -> tuple[int, int]:
     require_worker_package("kvrelay models prepare")
     from tqdm.auto import tqdm
 
-    from kvrelay_worker.models.hf_folder import safetensors_files
-    from kvrelay_worker.models.loader import load_model_source
+    from kvrelay_worker.loading import load_model_source, safetensors_files
 
     try:
         files = load_model_source(str(folder), progress=False)

@@ -93,7 +93,7 @@ def plan_worker(
 def check_model(model: str) -> None:
     """Fail with one line when ``model`` is neither an installed known model nor a path."""
     require_worker_package("loading a model")
-    from kvrelay_worker.models.registry import (
+    from kvrelay_worker.loading import (
         is_known_model,
         registry_model_path,
         unknown_model_error,
@@ -110,8 +110,13 @@ def check_model(model: str) -> None:
 
 def needs_preparation(model: str) -> bool:
     """True when ``model`` is a GGUF (known name or file) not yet converted into the cache."""
-    from kvrelay_worker.models.cache_layout import gguf_cache_name, is_prepared, model_cache_dir
-    from kvrelay_worker.models.registry import is_known_model, registry_model_path
+    from kvrelay_worker.loading import (
+        gguf_cache_name,
+        is_known_model,
+        is_prepared,
+        model_cache_dir,
+        registry_model_path,
+    )
 
     if is_known_model(model):
         return not is_prepared(model_cache_dir(model), registry_model_path(model))
@@ -124,7 +129,7 @@ def needs_preparation(model: str) -> bool:
 def prepare(model: str, *, progress: bool = True) -> Path:
     """Convert ``model`` into the cache (a progress bar on stderr); its folder."""
     require_worker_package("preparing a model")
-    from kvrelay_worker.models.model_cache import prepare_model
+    from kvrelay_worker.loading import prepare_model
 
     try:
         return prepare_model(model, progress=progress)

@@ -55,7 +55,7 @@ class LLMEngine:
     """Continuous-batching inference over a paged KV cache for one model."""
 
     def __init__(self, config: EngineConfig, *, progress: bool = False) -> None:
-        from kvrelay_worker.models.loader import load_model_source
+        from kvrelay_worker.loading import load_model_source
 
         bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)

@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvrelay_worker.models.cache_layout import is_prepared, model_cache_dir
+from kvrelay_worker.loading.cache_layout import is_prepared, model_cache_dir
 from kvrelay_worker.models.errors import UnknownModelError
 
 

@@ -1,4 +1,4 @@
-"""The one entry point the engine uses to get a model's config, weights and tokenizer.
+"""A model's config, weights and tokenizer, from whatever source names it.
 
 Whatever the source (a known name, a Hugging Face folder, a ``.gguf`` file), the result is
 read from a Hugging Face folder: GGUF sources are converted into the cache first, so the
@@ -15,13 +15,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from kvrelay_worker.models.hf_folder import iter_safetensors_weights, read_hf_config
-from kvrelay_worker.models.model_cache import prepare_model
+from kvrelay_worker.loading.hf_folder import iter_safetensors_weights, read_hf_config
+from kvrelay_worker.loading.model_cache import prepare_model
+from kvrelay_worker.loading.model_source import ModelSource, resolve_model
+from kvrelay_worker.loading.tokenizer import load_tokenizer
 from kvrelay_worker.models.model_config import ModelConfig
-from kvrelay_worker.models.model_source import ModelSource, resolve_model
-from kvrelay_worker.models.tokenizer import load_tokenizer
-
-__all__ = ["LoadedModelFiles", "ModelSource", "load_model_source", "resolve_model"]
 
 
 class LoadedModelFiles:

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kvrelay_worker.models.cache_layout import gguf_cache_name, model_cache_dir
-from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
-from kvrelay_worker.models.hf_folder import CONFIG_FILE, is_hf_folder
-from kvrelay_worker.models.registry import (
+from kvrelay_worker.loading.cache_layout import gguf_cache_name, model_cache_dir
+from kvrelay_worker.loading.hf_folder import CONFIG_FILE, is_hf_folder
+from kvrelay_worker.loading.registry import (
     is_known_model,
     registry_model_path,
     unknown_model_error,
 )
+from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
 
 SourceKind = Literal["hf_folder", "gguf"]
 

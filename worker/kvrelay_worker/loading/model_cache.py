@@ -25,21 +25,21 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from kvrelay_worker.models.cache_layout import (
+from kvrelay_worker.loading.cache_layout import (
     SourceFingerprint,
     is_prepared,
     write_marker,
 )
-from kvrelay_worker.models.gguf_file import GGUFCheckpoint
-from kvrelay_worker.models.hf_folder import (
+from kvrelay_worker.loading.gguf_file import GGUFCheckpoint
+from kvrelay_worker.loading.hf_folder import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
     hf_dict_from_config,
 )
+from kvrelay_worker.loading.model_source import ModelSource, resolve_model
+from kvrelay_worker.loading.safetensors_writer import write_safetensors_streaming
+from kvrelay_worker.loading.tokenizer import load_tokenizer
 from kvrelay_worker.models.model_config import ModelConfig
-from kvrelay_worker.models.model_source import ModelSource, resolve_model
-from kvrelay_worker.models.safetensors_writer import write_safetensors_streaming
-from kvrelay_worker.models.tokenizer import load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
 

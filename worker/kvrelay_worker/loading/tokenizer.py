@@ -7,8 +7,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from kvrelay_worker.loading.gguf_file import GGUFCheckpoint
 from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
-from kvrelay_worker.models.gguf_file import GGUFCheckpoint
 
 
 def load_tokenizer(path_or_folder: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
