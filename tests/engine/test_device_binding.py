@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kvrelay_worker.engine.llm_engine as llm_engine_module
-import kvrelay_worker.models.loader as loader_module
+import kvrelay_worker.loading.model_files as loader_module
 from kvrelay_worker.engine import EngineConfig, LLMEngine
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine_service import EngineService

@@ -94,6 +94,9 @@ class PenaltyState:
         """
         rows: list[int] = []
         seen, counts = _Pairs(), _Pairs()
+        # Marked synced only once the scatters ran: a step that fails here is retried
+        # (engine failure isolation), and its other sequences must scatter again.
+        synced: list[tuple[_Slot, int]] = []
         for seq, track in zip(seqs, tracked, strict=True):
             if not track:
                 rows.append(0)
@@ -108,7 +111,7 @@ class PenaltyState:
             new = seq.token_ids[slot.synced:]
             seen.add(slot.row, new)
             counts.add(slot.row, new[max(0, seq.num_prompt_tokens - slot.synced):])
-            slot.synced = total
+            synced.append((slot, total))
         if seen:
             row_ids, token_ids = seen.tensors(self.device)
             self.seen[row_ids, token_ids] = True
@@ -116,6 +119,8 @@ class PenaltyState:
             row_ids, token_ids = counts.tensors(self.device)
             ones = torch.ones(token_ids.shape, dtype=torch.float32, device=self.device)
             self.counts.index_put_((row_ids, token_ids), ones, accumulate=True)
+        for slot, total in synced:
+            slot.synced = total
         return rows
 
     def _take_row(self) -> int:
