@@ -38,7 +38,8 @@ def frame(data: dict[str, Any] | bytes, *, job_id: str, seq: int) -> bytes:
 def parse_last_event_id(value: str) -> tuple[str, int]:
     """``job:seq`` -> (job id, seq); a malformed header is a 400."""
     job_id, sep, seq = value.strip().rpartition(":")
-    if not sep or not job_id or not seq.isdigit() or len(seq) > 18:
+    # seq -1 names "before the first event" (an error event sent before any other).
+    if not sep or not job_id or not (seq.isdigit() or seq == "-1") or len(seq) > 18:
         raise bad_request(f"Last-Event-ID must be '<job id>:<seq>', got {value!r}")
     return job_id, int(seq)
 
