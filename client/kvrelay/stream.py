@@ -284,6 +284,12 @@ class AsyncStream(AsyncResource):
             return
         self._end(_CLOSED)
 
+    def detach(self) -> None:
+        """Stop listening but leave the job running, so that it can be resumed later."""
+        self._abort_on_exit = False
+        if self._state not in (_DONE, _CLOSED):
+            self._end(_CLOSED)
+
     def _end(self, state: str) -> None:
         """Release the subscription; abort the job if it may still be running."""
         self._state = state

@@ -128,6 +128,19 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "the model and announce itself.", "cli", minimum=0, exclusive=True),
     _v("STREAM_TIMEOUT", "float", "120", "Seconds `generate`, `chat` and `up` wait for the "
        "next event of a job before giving up.", "cli", minimum=0, exclusive=True),
+    # --- gateway (`kvrelay gateway`, the OpenAI-compatible HTTP API)
+    _v("GATEWAY_HOST", "str", "127.0.0.1", "Address the gateway listens on.", "cli"),
+    _v("GATEWAY_PORT", "port", "8000", "Port the gateway listens on.", "cli"),
+    _v("GATEWAY_API_KEYS", "str", "(none)", "API keys of the gateway as `key=tenant,...`; "
+       "with keys, a request without a valid one gets 401.", "cli"),
+    _v("GATEWAY_API_KEYS_FILE", "path", "(none)", "A file of `key=tenant` lines (added to "
+       "KVRELAY_GATEWAY_API_KEYS).", "cli"),
+    _v("GATEWAY_MAX_QUEUE", "int", "(no limit)", "The gateway answers 429 while a model's "
+       "queue holds more jobs than this.", "cli", minimum=0),
+    _v("GATEWAY_JOB_TIMEOUT", "float", "600", "Seconds before the gateway gives up a job "
+       "(504).", "cli", minimum=0, exclusive=True),
+    _v("GATEWAY_STREAM_TIMEOUT", "float", "60", "Seconds without any event of a job before "
+       "the gateway gives it up.", "cli", minimum=0, exclusive=True),
     # --- tests
     _v("TEST_REDIS_URL", "url", "(private server)", "Tests use this Redis instead of "
        "starting a private redis-server.", "tests"),
