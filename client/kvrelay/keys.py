@@ -26,6 +26,11 @@ def queue(model: str) -> str:
     return f"{PREFIX}queue:{model}"
 
 
+def admission(model: str) -> str:
+    """Hash of ``model``'s admission limit and retry hint, advertised by its workers."""
+    return f"{PREFIX}admission:{model}"
+
+
 def events_channel(job_id: str) -> str:
     """Pub/sub channel carrying a job's live events."""
     return f"{PREFIX}ev:{{{job_id}}}"

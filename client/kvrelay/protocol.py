@@ -45,6 +45,7 @@ class ErrorCode:
     CANCELLED: ClassVar[str] = "cancelled"
     WORKER_LOST: ClassVar[str] = "worker_lost"
     QUEUE_FULL: ClassVar[str] = "queue_full"
+    QUEUE_TIMEOUT: ClassVar[str] = "queue_timeout"
     INTERNAL: ClassVar[str] = "internal"
     JOB_ID_REUSED: ClassVar[str] = "job_id_reused"
     LOG_TRUNCATED: ClassVar[str] = "log_truncated"
@@ -227,6 +228,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     cache_salt: str | None = None
     # Unix time the client enqueued the job (for queue-time metrics).
     enqueued_at: float = 0.0
+    # Absolute unix time after which no worker may start the job (its caller stops
+    # waiting for a pickup then): a worker drops it with ``queue_timeout`` instead.
+    queue_deadline: float | None = None
 
 
 # ----------------------------------------------------------------------------- events

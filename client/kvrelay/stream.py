@@ -11,7 +11,9 @@ Delivery rules (the job's log is the source of truth, pub/sub is the fast path):
 
 Leaving before the terminal event (``break`` + leaving ``async with``, ``aclose()``,
 the task cancelled, a client-side timeout) aborts the job; leaving after it sends
-nothing. The normal path costs one deque pop and one msgspec decode per event.
+nothing. A stream from ``resume`` only observes: leaving it aborts nothing unless it was
+opened with ``abort_on_exit=True``. A new job carries a ``queue_deadline``: no worker
+starts it later, and until its first event the stream waits that long (plus a grace). The normal path costs one deque pop and one msgspec decode per event.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from kvrelay.errors import (
     DeadlineExceeded,
     InternalError,
     KvrelayError,
+    QueueTimeout,
     StreamTimeout,
     error_for_code,
 )
@@ -66,6 +69,9 @@ _GAP_RETRY_MAX: Final = 1.0
 _GAP_RETRIES_WITH_TERMINAL: Final = 4
 # Events one stream may deliver back to back before it yields to the event loop.
 _MAX_BURST: Final = 64
+# How long past its queue deadline a stream still waits for the first event (a worker
+# that picked the job up just in time needs a moment to say so).
+_PICKUP_GRACE_S: Final = 2.0
 
 
 class _SeqOnly(msgspec.Struct):
@@ -145,6 +151,8 @@ class AsyncStream(AsyncResource):
         stream_timeout: float,
         timeout: float | None = None,
         after_seq: int = -1,
+        queue_timeout: float | None = None,
+        abort_on_exit: bool = True,
     ) -> None:
         self._jobs = jobs
         self._job_id = job_id
@@ -155,6 +163,9 @@ class AsyncStream(AsyncResource):
         self._builder = CompletionBuilder(job_id, model=model, n=n)
         self._stream_timeout = stream_timeout
         self._timeout = timeout
+        # None: the job may wait in the queue as long as ``stream_timeout``.
+        self._queue_timeout = queue_timeout
+        self._abort_on_exit_wanted = abort_on_exit
         self._state: str = _NEW
         self._mailbox: Mailbox | None = None
         # A resume delivers from ``after_seq + 1`` on; earlier events only feed ``final()``.
@@ -228,7 +239,10 @@ class AsyncStream(AsyncResource):
         # The job's clock starts now, not when the stream object was made.
         now = time.time()
         deadline = None if self._timeout is None else now + self._timeout
-        request = msgspec.structs.replace(request, deadline=deadline, enqueued_at=now)
+        queue_wait = self._stream_timeout if self._queue_timeout is None else self._queue_timeout
+        request = msgspec.structs.replace(
+            request, deadline=deadline, enqueued_at=now, queue_deadline=now + queue_wait
+        )
         self._request = request
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
@@ -248,7 +262,7 @@ class AsyncStream(AsyncResource):
     async def _start_resume(self) -> None:
         self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
         self._jobs.track(self)
-        self._abort_on_exit = True
+        self._abort_on_exit = self._abort_on_exit_wanted
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._replay_log()
@@ -415,7 +429,8 @@ class AsyncStream(AsyncResource):
                     if isinstance(error, KvrelayError)
                     else InternalError(str(error), job_id=self._job_id)
                 )
-            wake_at = self._last_progress + self._stream_timeout
+            idle_limit = self._idle_limit()
+            wake_at = self._last_progress + idle_limit
             if self._deadline is not None and self._deadline < wake_at:
                 wake_at = self._deadline
             if pending and self._gap.at < wake_at:
@@ -434,19 +449,36 @@ class AsyncStream(AsyncResource):
             if pending and now >= self._gap.at:
                 await self._fill_gap()
                 continue
-            if now >= self._last_progress + self._stream_timeout:
+            if now >= self._last_progress + idle_limit:
                 await self._fill_gap(check=True)
                 if self._next_seq in pending:
                     continue
                 if self._jobs.dispatcher.connected or mailbox.error is not None:
-                    raise self._fail(
-                        StreamTimeout(
-                            f"no event for {self._stream_timeout:g}s", job_id=self._job_id
-                        )
-                    )
+                    raise self._fail(self._idle_error())
                 # Redis is away and the dispatcher is reconnecting: it will either
                 # resync us or fail us; do not blame the worker for the outage.
                 self._last_progress = now
+
+    def _waiting_for_pickup(self) -> bool:
+        """A new job with its own queue-wait limit that no worker has reported on yet."""
+        return (
+            self._queue_timeout is not None and self._request is not None and (self._next_seq == 0)
+        )
+
+    def _idle_limit(self) -> float:
+        """Seconds without an event before giving up: the queue wait, then the stream's."""
+        if self._waiting_for_pickup():
+            assert self._queue_timeout is not None
+            return self._queue_timeout + _PICKUP_GRACE_S
+        return self._stream_timeout
+
+    def _idle_error(self) -> KvrelayError:
+        if self._waiting_for_pickup():
+            return QueueTimeout(
+                f"no worker picked the job up within its queue_timeout of {self._queue_timeout:g}s",
+                job_id=self._job_id,
+            )
+        return StreamTimeout(f"no event for {self._stream_timeout:g}s", job_id=self._job_id)
 
     def _advance(self, event: _Event, now: float) -> _Event:
         deadline = self._deadline

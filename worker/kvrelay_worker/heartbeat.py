@@ -1,5 +1,6 @@
 """The worker's entry in the registry clients read: written every ``lease_refresh``,
-removed on shutdown, expiring by itself when the worker dies."""
+removed on shutdown, expiring by itself when the worker dies. The model's admission limit
+(``admission_advert``) rides along."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import redis
 
 from kvrelay import keys
 from kvrelay.protocol import WorkerInfo, encode_worker_info
+from kvrelay_worker.admission_advert import advertise_admission
 from kvrelay_worker.periodic import Periodic
 from kvrelay_worker.settings import WorkerSettings
 
@@ -20,6 +22,7 @@ class Heartbeat:
     def __init__(self, client: redis.Redis, settings: WorkerSettings,
                  info: Callable[[], WorkerInfo]) -> None:
         self.redis = client
+        self.settings = settings
         self.worker_id = settings.worker_id
         self.info = info
         self.ttl_ms = int(max(3.0, 3 * settings.lease_refresh) * 1000)
@@ -44,4 +47,5 @@ class Heartbeat:
         pipe.set(keys.worker_heartbeat(self.worker_id), encode_worker_info(self.info()),
                  px=self.ttl_ms)
         pipe.sadd(keys.WORKERS, self.worker_id)
+        advertise_admission(pipe, self.settings)
         pipe.execute()
