@@ -13,7 +13,8 @@ Leaving before the terminal event (``break`` + leaving ``async with``, ``aclose(
 the task cancelled, a client-side timeout) aborts the job; leaving after it sends
 nothing. A stream from ``resume`` only observes: leaving it aborts nothing unless it was
 opened with ``abort_on_exit=True``. A new job carries a ``queue_deadline``: no worker
-starts it later, and until its first event the stream waits that long (plus a grace). The normal path costs one deque pop and one msgspec decode per event.
+starts it later, and until its first event the stream waits that long (plus a grace).
+The normal path costs one deque pop and one msgspec decode per event.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from kvrelay.errors import (
     DeadlineExceeded,
     InternalError,
     KvrelayError,
+    QueueFull,
     QueueTimeout,
     StreamTimeout,
     error_for_code,
@@ -71,7 +73,7 @@ _GAP_RETRIES_WITH_TERMINAL: Final = 4
 _MAX_BURST: Final = 64
 # How long past its queue deadline a stream still waits for the first event (a worker
 # that picked the job up just in time needs a moment to say so).
-_PICKUP_GRACE_S: Final = 2.0
+_PICKUP_GRACE_S: Final = 5.0
 
 
 class _SeqOnly(msgspec.Struct):
@@ -254,10 +256,14 @@ class AsyncStream(AsyncResource):
         new = await self._jobs.reserve(request)
         # From here on the job may exist: leaving early must abort it.
         self._abort_on_exit = True
-        if new:
-            await self._jobs.enqueue(request)
-        else:
+        if not new:
             await self._replay_log()
+            return
+        try:
+            await self._jobs.enqueue(request)
+        except QueueFull:
+            self._abort_on_exit = False  # refused: nothing was enqueued, nothing to abort
+            raise
 
     async def _start_resume(self) -> None:
         self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))

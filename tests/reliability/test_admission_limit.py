@@ -64,6 +64,7 @@ async def test_server_side_limit_holds_against_racing_clients(
             messages = raw.lrange(keys.queue(MODEL), 0, -1)
         finally:
             raw.close()
+        assert len(messages) == LIMIT
         queued_ids = {s.job_id for s in admitted}
         assert all(any(j.encode() in m for m in messages) for j in queued_ids)
         assert not any(r.job_id is not None and r.job_id.encode() in m
@@ -78,3 +79,9 @@ async def test_server_side_limit_holds_against_racing_clients(
     finally:
         for client in clients:
             await client.aclose()
+    # A refused job was never enqueued: the client had nothing to abort.
+    raw = redis.Redis.from_url(clean_redis_url)
+    try:
+        assert not any(raw.exists(keys.abort_flag(r.job_id or "")) for r in refused)
+    finally:
+        raw.close()

@@ -93,6 +93,16 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("REDIS_SOCKET_TIMEOUT", "float", "30", "Seconds any Redis call of a worker (connect, "
        "read, write) may take before it fails instead of waiting forever.", "worker",
        minimum=0, exclusive=True),
+    _v("MAX_QUEUE", "int", "4096", "Jobs the model's queue may hold (0: no limit). "
+       "Advertised with every heartbeat and enforced in the same Redis call as each push, "
+       "whatever the client; give every worker of a model the same value.", "worker",
+       minimum=0),
+    _v("QUEUE_RETRY_AFTER", "float", "1.0", "The retry hint (seconds) a client refused with "
+       "`QueueFull` receives.", "worker", minimum=0, exclusive=True),
+    _v("MAX_QUEUE_WAIT", "float", "3000", "Longest queue wait (seconds since enqueue) a job "
+       "may have at its first pickup when its request carries no `queue_deadline` of its own "
+       "(older SDKs, raw producers); at most 3000, below the abort flag's hour.", "worker",
+       minimum=0, exclusive=True),
     _v("LOG_MAX_LEN", "int", "100000", "Most events kept in a job's replay log.", "worker",
        minimum=1),
     _v("LOG_MAX_BYTES", "int", "33554432", "Most bytes kept in a job's replay log (the oldest "
