@@ -31,7 +31,7 @@ import kvrelay
 from kvrelay import AsyncClient, AsyncStream, keys
 from kvrelay.protocol import ErrorCode, Failed, Finished, Started
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "llama-mqa"
 QUEUED = 200
@@ -65,6 +65,7 @@ def _never_started(url: str, job_id: str, code: str) -> None:
     assert events[-1].code == code, (job_id, events)
 
 
+@pytest.mark.timeout(600)  # a hang guard: three worker starts and 200 jobs on 2 shared cores
 async def test_taken_over_job_runs_first_and_abandoned_jobs_never_start(
     start_worker: Callable[..., WorkerProcess], clean_redis_url: str
 ) -> None:
