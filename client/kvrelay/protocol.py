@@ -392,9 +392,11 @@ def decode_request_json(data: bytes | str) -> GenerateRequest:
 
 def request_digest(request: GenerateRequest) -> str:
     """What makes two requests the same job: everything but when they were sent (a retry
-    carries a new ``enqueued_at`` and ``deadline``). Kept with the job in place of the
-    prompt, so a reused ``job_id`` is told apart from a retry."""
-    timeless = msgspec.structs.replace(request, enqueued_at=0.0, deadline=None)
+    carries a new ``enqueued_at``, ``deadline`` and ``queue_deadline``). Kept with the job
+    in place of the prompt, so a reused ``job_id`` is told apart from a retry."""
+    timeless = msgspec.structs.replace(
+        request, enqueued_at=0.0, deadline=None, queue_deadline=None
+    )
     # Through the wire form and back, as a worker sees it (``1`` for a float field is
     # ``1.0`` there), so both sides hash the same bytes.
     canonical = decode_request_json(_json_encoder.encode(timeless))
