@@ -138,7 +138,9 @@ class Gateway:
         job_id, seq = parse_last_event_id(last_event_id)
         if not auth.owns(tenant, job_id):
             raise GatewayError(404, f"no job {job_id!r} to resume", code="job_not_found")
-        return await self.client.resume(job_id, after_seq=seq,
+        # The gateway owns the caller's job either way: leaving aborts it unless the
+        # request is resumable (then ``_pump`` detaches the stream first).
+        return await self.client.resume(job_id, after_seq=seq, abort_on_exit=True,
                                         stream_timeout=self.settings.stream_timeout)
 
     async def _until_disconnected(self, request: Request, stream: AsyncStream,
