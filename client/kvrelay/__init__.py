@@ -23,6 +23,7 @@ from kvrelay.errors import (
     ProtocolVersionError,
     QueueFull,
     StreamTimeout,
+    UnknownJob,
     UnknownModel,
     WorkerLost,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "StreamTimeout",
     "TokenLogprob",
     "TopLogprob",
+    "UnknownJob",
     "UnknownModel",
     "Usage",
     "WorkerInfo",

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
+from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.event_log import LIVE_LOG_TTL_S
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 class SettingsError(ValueError):
