@@ -44,7 +44,8 @@ class Variable:
 
 
 def _v(name: str, kind: Kind, default: str, meaning: str, users: str, **kw: object) -> Variable:
-    assert set(users.split()) <= set(USERS), users
+    if not set(users.split()) <= set(USERS):
+        raise ValueError(f"{name}: readers must be among {USERS}, got {users!r}")
     return Variable(f"{PREFIX}{name}", kind, default, meaning, users, **kw)  # type: ignore[arg-type]
 
 
