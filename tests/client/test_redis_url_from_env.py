@@ -37,7 +37,7 @@ def test_sync_client_reads_the_variable(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("KVRELAY_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens
     client = Client(connect_timeout=0.5)
     try:
-        with pytest.raises(ConnectionError, match="127.0.0.1:1"):
+        with pytest.raises(ConnectionError, match=r"127\.0\.0\.1:1"):
             client.workers()
     finally:
         client.close()

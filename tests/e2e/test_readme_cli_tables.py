@@ -62,7 +62,7 @@ def command_rows() -> dict[str, str]:
 def documented_flags(row: str, command: str) -> set[str]:
     """Flags in code spans that are flags (`--json`, `--args "..."`) or this command's
     usage (`kvrelay models prepare NAME`); not those of other programs it mentions."""
-    spans = [s for s in code_spans(row) if s.startswith("-") or s.startswith(f"kvrelay {command}")]
+    spans = [s for s in code_spans(row) if s.startswith(("-", f"kvrelay {command}"))]
     return {flag for span in spans for flag in _FLAG.findall(span)}
 
 

@@ -58,7 +58,8 @@ def test_any_free_metrics_port_is_logged_and_in_the_heartbeat(
     worker = start_worker("anyport", concurrency=2, metrics_port=0)
     with Client(clean_redis_url) as client:
         (info,) = [w for w in client.workers() if w.pid == worker.pid]
-    assert info.metrics_port is not None and info.metrics_port > 0
+    assert info.metrics_port is not None
+    assert info.metrics_port > 0
     assert f"metrics on 127.0.0.1 port {info.metrics_port}" in worker.tail(20000)
     scraped = httpx.get(f"http://127.0.0.1:{info.metrics_port}/metrics", timeout=10).text
     assert "kvrelay_running_sequences" in scraped

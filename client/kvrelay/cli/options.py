@@ -46,6 +46,11 @@ def picked(params: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return {name: params[name] for name in names}
 
 
+def _count_option(flag: str, variable: str, metavar: str, help_text: str) -> Callable[[F], F]:
+    """A whole number of at least one, overridable by its variable."""
+    return env_option(flag, variable, type=click.IntRange(min=1), metavar=metavar, help=help_text)
+
+
 def redis_url_option(help_text: str) -> Callable[[F], F]:
     return env_option("--redis-url", "REDIS_URL", metavar="URL", help=help_text)
 
@@ -75,19 +80,17 @@ def worker_options(func: F) -> F:
                 type=click.Choice(DTYPES, case_sensitive=False),
                 help="Weights and activations dtype [default: auto].",
             ),
-            env_option(
+            _count_option(
                 "--concurrency",
                 "CONCURRENCY",
-                type=click.IntRange(min=1),
-                metavar="N",
-                help="Jobs held at once (Celery threads) [default: 64].",
+                "N",
+                "Jobs held at once (Celery threads) [default: 64].",
             ),
-            env_option(
+            _count_option(
                 "--max-model-len",
                 "MAX_MODEL_LEN",
-                type=click.IntRange(min=1),
-                metavar="TOKENS",
-                help="Longest prompt plus output [default: the model's].",
+                "TOKENS",
+                "Longest prompt plus output [default: the model's].",
             ),
             env_option(
                 "--metrics-port",
@@ -171,6 +174,12 @@ def sampling_range(field: str) -> click.ParamType:
     )
 
 
+def _sampling_flag(flag: str, default: float, help_text: str) -> Callable[[F], F]:
+    """``--flag`` for the sampling field of the same name, its bounds from the wire struct."""
+    kind = sampling_range(flag.removeprefix("--").replace("-", "_"))
+    return click.option(flag, type=kind, default=default, show_default=True, help=help_text)
+
+
 def sampling_options(temperature: float) -> Callable[[F], F]:
     """Generation options shared by ``up``, ``generate`` and ``chat``."""
 
@@ -178,27 +187,9 @@ def sampling_options(temperature: float) -> Callable[[F], F]:
         return _apply(
             func,
             [
-                click.option(
-                    "--max-tokens",
-                    type=sampling_range("max_tokens"),
-                    default=DEFAULT_MAX_TOKENS,
-                    show_default=True,
-                    help="Most tokens to generate.",
-                ),
-                click.option(
-                    "--temperature",
-                    type=sampling_range("temperature"),
-                    default=temperature,
-                    show_default=True,
-                    help="Sampling temperature (0: greedy).",
-                ),
-                click.option(
-                    "--top-p",
-                    type=sampling_range("top_p"),
-                    default=1.0,
-                    show_default=True,
-                    help="Nucleus sampling mass.",
-                ),
+                _sampling_flag("--max-tokens", DEFAULT_MAX_TOKENS, "Most tokens to generate."),
+                _sampling_flag("--temperature", temperature, "Sampling temperature (0: greedy)."),
+                _sampling_flag("--top-p", 1.0, "Nucleus sampling mass."),
                 click.option(
                     "--seed",
                     type=sampling_range("seed"),
