@@ -24,7 +24,7 @@ def documented_errors(rows: list[list[str]]) -> set[str]:
     """Classes in the first column, and those named as ``subclasses `X`, `Y` `` in a row."""
     names: set[str] = set()
     for first, meaning, *_ in rows:
-        names.update(span for span in code_spans(first) if span[:1].isupper())
+        names.add(code_spans(first)[0])  # later spans say what it also is (`ValueError`)
         subclasses = re.search(r"subclasses? (.*)", meaning)
         if subclasses:
             names.update(code_spans(subclasses.group(1)))

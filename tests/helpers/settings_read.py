@@ -2,8 +2,8 @@
 found in the code itself (so settings added later are found without a list to update).
 
 Reads are: ``os.environ.get(X)`` / ``os.getenv(X)`` / ``os.environ[X]``, the CLI's
-``env_value("NAME")`` / ``env_float("NAME", default)`` / ``env_option(flag, "NAME")`` /
-``seconds_option(flag, "NAME", default)``, click's ``envvar="X"``, the fields of
+``env_value("NAME")`` / ``env_float("NAME", default)``, the ``envvar`` of every option of
+every ``kvrelay`` command (from the click commands themselves), the fields of
 ``WorkerSettings`` (read as ``KVRELAY_<FIELD>``) and ``${X:-default}`` in compose.yaml.
 ``X`` may be a string or a module-level constant holding one.
 """
@@ -17,6 +17,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import click
+
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "KVRELAY_"
 
@@ -29,7 +31,7 @@ _USERS = (
     ("tests", "tests"),
 )
 # Helpers whose argument is the name without the prefix.
-_UNPREFIXED = {"env_value", "env_float", "env_option", "seconds_option"}
+_UNPREFIXED = {"env_value", "env_float"}
 _ENVIRON_CALLS = {"get", "getenv"}
 
 
@@ -49,7 +51,7 @@ class Reads:
 def _constants(tree: ast.Module) -> dict[str, str]:
     found = {}
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
+        target: ast.expr | None = node.target if isinstance(node, ast.AnnAssign) else None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
         value = getattr(node, "value", None)
@@ -94,17 +96,21 @@ def _scan_python(path: Path, user: str, reads: Reads) -> None:
             if owner_name in ("environ", "os") and name and name.startswith(PREFIX):
                 reads.add(name, user, _literal(args[1]) if len(args) > 1 else None)
         elif called in _UNPREFIXED:
-            position = 0 if called in ("env_value", "env_float") else 1
-            name = _text(args[position], constants) if len(args) > position else None
+            name = _text(args[0], constants) if args else None
             if name:
-                default = _literal(args[position + 1]) if len(args) > position + 1 else None
-                reads.add(PREFIX + name, user, default)
-        for keyword in node.keywords:
-            if keyword.arg == "envvar":
-                name = _text(keyword.value, constants)
-                if name:
-                    defaults = [k.value for k in node.keywords if k.arg == "default"]
-                    reads.add(name, user, _literal(defaults[0]) if defaults else None)
+                reads.add(PREFIX + name, user, _literal(args[1]) if len(args) > 1 else None)
+
+
+def _scan_commands(command: click.Command, reads: Reads) -> None:
+    """Options of ``command`` and its sub-commands that fall back to a variable."""
+    for param in command.params:
+        envvars = [param.envvar] if isinstance(param.envvar, str) else param.envvar or []
+        default = param.default if isinstance(param.default, str | int | float) else None
+        for name in envvars:
+            reads.add(name, "CLI", default)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _scan_commands(sub, reads)
 
 
 def _user_of(path: Path) -> str | None:
@@ -124,8 +130,10 @@ def settings_read() -> Reads:
             user = _user_of(path)
             if user is not None:
                 _scan_python(path, user, reads)
+    from kvrelay.cli.main import cli
     from kvrelay_worker.settings import WorkerSettings
 
+    _scan_commands(cli, reads)
     for field in dataclasses.fields(WorkerSettings):
         if field.name == "worker_id":  # generated, never read
             continue
