@@ -341,6 +341,9 @@ class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     jobs_running: int = 0
     draining: bool = False
     stats: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Where the worker serves Prometheus metrics (None: not served); the bound port when
+    # KVRELAY_METRICS_PORT=0 asked for any free one.
+    metrics_port: int | None = None
 
 
 # ------------------------------------------------------------------------- encoding

@@ -57,6 +57,8 @@ def make_celery(s: WorkerSettings) -> Celery:
         worker_pool="threads",
         worker_concurrency=s.concurrency,
         worker_hijack_root_logger=False,
+        # Fails (and counts) messages that are not JSON instead of only logging them.
+        worker_consumer="kvrelay_worker.undecodable_messages:KvrelayConsumer",
         task_default_queue=queue_name,
         task_queues=(Queue(queue_name, Exchange(queue_name, type="direct"),
                            routing_key=queue_name),),
@@ -67,6 +69,11 @@ def make_celery(s: WorkerSettings) -> Celery:
 app = make_celery(settings)
 
 _runtime: WorkerRuntime | None = None
+
+
+def current_runtime() -> WorkerRuntime | None:
+    """The running worker's runtime (None before the engine is loaded, or after shutdown)."""
+    return _runtime
 
 
 def requeue(job_id: str, payload_json: str) -> None:

@@ -16,9 +16,8 @@ from functools import cached_property
 from pathlib import Path
 
 from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
+from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.event_log import LIVE_LOG_TTL_S
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 class SettingsError(ValueError):

@@ -79,7 +79,7 @@ def plan_worker(
         "--queues",
         keys.queue(served),
         "--hostname",
-        hostname or f"kvrelay-{served}@%h",
+        hostname or f"kvrelay-{served}-{os.getpid()}@%h",
         "--loglevel",
         loglevel,
         "--without-gossip",
