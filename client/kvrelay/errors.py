@@ -12,7 +12,7 @@ import builtins
 from kvrelay.protocol import ErrorCode
 
 # The wire's error codes: only these map a ``Failed`` event to a class.
-_WIRE_CODES = frozenset(v for k, v in vars(ErrorCode).items() if not k.startswith("_"))
+_WIRE_CODES = frozenset(code.value for code in ErrorCode)
 _BY_CODE: dict[str, type[KvrelayError]] = {}
 
 

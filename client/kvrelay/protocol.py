@@ -19,7 +19,8 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Final
+from enum import StrEnum
+from typing import Annotated, Any, Final
 
 import msgspec
 from msgspec import Meta
@@ -33,22 +34,14 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1 << 20
 TASK_NAME: Final = "kvrelay.generate"
 
 
-class ErrorCode:
-    """Stable error codes carried by ``Failed`` events (never renamed, only added)."""
-
-    INVALID_REQUEST: ClassVar[str] = "invalid_request"
-    UNKNOWN_MODEL: ClassVar[str] = "unknown_model"
-    PROMPT_TOO_LONG: ClassVar[str] = "prompt_too_long"
-    PAYLOAD_TOO_LARGE: ClassVar[str] = "payload_too_large"
-    PROTOCOL_VERSION: ClassVar[str] = "protocol_version"
-    DEADLINE_EXCEEDED: ClassVar[str] = "deadline_exceeded"
-    CANCELLED: ClassVar[str] = "cancelled"
-    WORKER_LOST: ClassVar[str] = "worker_lost"
-    QUEUE_FULL: ClassVar[str] = "queue_full"
-    QUEUE_TIMEOUT: ClassVar[str] = "queue_timeout"
-    INTERNAL: ClassVar[str] = "internal"
-    JOB_ID_REUSED: ClassVar[str] = "job_id_reused"
-    LOG_TRUNCATED: ClassVar[str] = "log_truncated"
+# Stable error codes carried by ``Failed`` events (never renamed, only added). Each
+# member is a ``str`` whose value is its name in lower case: ErrorCode.INVALID_REQUEST
+# == "invalid_request" on the wire.
+ErrorCode = StrEnum("ErrorCode", [
+    "INVALID_REQUEST", "UNKNOWN_MODEL", "PROMPT_TOO_LONG", "PAYLOAD_TOO_LARGE",
+    "PROTOCOL_VERSION", "DEADLINE_EXCEEDED", "CANCELLED", "WORKER_LOST", "QUEUE_FULL",
+    "QUEUE_TIMEOUT", "INTERNAL", "JOB_ID_REUSED", "LOG_TRUNCATED",
+])
 
 
 # ------------------------------------------------------------------ sampling options

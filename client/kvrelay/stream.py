@@ -25,7 +25,7 @@ import logging
 import time
 import typing
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import ClassVar, Final
 
 import msgspec
 import redis.exceptions as redis_exceptions
@@ -65,10 +65,6 @@ log = logging.getLogger("kvrelay.stream")
 
 # Entries per XRANGE page: bounds the time one reply takes to parse on the loop.
 _LOG_PAGE: Final = 256
-# A gap the log cannot fill yet is retried with this backoff (seconds), then given up.
-_GAP_RETRY_FIRST: Final = 0.05
-_GAP_RETRY_MAX: Final = 1.0
-_GAP_RETRIES_WITH_TERMINAL: Final = 4
 # Events one stream may deliver back to back before it yields to the event loop.
 _MAX_BURST: Final = 64
 # How long past its queue deadline a stream still waits for the first event (a worker
@@ -111,7 +107,13 @@ def _decode(data: object) -> _Event | None:
 
 
 class _GapRetry:
-    """When to read the log again for a hole it could not fill yet (doubling backoff)."""
+    """When to read the log again for a hole it could not fill yet (doubling backoff from
+    ``FIRST`` to ``MAX`` seconds; given up after ``TRIES_WITH_TERMINAL`` once the job's
+    terminal event is in hand)."""
+
+    FIRST: ClassVar[float] = 0.05
+    MAX: ClassVar[float] = 1.0
+    TRIES_WITH_TERMINAL: ClassVar[int] = 4
 
     __slots__ = ("at", "delay", "tries")
 
@@ -120,13 +122,13 @@ class _GapRetry:
 
     def reset(self) -> None:
         self.at = 0.0
-        self.delay = _GAP_RETRY_FIRST
+        self.delay = self.FIRST
         self.tries = 0
 
     def again(self, now: float) -> None:
         self.tries += 1
         self.at = now + self.delay
-        self.delay = min(self.delay * 2, _GAP_RETRY_MAX)
+        self.delay = min(self.delay * 2, self.MAX)
 
 
 _NEW: Final = "new"
@@ -523,7 +525,7 @@ class AsyncStream(AsyncResource):
         # Still a hole: retry later; give up if the job is over and the log cannot say.
         self._gap.again(asyncio.get_running_loop().time())
         terminal = any(isinstance(e, TERMINAL_EVENTS) for e in pending.values())
-        if terminal and self._gap.tries >= _GAP_RETRIES_WITH_TERMINAL and not check:
+        if terminal and self._gap.tries >= _GapRetry.TRIES_WITH_TERMINAL and not check:
             first = min(pending)
             raise self._fail(
                 InternalError(

@@ -14,6 +14,7 @@ from kvrelay.client import AsyncClient
 from kvrelay.completion import Completion
 from kvrelay.errors import KvrelayError
 from kvrelay.gateway import auth
+from kvrelay.gateway.disconnect import run_until_disconnect
 from kvrelay.gateway.errors import GatewayError, from_kvrelay
 from kvrelay.gateway.metrics import GatewayMetrics
 from kvrelay.gateway.requests import ChatRequest, CompletionRequest, decode
@@ -151,16 +152,7 @@ class Gateway:
             async with stream:
                 return await stream.final()
 
-        async def left() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
-        job = asyncio.ensure_future(run())
-        watcher = asyncio.ensure_future(left())
-        try:
-            await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
+        job = await run_until_disconnect(run(), request.receive)
         if not job.done():
             if keep:
                 stream.detach()

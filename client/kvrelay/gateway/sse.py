@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 from starlette.types import Send as ASGISend
 
+from kvrelay.gateway.disconnect import run_until_disconnect
 from kvrelay.gateway.errors import bad_request
 
 DONE = b"[DONE]"
@@ -72,17 +73,8 @@ class EventStreamResponse(Response):
             await self._produce(write)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        async def disconnected() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-
-        producer = asyncio.ensure_future(produce())
-        watcher = asyncio.ensure_future(disconnected())
-        try:
-            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            if not producer.done():
-                producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+        producer = await run_until_disconnect(produce(), receive)
+        if not producer.done():
+            producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await producer
