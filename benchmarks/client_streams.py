@@ -32,7 +32,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kvrelay import AsyncClient, keys
+from kvrelay import AsyncClient
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     Finished,
     Started,
@@ -42,6 +43,8 @@ from kvrelay.protocol import (
     log_entry_id,
     payload_to_request,
 )
+
+KEYS = Keyspace()  # the default namespace
 
 MODEL = "bench-model"
 
@@ -58,7 +61,7 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
         started = time.perf_counter()
         # Take whatever is queued (non-blocking pops), like a worker with free slots.
         while True:
-            item = r.rpop(keys.queue(MODEL))
+            item = r.rpop(KEYS.queue(MODEL))
             if item is None:
                 break
             message = json.loads(item)
@@ -81,8 +84,8 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
                 )
                 done.append(job)
             data = encode_event(event)
-            pipe.xadd(keys.event_log(job), {"e": data}, id=log_entry_id(seq))
-            pipe.publish(keys.events_channel(job), data)
+            pipe.xadd(KEYS.event_log(job), {"e": data}, id=log_entry_id(seq))
+            pipe.publish(KEYS.events_channel(job), data)
             jobs[job] = seq + 1
         if len(pipe):
             pipe.execute()

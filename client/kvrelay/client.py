@@ -16,12 +16,12 @@ from typing import Any, Final, Unpack
 
 from redis.asyncio import Redis
 
-from kvrelay import keys
 from kvrelay.completion import Completion
 from kvrelay.connection import REDIS_ERRORS, connection_error, make_redis, redact_url
 from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, TransportFactory
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
 from kvrelay.errors import InvalidRequest, KvrelayError, QueueFull, UnknownModel
+from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     AbortMessage,
@@ -66,6 +66,9 @@ class AsyncClient:
         max_connections: size of the command connection pool.
         redis: an existing ``redis.asyncio.Redis`` (bytes replies) to use instead of
             ``url`` (e.g. fakeredis in tests); the caller keeps ownership.
+        namespace: the tenant: every key, channel and queue this client uses starts
+            with its prefix (``kvrelay:ns:<namespace>:``); workers of the same
+            namespace (``KVRELAY_NAMESPACE``) serve it. Empty: the default ``kvrelay:``.
         enqueuer: replaces the Celery producer (testing hook).
     """
 
@@ -85,11 +88,16 @@ class AsyncClient:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         redis: Redis | None = None,
         enqueuer: Enqueuer | None = None,
+        namespace: str = "",
     ) -> None:
         if stream_timeout <= 0:
             raise InvalidRequest("stream_timeout must be > 0")
         if max_queue is not None and (isinstance(max_queue, bool) or max_queue < 0):
             raise InvalidRequest("max_queue must be None or an int >= 0")
+        try:
+            self._keys = Keyspace(namespace)
+        except NamespaceError as exc:
+            raise InvalidRequest(str(exc)) from None
         self._url = url
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
@@ -130,12 +138,17 @@ class AsyncClient:
         self._celery: CeleryEnqueuer | None = None
         if enqueuer is None:
             self._celery = CeleryEnqueuer(
-                url, threads=enqueue_threads, connect_timeout=connect_timeout, where=self._where
+                url,
+                threads=enqueue_threads,
+                connect_timeout=connect_timeout,
+                where=self._where,
+                keyspace=self._keys,
             )
             enqueuer = self._celery
         self._enqueuer: Enqueuer = enqueuer
         self._ctx = StreamContext(
             redis=self._redis,
+            keys=self._keys,
             dispatcher=self._dispatcher,
             admit=self._admit,
             enqueue=self._enqueuer,
@@ -258,8 +271,8 @@ class AsyncClient:
     async def cancel(self, job_id: str) -> None:
         """Abort ``job_id`` wherever it is: queued jobs are dropped, running ones stopped."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
-        pipe.publish(keys.CONTROL_CHANNEL, encode_control(AbortMessage(job_id=job_id)))
+        pipe.set(self._keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
+        pipe.publish(self._keys.control_channel, encode_control(AbortMessage(job_id=job_id)))
         try:
             await pipe.execute()
         except REDIS_ERRORS as exc:
@@ -270,7 +283,7 @@ class AsyncClient:
     async def workers(self) -> list[WorkerInfo]:
         """Live workers (dead entries are removed from the registry on the way)."""
         try:
-            workers = await live_workers(self._redis)
+            workers = await live_workers(self._redis, self._keys)
         except REDIS_ERRORS as exc:
             raise self._connection_error(exc, "reading the worker registry") from exc
         self._served = served_models(workers)
@@ -283,7 +296,7 @@ class AsyncClient:
         if not name:
             raise InvalidRequest("no model: pass model=... to the client or to this call")
         try:
-            return int(await self._redis.llen(keys.queue(name)))
+            return int(await self._redis.llen(self._keys.queue(name)))
         except REDIS_ERRORS as exc:
             raise self._connection_error(exc, "reading the queue length") from exc
 

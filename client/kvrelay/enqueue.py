@@ -17,8 +17,8 @@ from typing import Any
 
 import redis.exceptions
 
-from kvrelay import keys
 from kvrelay.errors import ConnectionError
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
 
 __all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url"]
@@ -46,7 +46,7 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 
 class CeleryEnqueuer:
-    """Publishes ``kvrelay.generate`` tasks (JSON only) on ``keys.queue(model)``."""
+    """Publishes ``kvrelay.generate`` tasks (JSON only) on ``Keyspace.queue(model)``."""
 
     def __init__(
         self,
@@ -55,7 +55,9 @@ class CeleryEnqueuer:
         threads: int = 4,
         connect_timeout: float = 5.0,
         where: str | None = None,
+        keyspace: Keyspace | None = None,
     ) -> None:
+        self._keys = keyspace or Keyspace()
         self._broker_url = celery_broker_url(broker_url)
         self._threads = max(1, threads)
         self._connect_timeout = connect_timeout
@@ -85,6 +87,7 @@ class CeleryEnqueuer:
                     broker_connection_timeout=self._connect_timeout,
                     broker_pool_limit=self._threads + 1,
                     broker_transport_options={
+                        **self._keys.celery_transport_options(),
                         "socket_connect_timeout": self._connect_timeout,
                         "socket_timeout": max(self._connect_timeout, 10.0),
                     },
@@ -105,7 +108,7 @@ class CeleryEnqueuer:
             TASK_NAME,
             args=[request_to_payload(request)],
             task_id=request.job_id,
-            queue=keys.queue(request.model),
+            queue=self._keys.celery_queue(request.model),
             serializer="json",
             ignore_result=True,
             # Keep the message small: Celery would otherwise repeat the payload as text.

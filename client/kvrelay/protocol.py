@@ -12,7 +12,7 @@ How events move: the worker appends each event to the job's log stream
 the msgpack bytes, then publishes the same bytes on ``keys.events_channel``. Explicit
 ids make the log refuse a duplicate ``seq`` and let a reader fetch "everything after
 seq N" with ``XRANGE log (N+1)-0 +``. Cancel: the client sets ``keys.abort_flag`` and
-publishes an ``AbortMessage`` on ``keys.CONTROL_CHANNEL``.
+publishes an ``AbortMessage`` on ``Keyspace.control_channel``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import msgspec
 import redis.exceptions as redis_exceptions
 from redis.asyncio import Redis
 
-from kvrelay import keys
 from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
 from kvrelay.connection import REDIS_ERRORS
 from kvrelay.dispatcher import RESYNC, Dispatcher, Mailbox
@@ -41,6 +40,7 @@ from kvrelay.errors import (
     StreamTimeout,
     error_for_code,
 )
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
     AnyEvent,
@@ -106,6 +106,8 @@ class StreamContext:
     """What a stream needs from its client (kept narrow so streams are testable)."""
 
     redis: Redis
+    # The client's namespace: the names of the job's channel and log.
+    keys: Keyspace
     dispatcher: Dispatcher
     # Admission checks (worker present, queue length); raises before anything is sent.
     admit: Callable[[GenerateRequest], Awaitable[None]]
@@ -149,7 +151,7 @@ class AsyncStream:
         self._stream_timeout = stream_timeout
         self._timeout = timeout
         self._after_seq = after_seq
-        self._log_key = keys.event_log(job_id)
+        self._log_key = ctx.keys.event_log(job_id)
         n = request.sampling.n if request is not None else 1
         self._builder = CompletionBuilder(
             job_id, model=request.model if request is not None else None, n=n
@@ -242,14 +244,14 @@ class AsyncStream:
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._ctx.admit(request)
-        self._mailbox = await self._ctx.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._mailbox = await self._ctx.dispatcher.subscribe(self._ctx.keys.events_channel(self._job_id))
         self._ctx.track(self)
         # From here on the job may exist: leaving early must abort it.
         self._abort_on_exit = True
         await self._ctx.enqueue(request)
 
     async def _start_resume(self) -> None:
-        self._mailbox = await self._ctx.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._mailbox = await self._ctx.dispatcher.subscribe(self._ctx.keys.events_channel(self._job_id))
         self._ctx.track(self)
         self._abort_on_exit = True
         if self._timeout is not None:

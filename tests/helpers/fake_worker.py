@@ -1,7 +1,7 @@
 """A scripted stand-in for a worker's side of the event contract (no engine, no Celery).
 
-It writes events exactly as a real worker must: ``XADD keys.event_log(job)`` with entry
-id ``log_entry_id(seq)`` and field ``e``, THEN ``PUBLISH keys.events_channel(job)`` with
+It writes events exactly as a real worker must: ``XADD KEYS.event_log(job)`` with entry
+id ``log_entry_id(seq)`` and field ``e``, THEN ``PUBLISH KEYS.events_channel(job)`` with
 the same bytes. Knobs let a test skip the publish of some events (log only), publish
 out of order, or publish duplicates, to exercise the client's ordering and gap-filling.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import redis as sync_redis
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     AnyEvent,
     Failed,
@@ -34,6 +34,8 @@ from kvrelay.protocol import (
     log_entry_id,
     payload_to_request,
 )
+
+KEYS = Keyspace()  # the default namespace
 
 
 def completion_events(
@@ -93,9 +95,9 @@ async def emit(
     """Log then publish one event (the order the contract requires)."""
     data = encode_event(event)
     if log:
-        await redis.xadd(keys.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
+        await redis.xadd(KEYS.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
     if publish:
-        await redis.publish(keys.events_channel(job_id), data)
+        await redis.publish(KEYS.events_channel(job_id), data)
 
 
 async def play(
@@ -136,8 +138,8 @@ def play_sync(
     for event in events:
         data = encode_event(event)
         pipe = redis.pipeline(transaction=False)
-        pipe.xadd(keys.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
-        pipe.publish(keys.events_channel(job_id), data)
+        pipe.xadd(KEYS.event_log(job_id), {"e": data}, id=log_entry_id(event.seq))
+        pipe.publish(KEYS.events_channel(job_id), data)
         pipe.execute()
         if delay:
             time.sleep(delay)
@@ -155,8 +157,8 @@ async def announce(
         updated_at=time.time(),
         **fields,
     )
-    await redis.set(keys.worker_heartbeat(worker_id), encode_worker_info(info), px=ttl_ms)
-    await redis.sadd(keys.WORKERS, worker_id)
+    await redis.set(KEYS.worker_heartbeat(worker_id), encode_worker_info(info), px=ttl_ms)
+    await redis.sadd(KEYS.workers, worker_id)
     return info
 
 
@@ -193,7 +195,7 @@ async def serve_queue(
     jobs: set[asyncio.Task[None]] = set()
     try:
         while True:
-            item = await redis.brpop([keys.queue(model)], timeout=1)
+            item = await redis.brpop([KEYS.queue(model)], timeout=1)
             if item is None:
                 continue
             _headers, request = decode_celery_message(item[1])
@@ -226,13 +228,13 @@ class ThreadWorker:
         client = sync_redis.Redis.from_url(self.url)
         try:
             while not self._stop.is_set():
-                item = client.brpop([keys.queue(self.model)], timeout=0.1)
+                item = client.brpop([KEYS.queue(self.model)], timeout=0.1)
                 if item is None:
                     continue
                 _headers, request = decode_celery_message(item[1])
                 self.requests.append(request)
                 for event in completion_events(self.texts):
-                    if client.get(keys.abort_flag(request.job_id)):
+                    if client.get(KEYS.abort_flag(request.job_id)):
                         break
                     play_sync(client, request.job_id, [event], delay=self.delay)
         finally:

@@ -6,14 +6,16 @@ import time
 
 import redis
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import AnyEvent, Failed, Finished, decode_event
+
+KEYS = Keyspace()  # the default namespace
 
 
 def read_events(redis_url: str, job_id: str) -> list[AnyEvent]:
     client = redis.Redis.from_url(redis_url)
     try:
-        return [decode_event(f[b"e"]) for _, f in client.xrange(keys.event_log(job_id))]
+        return [decode_event(f[b"e"]) for _, f in client.xrange(KEYS.event_log(job_id))]
     finally:
         client.close()
 

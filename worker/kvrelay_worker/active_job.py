@@ -32,6 +32,8 @@ class ActiveJob:
     attempt: int
     prior: PriorProgress
     claimed_at: float = field(default_factory=time.time)
+    # The prefix-cache salt the engine uses: the request's own, kept apart per namespace.
+    cache_salt: str | None = None
     # Owned by the publisher thread: the seq the next event gets.
     next_seq: int = 0
     # Set by the engine thread when it stops the job early (Outcome.*).

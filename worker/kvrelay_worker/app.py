@@ -15,7 +15,6 @@ from celery import Celery, bootsteps
 from celery.exceptions import Reject
 from kombu import Exchange, Queue
 
-from kvrelay import keys
 from kvrelay.protocol import TASK_NAME
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
@@ -23,12 +22,12 @@ from kvrelay_worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 settings = WorkerSettings.from_env()
-QUEUE = keys.queue(settings.served_model)
+QUEUE = settings.keys.celery_queue(settings.served_model)
 
 
 def make_celery(s: WorkerSettings) -> Celery:
     celery_app = Celery("kvrelay_worker")
-    queue_name = keys.queue(s.served_model)
+    queue_name = s.keys.celery_queue(s.served_model)
     celery_app.conf.update(
         broker_url=s.redis_url,
         broker_connection_retry_on_startup=True,
@@ -36,9 +35,7 @@ def make_celery(s: WorkerSettings) -> Celery:
             "visibility_timeout": s.visibility_timeout,
             "unacked_restore_interval": s.unacked_restore_interval,
             "unacked_restore_throttle": s.unacked_restore_throttle,
-            "unacked_key": keys.CELERY_UNACKED,
-            "unacked_index_key": keys.CELERY_UNACKED_INDEX,
-            "unacked_mutex_key": keys.CELERY_UNACKED_MUTEX,
+            **s.keys.celery_transport_options(),
         },
         task_serializer="json",
         accept_content=["json"],

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from kvrelay import keys
 from kvrelay.protocol import ErrorCode, Failed, WorkerInfo, encode_worker_info
 from kvrelay_worker.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
@@ -49,8 +48,8 @@ class LeaseKeeper:
         self._thread.join(timeout)
         try:
             pipe = self.store.redis.pipeline(transaction=False)
-            pipe.delete(keys.worker_heartbeat(self.settings.worker_id))
-            pipe.srem(keys.WORKERS, self.settings.worker_id)
+            pipe.delete(self.settings.keys.worker_heartbeat(self.settings.worker_id))
+            pipe.srem(self.settings.keys.workers, self.settings.worker_id)
             pipe.execute()
         except Exception:
             log.warning("could not remove the worker's heartbeat on shutdown")
@@ -80,9 +79,9 @@ class LeaseKeeper:
         info = self.worker_info()
         ttl_ms = int(max(3.0, 3 * self.settings.lease_refresh) * 1000)
         pipe = self.store.redis.pipeline(transaction=False)
-        pipe.set(keys.worker_heartbeat(self.settings.worker_id), encode_worker_info(info),
+        pipe.set(self.settings.keys.worker_heartbeat(self.settings.worker_id), encode_worker_info(info),
                  px=ttl_ms)
-        pipe.sadd(keys.WORKERS, self.settings.worker_id)
+        pipe.sadd(self.settings.keys.workers, self.settings.worker_id)
         pipe.execute()
 
     def take_over_expired(self) -> None:

@@ -63,7 +63,8 @@ class WorkerRuntime:
                                   owned_jobs=self.owned_job_ids, on_lost=self._on_fenced_id,
                                   on_aborted=self._on_abort, requeue=self._requeue,
                                   worker_info=self.worker_info)
-        self.control = ControlListener(self._redis(), on_abort=self._on_abort)
+        self.control = ControlListener(self._redis(), settings.keys.control_channel,
+                                       on_abort=self._on_abort)
         self._owned: dict[str, ActiveJob] = {}
         self._lock = threading.Lock()
         self.draining = False
@@ -199,7 +200,8 @@ class WorkerRuntime:
             return "rejected"
         job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
-                        next_seq=prior.next_seq)
+                        next_seq=prior.next_seq,
+                        cache_salt=self.settings.keys.cache_salt(request.cache_salt))
         with self._lock:
             self._owned[job_id] = job
         try:
