@@ -32,6 +32,7 @@ from kvrelay.protocol import (
 from kvrelay.request_builder import MAX_JOB_ID_LENGTH, GenerateOptions, build_request
 from kvrelay.resp import Endpoint, RespConnection
 from kvrelay.stream import AsyncStream, StreamContext
+from kvrelay.tls import TlsConfigError, celery_ssl_options
 from kvrelay.workers import live_workers, served_models
 
 __all__ = ["ABORT_FLAG_TTL_S", "AsyncClient"]
@@ -96,7 +97,8 @@ class AsyncClient:
             raise InvalidRequest("max_queue must be None or an int >= 0")
         try:
             self._keys = Keyspace(namespace)
-        except NamespaceError as exc:
+            celery_ssl_options(url)
+        except (NamespaceError, TlsConfigError) as exc:
             raise InvalidRequest(str(exc)) from None
         self._url = url
         self._where = redact_url(url) if redis is None else "<injected client>"

@@ -20,6 +20,7 @@ import redis.exceptions
 from kvrelay.errors import ConnectionError
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
+from kvrelay.tls import celery_ssl_options
 
 __all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url"]
 
@@ -59,6 +60,7 @@ class CeleryEnqueuer:
     ) -> None:
         self._keys = keyspace or Keyspace()
         self._broker_url = celery_broker_url(broker_url)
+        self._broker_ssl = celery_ssl_options(broker_url)
         self._threads = max(1, threads)
         self._connect_timeout = connect_timeout
         self._where = where or broker_url
@@ -78,6 +80,7 @@ class CeleryEnqueuer:
                 app = Celery("kvrelay-client", set_as_current=False)
                 app.conf.update(
                     broker_url=self._broker_url,
+                    broker_use_ssl=self._broker_ssl,
                     result_backend=None,
                     task_ignore_result=True,
                     task_serializer="json",

@@ -16,6 +16,7 @@ from celery.exceptions import Reject
 from kombu import Exchange, Queue
 
 from kvrelay.protocol import TASK_NAME
+from kvrelay.tls import celery_ssl_options
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
 
@@ -30,6 +31,8 @@ def make_celery(s: WorkerSettings) -> Celery:
     queue_name = s.keys.celery_queue(s.served_model)
     celery_app.conf.update(
         broker_url=s.redis_url,
+        # rediss://: verify the broker's certificate as every other connection does.
+        broker_use_ssl=celery_ssl_options(s.redis_url),
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": s.visibility_timeout,

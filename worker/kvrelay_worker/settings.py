@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kvrelay.keys import Keyspace, NamespaceError
+from kvrelay.tls import TlsConfigError, celery_ssl_options
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -99,6 +100,10 @@ class WorkerSettings:
                 f"KVRELAY_REDIS_URL must start with redis://, rediss:// or unix://, "
                 f"got {self.redis_url!r}"
             )
+        try:
+            celery_ssl_options(self.redis_url)
+        except TlsConfigError as exc:
+            raise SettingsError(f"KVRELAY_REDIS_URL: {exc}") from None
         try:
             Keyspace(self.namespace)
         except NamespaceError as exc:

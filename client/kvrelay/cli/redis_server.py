@@ -93,7 +93,7 @@ class PrivateRedis:
         ]
         self.process = processes.spawn(argv, log=self.workdir / "redis.out")
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        client = self.probe_client()
         try:
             while True:
                 try:
@@ -111,6 +111,10 @@ class PrivateRedis:
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def probe_client(self) -> redis.Redis:
+        """The client ``start`` pings until the server answers."""
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
 
     def stop(self) -> None:
         process, self.process = self.process, None
