@@ -53,6 +53,9 @@ def make_celery(s: WorkerSettings) -> Celery:
         worker_pool="threads",
         worker_concurrency=s.concurrency,
         worker_hijack_root_logger=False,
+        # Remote control listens with PSUBSCRIBE, which a tenant's ACL (&<prefix>*) cannot
+        # allow: a namespaced worker goes without it (its registry is kvrelay's own).
+        worker_enable_remote_control=not s.namespace,
         task_default_queue=queue_name,
         task_queues=(Queue(queue_name, Exchange(queue_name, type="direct"),
                            routing_key=queue_name),),
