@@ -65,6 +65,14 @@ _GAP_RETRY_MAX: Final = 1.0
 _GAP_RETRIES_WITH_TERMINAL: Final = 4
 # Events one stream may deliver back to back before it yields to the event loop.
 _MAX_BURST: Final = 64
+# A live event further ahead of the next expected seq than this is not buffered: pub/sub
+# delivers in order and every earlier event is in the log, so no worker sent it (a real
+# one lost with a dropped connection is read back from the log when the gap is noticed).
+MAX_SEQ_AHEAD: Final = 10_000
+# The choice indexes a resumed stream accepts (it does not know the request's ``n``).
+_MAX_CHOICES_UNKNOWN_N: Final = 1024
+# Impossible events logged per stream (the rest are only counted).
+_IGNORED_LOGGED: Final = 3
 
 
 class _SeqOnly(msgspec.Struct):
@@ -159,6 +167,8 @@ class AsyncStream:
         self._state: str = _NEW
         self._mailbox: Mailbox | None = None
         self._next_seq = 0 if request is not None else after_seq + 1
+        self._max_choices = n if request is not None else _MAX_CHOICES_UNKNOWN_N
+        self.ignored_events = 0
         self._pending: dict[int, _Event] = {}
         self._deadline: float | None = None
         self._last_progress = 0.0
@@ -265,6 +275,8 @@ class AsyncStream:
                 exc, f"reading the event log of job {self._job_id}"
             ) from exc
         for event in replay:
+            if self._impossible(event, live=False):
+                continue
             if event.seq <= self._after_seq:
                 self._absorb(event)
                 if self._state == _DONE:
@@ -393,7 +405,7 @@ class AsyncStream:
                     await self._fill_gap()
                     continue
                 decoded = _decode(item)
-                if decoded is None:
+                if decoded is None or self._impossible(decoded, live=True):
                     continue
                 seq = decoded.seq
                 if seq == self._next_seq:
@@ -443,6 +455,20 @@ class AsyncStream:
                 # resync us or fail us; do not blame the worker for the outage.
                 self._last_progress = now
 
+    def _impossible(self, event: _Event, *, live: bool) -> bool:
+        """True for an event no worker of this job sent (a choice index >= n, a live seq
+        far ahead): it is dropped instead of being buffered, waited for or looped on."""
+        if live and event.seq > self._next_seq + MAX_SEQ_AHEAD:
+            reason = f"seq {event.seq} is far ahead of the next expected, {self._next_seq}"
+        elif type(event) is Tokens and not 0 <= event.index < self._max_choices:
+            reason = f"choice index {event.index} of a job with {self._max_choices} choices"
+        else:
+            return False
+        self.ignored_events += 1
+        if self.ignored_events <= _IGNORED_LOGGED:
+            log.warning("ignoring an impossible event of job %s: %s", self._job_id, reason)
+        return True
+
     def _advance(self, event: _Event, now: float) -> _Event:
         deadline = self._deadline
         if deadline is not None and now >= deadline and not isinstance(event, TERMINAL_EVENTS):
@@ -475,7 +501,7 @@ class AsyncStream:
             raise self._fail(exc) from None
         pending = self._pending
         for event in events:
-            if event.seq >= self._next_seq:
+            if event.seq >= self._next_seq and not self._impossible(event, live=False):
                 pending.setdefault(event.seq, event)
         if not pending or self._next_seq in pending:
             return
