@@ -20,7 +20,7 @@ from kvrelay.completion import Completion
 from kvrelay.connection import REDIS_ERRORS, connection_error, make_redis, redact_url
 from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, TransportFactory
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
-from kvrelay.errors import InvalidRequest, KvrelayError, QueueFull, UnknownModel
+from kvrelay.errors import InvalidRequest, KvrelayError, PayloadTooLarge, QueueFull, UnknownModel
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -28,12 +28,13 @@ from kvrelay.protocol import (
     GenerateRequest,
     WorkerInfo,
     encode_control,
+    encode_request,
 )
 from kvrelay.request_builder import MAX_JOB_ID_LENGTH, GenerateOptions, build_request
 from kvrelay.resp import Endpoint, RespConnection
 from kvrelay.stream import AsyncStream, StreamContext
 from kvrelay.tls import TlsConfigError, celery_ssl_options
-from kvrelay.workers import live_workers, served_models
+from kvrelay.workers import live_workers, payload_limits, served_models
 
 __all__ = ["ABORT_FLAG_TTL_S", "AsyncClient"]
 
@@ -164,6 +165,8 @@ class AsyncClient:
         self._served: frozenset[str] | None = None
         self._served_at = 0.0
         self._served_refresh: asyncio.Task[frozenset[str]] | None = None
+        # Per model: the smallest payload limit its live workers advertise.
+        self._payload_limits: dict[str, int] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -290,6 +293,7 @@ class AsyncClient:
             raise self._connection_error(exc, "reading the worker registry") from exc
         self._served = served_models(workers)
         self._served_at = asyncio.get_running_loop().time()
+        self._payload_limits = payload_limits(workers)
         return workers
 
     async def queue_length(self, model: str | None = None) -> int:
@@ -330,6 +334,8 @@ class AsyncClient:
                     f"no live worker serves model {model!r} (models served: {listing}); "
                     "pass require_worker=False to enqueue ahead of the workers"
                 )
+        if self._max_payload_bytes > DEFAULT_MAX_PAYLOAD_BYTES:
+            await self._check_payload_limit(request)
         if self._max_queue is not None:
             length = await self.queue_length(model)
             if length > self._max_queue:
@@ -337,6 +343,21 @@ class AsyncClient:
                     f"the queue of model {model!r} holds {length} jobs "
                     f"(max_queue={self._max_queue})"
                 )
+
+    async def _check_payload_limit(self, request: GenerateRequest) -> None:
+        """A client may raise ``max_payload_bytes`` past the default only as far as the
+        model's workers advertise (none advertising: the default stands)."""
+        size = len(encode_request(request))
+        if size <= DEFAULT_MAX_PAYLOAD_BYTES:
+            return
+        await self._served_models(_SERVED_MODELS_TTL_S)
+        limit = self._payload_limits.get(request.model, DEFAULT_MAX_PAYLOAD_BYTES)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"request is {size} bytes of JSON; the workers of model {request.model!r} "
+                f"accept at most {limit}",
+                job_id=request.job_id,
+            )
 
     def _abort_soon(self, job_id: str) -> None:
         """Abort in the background: callers may be cancelled or leaving a ``finally``."""

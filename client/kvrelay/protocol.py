@@ -203,6 +203,9 @@ class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     jobs_running: int = 0
     draining: bool = False
     stats: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The largest request payload (bytes of JSON) the worker accepts; 0: not advertised.
+    # Clients never send more than the smallest limit the model's workers advertise.
+    max_payload_bytes: int = 0
 
 
 # ------------------------------------------------------------------------- encoding

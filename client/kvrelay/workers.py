@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import WorkerInfo, decode_worker_info
 
-__all__ = ["live_workers", "served_models"]
+__all__ = ["live_workers", "payload_limits", "served_models"]
 
 log = logging.getLogger("kvrelay.workers")
 
@@ -49,3 +49,13 @@ async def live_workers(redis: Redis, keys: Keyspace, *, prune: bool = True) -> l
 def served_models(workers: list[WorkerInfo]) -> frozenset[str]:
     """The models at least one of ``workers`` serves."""
     return frozenset(worker.model for worker in workers)
+
+
+def payload_limits(workers: list[WorkerInfo]) -> dict[str, int]:
+    """Per model, the smallest payload limit its workers advertise (0: not advertised)."""
+    limits: dict[str, int] = {}
+    for worker in workers:
+        if worker.max_payload_bytes > 0:
+            limits[worker.model] = min(limits.get(worker.model, worker.max_payload_bytes),
+                                       worker.max_payload_bytes)
+    return limits

@@ -17,6 +17,7 @@ from kombu import Exchange, Queue
 
 from kvrelay.protocol import TASK_NAME
 from kvrelay.tls import celery_ssl_options
+from kvrelay_worker.payload_gate import size_gated
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
 
@@ -99,7 +100,16 @@ class EngineBootstep(bootsteps.StartStopStep):
 app.steps["worker"].add(EngineBootstep)
 
 
-@app.task(name=TASK_NAME, bind=True)
+def _refuse_oversized(job_id: str | None, size: int) -> bool:
+    runtime = _runtime
+    if runtime is None:
+        return False  # not running: the message goes back to the queue
+    runtime.refuse_oversized(job_id, size)
+    return True
+
+
+@app.task(name=TASK_NAME, bind=True,
+          Strategy=staticmethod(size_gated(settings.max_payload_bytes, _refuse_oversized)))
 def generate(self: Any, payload: object = None, *args: object, **kwargs: object) -> str:
     runtime = _runtime
     if runtime is None:

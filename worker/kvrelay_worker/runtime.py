@@ -126,6 +126,7 @@ class WorkerRuntime:
             concurrency=self.settings.concurrency, started_at=self.started_at,
             updated_at=time.time(), jobs_running=len(self._owned), draining=self.draining,
             stats=self.service.stats(),
+            max_payload_bytes=self.settings.max_payload_bytes,
         )
 
     def _requeue(self, job_id: str, payload_json: str) -> None:
@@ -149,6 +150,15 @@ class WorkerRuntime:
         if not job_id:
             return "rejected"
         return self._end_unclaimed(job_id, ErrorCode.INVALID_REQUEST, message, "rejected")
+
+    def refuse_oversized(self, job_id: str | None, size: int) -> str:
+        """Fail a job whose message was too large to parse (seen by ``payload_gate``)."""
+        if not job_id:
+            return "rejected"
+        return self._end_unclaimed(
+            job_id, ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the job's message is {size} bytes; this worker accepts payloads of at most "
+            f"{self.settings.max_payload_bytes}", "rejected")
 
     def _end_unclaimed(self, job_id: str, code: str, message: str, outcome: str) -> str:
         """Fail a job this worker did not claim (it never ran) and count the outcome."""
