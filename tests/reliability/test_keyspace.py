@@ -75,3 +75,11 @@ def test_acl_rules_confine_to_the_prefix() -> None:
     assert not any(r in rules for r in ("+keys", "+scan", "+flushall", "+psubscribe", "+@all"))
     with pytest.raises(ValueError, match="default namespace"):
         tenant_acl_rules(Keyspace())
+
+
+def test_readme_shows_the_same_acl_rules() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("ACL SETUSER acme on >PASSWORD ", 1)[1].split("```", 1)[0]
+    assert block.split() == tenant_acl_rules(Keyspace("acme"))
