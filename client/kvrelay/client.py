@@ -19,10 +19,12 @@ from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, Transpor
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
 from kvrelay.errors import InvalidRequest, KvrelayError
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
+from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
 from kvrelay.request_builder import MAX_JOB_ID_LENGTH, GenerateOptions, build_request
 from kvrelay.resp import Endpoint, RespConnection
 from kvrelay.stream import AsyncStream
+from kvrelay.tls import TlsConfigError, celery_ssl_options
 
 __all__ = ["ABORT_FLAG_TTL_S", "AsyncClient"]
 
@@ -47,6 +49,9 @@ class AsyncClient(AsyncResource):
         max_connections: size of the command connection pool.
         redis: an existing ``redis.asyncio.Redis`` (bytes replies) to use instead of
             ``url`` (e.g. fakeredis in tests); the caller keeps ownership.
+        namespace: the tenant: every key, channel and queue this client uses starts
+            with its prefix (``kvrelay:ns:<namespace>:``); workers of the same
+            namespace (``KVRELAY_NAMESPACE``) serve it. Empty: the default ``kvrelay:``.
         enqueuer: replaces the Celery producer (testing hook).
     """
 
@@ -66,6 +71,7 @@ class AsyncClient(AsyncResource):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         redis: Redis | None = None,
         enqueuer: Enqueuer | None = None,
+        namespace: str = "",
     ) -> None:
         stream_timeout = seconds("stream_timeout", stream_timeout)
         connect_timeout = seconds("connect_timeout", connect_timeout)
@@ -76,6 +82,11 @@ class AsyncClient(AsyncResource):
         enqueue_threads = count("enqueue_threads", enqueue_threads, minimum=1)
         max_connections = count("max_connections", max_connections, minimum=1)
         max_payload_bytes = count("max_payload_bytes", max_payload_bytes, minimum=1)
+        try:
+            self._keys = Keyspace(namespace)
+            celery_ssl_options(url)
+        except (NamespaceError, TlsConfigError) as exc:
+            raise InvalidRequest(str(exc)) from None
         self._url = url
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
@@ -114,7 +125,11 @@ class AsyncClient(AsyncResource):
         self._celery: CeleryEnqueuer | None = None
         if enqueuer is None:
             self._celery = CeleryEnqueuer(
-                url, threads=enqueue_threads, connect_timeout=connect_timeout, where=self._where
+                url,
+                threads=enqueue_threads,
+                connect_timeout=connect_timeout,
+                where=self._where,
+                keyspace=self._keys,
             )
             enqueuer = self._celery
         self._jobs = JobLifecycle(
@@ -124,6 +139,8 @@ class AsyncClient(AsyncResource):
             where=self._where,
             require_worker=require_worker,
             max_queue=max_queue,
+            keys=self._keys,
+            max_payload_bytes=max_payload_bytes,
         )
         self._closed = False
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import redis.exceptions
 
-from kvrelay import keys
 from kvrelay.errors import BrokerUnavailable
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
+from kvrelay.tls import celery_ssl_options
 
 __all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url", "task_argsrepr"]
 
@@ -55,7 +56,7 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 
 class CeleryEnqueuer:
-    """Publishes ``kvrelay.generate`` tasks (JSON only) on ``keys.queue(model)``."""
+    """Publishes ``kvrelay.generate`` tasks (JSON only) on ``Keyspace.queue(model)``."""
 
     def __init__(
         self,
@@ -64,8 +65,11 @@ class CeleryEnqueuer:
         threads: int = 4,
         connect_timeout: float = 5.0,
         where: str | None = None,
+        keyspace: Keyspace | None = None,
     ) -> None:
+        self._keys = keyspace or Keyspace()
         self._broker_url = celery_broker_url(broker_url)
+        self._broker_ssl = celery_ssl_options(broker_url)
         self._threads = max(1, threads)
         self._connect_timeout = connect_timeout
         self._where = where or broker_url
@@ -85,6 +89,7 @@ class CeleryEnqueuer:
                 app = Celery("kvrelay-client", set_as_current=False)
                 app.conf.update(
                     broker_url=self._broker_url,
+                    broker_use_ssl=self._broker_ssl,
                     result_backend=None,
                     task_ignore_result=True,
                     task_serializer="json",
@@ -94,6 +99,7 @@ class CeleryEnqueuer:
                     broker_connection_timeout=self._connect_timeout,
                     broker_pool_limit=self._threads + 1,
                     broker_transport_options={
+                        **self._keys.celery_transport_options(),
                         "socket_connect_timeout": self._connect_timeout,
                         "socket_timeout": max(self._connect_timeout, 10.0),
                     },
@@ -114,7 +120,7 @@ class CeleryEnqueuer:
             TASK_NAME,
             args=[request_to_payload(request)],
             task_id=request.job_id,
-            queue=keys.queue(request.model),
+            queue=self._keys.celery_queue(request.model),
             serializer="json",
             ignore_result=True,
             # Keep the prompt out of the headers (and the message small).

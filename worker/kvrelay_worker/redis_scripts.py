@@ -1,6 +1,6 @@
 """Lua scripts that make each job-state transition atomic in Redis.
 
-Every key a script touches is built by ``kvrelay.keys`` and passed in ``KEYS``; the event
+Every key a script touches is built by ``kvrelay.keys.Keyspace`` and passed in ``KEYS``; the event
 log's names and result codes come from ``kvrelay.event_log``. The
 job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload``,
 ``attempts`` (claims so far), ``lost`` (attempts that died with their worker),

@@ -18,7 +18,13 @@ from kvrelay import BrokerUnavailable, Client, Completion, KvrelayError, Unknown
 from kvrelay.cli.errors import CliError
 from kvrelay.cli.options import client_options, sampling_options
 from kvrelay.cli.streaming import sampling_kwargs, stream_to_stdout, summary, with_system
-from kvrelay.cli.target import CONNECT_HINT, model_for, redis_url_for, unknown_model
+from kvrelay.cli.target import (
+    CONNECT_HINT,
+    model_for,
+    namespace,
+    redis_url_for,
+    unknown_model,
+)
 
 HELP_TEXT = "Commands: /reset forgets the conversation, /exit leaves (so does Ctrl-D)."
 
@@ -76,7 +82,7 @@ def chat(
     interactive = sys.stdin.isatty()
     session = ChatSession(system=system)
     try:
-        with Client(url) as client:
+        with Client(url, namespace=namespace()) as client:
             name = model_for(model, record, client)
             options = sampling_kwargs(
                 model=name,

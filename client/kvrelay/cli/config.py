@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from kvrelay.cli.errors import CliError
+from kvrelay.keys import NAMESPACE_PATTERN
 
-Kind = Literal["url", "str", "path", "int", "float", "bool", "choice", "port"]
+Kind = Literal["url", "str", "path", "int", "float", "bool", "choice", "port", "namespace"]
 Scope = Literal["all", "worker", "cli", "tests"]
 
 PREFIX: Final = "KVRELAY_"
@@ -56,6 +57,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("MODEL_NAME", "str", "(from KVRELAY_MODEL)", "The name clients ask for, and the "
        "queue's name; defaults to the model name, or the folder's / file's name when "
        "KVRELAY_MODEL is a path.", "all"),
+    _v("NAMESPACE", "namespace", "(none)", "The tenant: every Redis key, channel and queue "
+       "of clients, the CLI and workers starts with kvrelay:ns:<namespace>: (letters, "
+       "digits, - and _); Redis ACLs can then keep tenants apart.", "all"),
     _v("CACHE_DIR", "path", "~/.cache/kvrelay", "Where converted models are cached "
        "(`<dir>/models/<name>/`).", "all"),
     # --- worker
@@ -155,6 +159,10 @@ def check_value(variable: Variable, raw: str) -> str | None:
     if variable.kind == "url":
         if not value.startswith(("redis://", "rediss://", "unix://")):
             return f"{name} must be a redis://, rediss:// or unix:// URL, got {raw!r}"
+        return None
+    if variable.kind == "namespace":
+        if NAMESPACE_PATTERN.fullmatch(value) is None:
+            return f"{name} must be 1-64 letters, digits, '-' or '_', got {raw!r}"
         return None
     if variable.kind == "bool":
         if value.lower() not in _TRUE + _FALSE:

@@ -12,7 +12,13 @@ from kvrelay.cli.errors import CliError
 from kvrelay.cli.finite_float import FiniteFloatRange
 from kvrelay.cli.options import client_options, sampling_options
 from kvrelay.cli.streaming import print_summary, sampling_kwargs, stream_to_stdout, with_system
-from kvrelay.cli.target import CONNECT_HINT, model_for, redis_url_for, unknown_model
+from kvrelay.cli.target import (
+    CONNECT_HINT,
+    model_for,
+    namespace,
+    redis_url_for,
+    unknown_model,
+)
 
 
 @click.command("generate")
@@ -53,7 +59,7 @@ def generate(
         raise CliError("the prompt is empty")
     url, record = redis_url_for(redis_url)
     try:
-        with Client(url) as client:
+        with Client(url, namespace=namespace()) as client:
             name = model_for(model, record, client)
             options = sampling_kwargs(
                 model=name,

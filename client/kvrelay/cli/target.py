@@ -27,6 +27,11 @@ def redis_url_for(flag: str | None) -> tuple[str, stack_file.StackRecord | None]
     return DEFAULT_REDIS_URL, None
 
 
+def namespace() -> str:
+    """The tenant the CLI's clients use: ``KVRELAY_NAMESPACE`` (empty: the default)."""
+    return env_value("NAMESPACE") or ""
+
+
 def served_name(model: str) -> str:
     """The name a worker serves ``model`` under (a path serves under its file's name)."""
     path = Path(model).expanduser()
