@@ -28,12 +28,12 @@ TENANT_COMMANDS: Final = (
     # strings, sets, hashes: abort flags, leases, the worker registry, job records
     "get", "set", "mget", "del", "exists", "expire", "pexpire", "pttl",
     "sadd", "srem", "smembers",
-    "hset", "hget", "hdel", "hgetall", "hmget", "hincrby",
+    "hset", "hsetnx", "hget", "hdel", "hgetall", "hmget", "hincrby",
     # Celery's queues and unacknowledged-message bookkeeping
     "lpush", "rpush", "rpop", "brpop", "llen",
     "zadd", "zrem", "zrange", "zrangebyscore", "zrevrangebyscore", "zscore",
     # event logs
-    "xadd", "xrange", "xrevrange",
+    "xadd", "xrange", "xrevrange", "xtrim",
     # scripts and transactions
     "eval", "evalsha", "script|load", "script|exists", "time",
     "multi", "exec", "discard", "watch", "unwatch",

@@ -17,7 +17,7 @@ import pytest
 from helpers.worker_process import WorkerProcess
 from tls_setup import TlsRedis
 
-from kvrelay import AsyncClient, ConnectionError, InvalidRequest
+from kvrelay import AsyncClient, BrokerUnavailable, InvalidRequest
 from kvrelay.enqueue import CeleryEnqueuer
 from kvrelay.tls import celery_ssl_options
 
@@ -68,7 +68,7 @@ async def test_sdk_and_worker_stream_a_job_over_tls(tls_redis: TlsRedis, tiny_mo
 async def test_sdk_without_the_ca_is_refused(tls_redis: TlsRedis) -> None:
     client = AsyncClient(tls_redis.url, model="m", connect_timeout=3)
     try:
-        with pytest.raises(ConnectionError, match=VERIFY_FAILED):
+        with pytest.raises(BrokerUnavailable, match=VERIFY_FAILED):
             await client.connect()
     finally:
         await client.aclose()

@@ -25,8 +25,13 @@ _CONSTANTS: dict[str, object] = {
 
 
 def supports_flags(client: redis.Redis) -> bool:
-    """Script flags (a ``#!lua`` first line) came with Redis 7; 6.2 cannot parse them."""
-    version = str(client.info("server").get("redis_version", "0"))
+    """Script flags (a ``#!lua`` first line) came with Redis 7; 6.2 cannot parse them.
+
+    The version comes from ``HELLO`` (no arguments: the protocol stays as it is), not
+    ``INFO``, which a tenant's ACL user may not run (it describes the whole server)."""
+    reply = client.execute_command("HELLO")
+    raw = reply.get(b"version", reply.get("version", b"0")) if isinstance(reply, dict) else b"0"
+    version = raw.decode() if isinstance(raw, bytes) else str(raw)
     return int(version.split(".", 1)[0]) >= 7
 
 
