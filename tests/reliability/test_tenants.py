@@ -19,7 +19,7 @@ import pytest
 import redis
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import AsyncClient, Cancelled, KvrelayError
+from kvrelay import AsyncClient, Cancelled, KvrelayError, event_log
 from kvrelay.enqueue import CeleryEnqueuer
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
@@ -114,7 +114,7 @@ async def test_b_cannot_read_cancel_or_inject_into_a(
                                                encode_control(AbortMessage(job_id=job))))
                 bogus = encode_event(Failed(seq=first.seq + 1, code="cancelled", message="B"))
                 _refused(lambda: b_raw.publish(A.events_channel(job), bogus))
-                _refused(lambda: b_raw.xadd(A.event_log(job), {"e": bogus}, id="900-1"))
+                _refused(lambda: event_log.add_entry(b_raw, A.event_log(job), 900, bogus))
                 # Listing the server would reveal A's job ids.
                 _refused(lambda: b_raw.keys("*"))
                 _refused(lambda: b_raw.scan(0))
