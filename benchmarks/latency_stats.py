@@ -71,3 +71,29 @@ def summarize(traces: Sequence[RequestTrace], start: float) -> dict[str, Any]:
         "itl_ms": {k: v * 1e3 for k, v in percentiles(itl).items()},
         "ttft_mean_ms": statistics.fmean(ttft) * 1e3,
     }
+
+
+def flush_db(url: str) -> None:
+    """Empty the scratch Redis database a benchmark was given."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def report(result: dict[str, Any], out: str) -> None:
+    """Print ``result`` as an aligned two-column table and write it as JSON to ``out``."""
+    import json
+    import sys
+    from pathlib import Path
+
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}", file=sys.stderr)

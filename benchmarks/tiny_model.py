@@ -3,8 +3,13 @@ everything but the model (client fan-out, queue overheads)."""
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "chat_template.jinja")
@@ -31,3 +36,32 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
         if (smollm2 / name).is_file():
             shutil.copyfile(smollm2 / name, folder / name)
     return folder
+
+
+@contextlib.contextmanager
+def tiny_worker_stack(redis_url: str, concurrency: int, workdir: Path) -> Iterator[Any]:
+    """A ``LocalStack`` with one ready worker serving a tiny model (torch on one thread);
+    the model is built in a child process so torch stays out of the caller's heap."""
+    from kvrelay import Client
+    from kvrelay.cli.stack import LocalStack
+    from kvrelay.cli.worker_launch import plan_worker, worker_environment
+
+    folder = workdir / "tiny-llama"
+    builder = multiprocessing.get_context("spawn").Process(target=make_tiny_model,
+                                                           args=(folder,))
+    builder.start()
+    builder.join()
+    env = worker_environment({**os.environ, "OMP_NUM_THREADS": "1"}, {
+        "model": str(folder), "device": "cpu", "concurrency": concurrency,
+        "max_num_seqs": 256, "redis_url": redis_url})
+    plan = plan_worker(env, loglevel="WARNING")
+    (workdir / "stack").mkdir()
+    stack = LocalStack(plan, workdir / "stack")
+    try:
+        stack.start_redis(redis_url)
+        stack.start_worker()
+        with Client(redis_url, model=plan.served_model) as client:
+            stack.wait_ready(client, timeout=120)
+        yield stack
+    finally:
+        stack.stop()

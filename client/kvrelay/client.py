@@ -21,7 +21,12 @@ from kvrelay.errors import InvalidRequest, KvrelayError
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
-from kvrelay.request_builder import MAX_JOB_ID_LENGTH, GenerateOptions, build_request
+from kvrelay.request_builder import (
+    MAX_JOB_ID_LENGTH,
+    GenerateOptions,
+    build_request,
+    queue_timeout_value,
+)
 from kvrelay.resp import Endpoint, RespConnection
 from kvrelay.stream import AsyncStream
 from kvrelay.tls import TlsConfigError, celery_ssl_options
@@ -38,7 +43,11 @@ class AsyncClient(AsyncResource):
         stream_timeout: seconds without any event of a job before ``StreamTimeout``
             (the job is then aborted); per call: ``stream_timeout=``.
         max_queue: refuse to enqueue (``QueueFull``) while the model's queue holds more
-            than this many jobs; None for no limit.
+            than this many jobs; None for the workers' limit alone (``KVRELAY_MAX_QUEUE``,
+            checked atomically with the push, whatever the client).
+        queue_timeout: seconds a job may wait in the queue for a worker (at most
+            ``MAX_QUEUE_TIMEOUT_S``, 3000); past it no worker starts it and the call raises
+            ``QueueTimeout``. None: as long as ``stream_timeout``. Per call: ``queue_timeout=``.
         require_worker: refuse (``UnknownModel``) a model no live worker announces;
             False lets jobs wait in the queue for workers that are not up yet.
         connect_timeout: seconds to establish a connection.
@@ -62,6 +71,7 @@ class AsyncClient(AsyncResource):
         model: str | None = None,
         stream_timeout: float = 60.0,
         max_queue: int | None = None,
+        queue_timeout: float | None = None,
         require_worker: bool = True,
         connect_timeout: float = 5.0,
         reconnect_timeout: float = 30.0,
@@ -91,6 +101,7 @@ class AsyncClient(AsyncResource):
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
         self._stream_timeout = float(stream_timeout)
+        self._queue_timeout = None if queue_timeout is None else queue_timeout_value(queue_timeout)
         self._max_payload_bytes = max_payload_bytes
         self._owns_redis = redis is None
         self._redis: Redis = (
@@ -129,6 +140,7 @@ class AsyncClient(AsyncResource):
                 threads=enqueue_threads,
                 connect_timeout=connect_timeout,
                 where=self._where,
+                max_queue=max_queue,
                 keyspace=self._keys,
             )
             enqueuer = self._celery
@@ -138,7 +150,9 @@ class AsyncClient(AsyncResource):
             enqueuer,
             where=self._where,
             require_worker=require_worker,
-            max_queue=max_queue,
+            # The Celery enqueuer checks max_queue atomically with each push; an injected
+            # one bypasses that, so the lifecycle checks the queue's length first instead.
+            max_queue=max_queue if self._celery is None else None,
             keys=self._keys,
             max_payload_bytes=max_payload_bytes,
         )
@@ -201,6 +215,7 @@ class AsyncClient(AsyncResource):
             request=request,
             stream_timeout=settings.stream_timeout or self._stream_timeout,
             timeout=settings.timeout,
+            queue_timeout=settings.queue_timeout or self._queue_timeout,
         )
 
     async def resume(
@@ -210,11 +225,13 @@ class AsyncClient(AsyncResource):
         after_seq: int = -1,
         stream_timeout: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the job's limit, like generate's
+        abort_on_exit: bool = False,
     ) -> AsyncStream:
         """Continue a job's stream after the event with seq ``after_seq``.
 
         Events up to ``after_seq`` are not yielded again but still count in ``final()``.
-        The stream is started (subscribed, log read) when this returns.
+        The stream is started (subscribed, log read) when this returns. It observes: leaving
+        it early leaves the job running, unless ``abort_on_exit=True``.
         """
         self._check_open()
         if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID_LENGTH:
@@ -232,6 +249,7 @@ class AsyncClient(AsyncResource):
             stream_timeout=stream_timeout or self._stream_timeout,
             timeout=timeout,
             after_seq=after_seq,
+            abort_on_exit=abort_on_exit,
         )
         await stream.start()
         return stream

@@ -1,5 +1,8 @@
 """Putting a job on the model's Celery queue, with Celery's own producer, off the loop.
 
+Each push is admitted under the queue's limit in the same Redis call (``admission``):
+a full queue raises ``QueueFull`` with a retry hint and nothing is enqueued.
+
 Celery's publish is blocking network I/O (~0.5 ms on localhost, plus a one-off app and
 connection set-up), so it runs in a small pool of dedicated threads: the event loop
 never waits on it, and 1,000 enqueues proceed several at a time (the producer pool
@@ -17,7 +20,8 @@ from typing import Any
 
 import redis.exceptions
 
-from kvrelay.errors import BrokerUnavailable
+from kvrelay.admission import AdmissionRefused, publish_task
+from kvrelay.errors import BrokerUnavailable, QueueFull
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
 from kvrelay.tls import celery_ssl_options
@@ -65,6 +69,7 @@ class CeleryEnqueuer:
         threads: int = 4,
         connect_timeout: float = 5.0,
         where: str | None = None,
+        max_queue: int | None = None,
         keyspace: Keyspace | None = None,
     ) -> None:
         self._keys = keyspace or Keyspace()
@@ -73,6 +78,7 @@ class CeleryEnqueuer:
         self._threads = max(1, threads)
         self._connect_timeout = connect_timeout
         self._where = where or broker_url
+        self._max_queue = max_queue
         self._executor = ThreadPoolExecutor(
             max_workers=self._threads, thread_name_prefix="kvrelay-enqueue"
         )
@@ -115,17 +121,15 @@ class CeleryEnqueuer:
             return self._app
 
     def publish(self, request: GenerateRequest) -> None:
-        """Blocking publish; runs in the enqueue threads."""
-        self._celery().send_task(
+        """Blocking publish, admitted under the queue's limit; runs in the enqueue threads."""
+        publish_task(
+            self._celery(),
             TASK_NAME,
-            args=[request_to_payload(request)],
+            request_to_payload(request),
             task_id=request.job_id,
-            queue=self._keys.celery_queue(request.model),
-            serializer="json",
-            ignore_result=True,
-            # Keep the prompt out of the headers (and the message small).
-            argsrepr=task_argsrepr(request.job_id),
-            kwargsrepr="{}",
+            keys=self._keys,
+            model=request.model,
+            max_queue=self._max_queue,
         )
 
     def warm_up(self) -> None:
@@ -140,6 +144,13 @@ class CeleryEnqueuer:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self.publish, request)
+        except AdmissionRefused as refused:
+            raise QueueFull(
+                f"the queue of model {request.model!r} holds {refused.length} jobs, its "
+                f"limit is {refused.cap}; retry in {refused.retry_after:g}s",
+                job_id=request.job_id,
+                retry_after=refused.retry_after,
+            ) from None
         except Exception as exc:
             if _is_connection_error(exc):
                 raise BrokerUnavailable(

@@ -66,7 +66,18 @@ class UnknownModel(KvrelayError, code=ErrorCode.UNKNOWN_MODEL):
 
 
 class QueueFull(KvrelayError, code=ErrorCode.QUEUE_FULL):
-    """The model's queue is longer than the client's ``max_queue``: shed load or retry later."""
+    """The model's queue is at its limit (the workers' ``KVRELAY_MAX_QUEUE`` or the
+    client's ``max_queue``): nothing was enqueued; retry after ``retry_after`` seconds."""
+
+    def __init__(
+        self, message: str, *, job_id: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, job_id=job_id)
+        self.retry_after = retry_after
+
+
+class QueueTimeout(KvrelayError, builtins.TimeoutError, code=ErrorCode.QUEUE_TIMEOUT):
+    """No worker picked the job up within its ``queue_timeout``; it will never run."""
 
 
 class DeadlineExceeded(KvrelayError, builtins.TimeoutError, code=ErrorCode.DEADLINE_EXCEEDED):

@@ -40,7 +40,9 @@ __all__ = ["ABORT_FLAG_TTL_S", "JobLifecycle"]
 
 log = logging.getLogger("kvrelay.client")
 
-# How long an abort flag outlives the request to cancel (covers a long queue wait).
+# How long an abort flag lives: longer than any job may wait in a queue (the SDK caps
+# ``queue_timeout`` and workers cap ``KVRELAY_MAX_QUEUE_WAIT`` below it), so an abandoned
+# job is still marked aborted whenever a worker could pick it up.
 ABORT_FLAG_TTL_S: Final = 3600
 # How long the answer "which models have live workers" is reused.
 _SERVED_MODELS_TTL_S: Final = 1.0

@@ -95,6 +95,10 @@ class Keyspace:
 
     # ---------------------------------------------------------------- per model
 
+    def admission(self, model: str) -> str:
+        """Hash of ``model``'s admission limit and retry hint, advertised by its workers."""
+        return f"{self.prefix}admission:{model}"
+
     def running_jobs(self, model: str) -> str:
         """Sorted set of jobs being run for ``model``, scored by lease expiry (ms)."""
         return f"{self.prefix}running:{model}"

@@ -45,6 +45,7 @@ class ErrorCode:
     CANCELLED: ClassVar[str] = "cancelled"
     WORKER_LOST: ClassVar[str] = "worker_lost"
     QUEUE_FULL: ClassVar[str] = "queue_full"
+    QUEUE_TIMEOUT: ClassVar[str] = "queue_timeout"
     INTERNAL: ClassVar[str] = "internal"
     JOB_ID_REUSED: ClassVar[str] = "job_id_reused"
     LOG_TRUNCATED: ClassVar[str] = "log_truncated"
@@ -227,6 +228,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     cache_salt: str | None = None
     # Unix time the client enqueued the job (for queue-time metrics).
     enqueued_at: float = 0.0
+    # Absolute unix time after which no worker may start the job (its caller stops
+    # waiting for a pickup then): a worker drops it with ``queue_timeout`` instead.
+    queue_deadline: float | None = None
 
 
 # ----------------------------------------------------------------------------- events
@@ -391,9 +395,11 @@ def decode_request_json(data: bytes | str) -> GenerateRequest:
 
 def request_digest(request: GenerateRequest) -> str:
     """What makes two requests the same job: everything but when they were sent (a retry
-    carries a new ``enqueued_at`` and ``deadline``). Kept with the job in place of the
-    prompt, so a reused ``job_id`` is told apart from a retry."""
-    timeless = msgspec.structs.replace(request, enqueued_at=0.0, deadline=None)
+    carries a new ``enqueued_at``, ``deadline`` and ``queue_deadline``). Kept with the job
+    in place of the prompt, so a reused ``job_id`` is told apart from a retry."""
+    timeless = msgspec.structs.replace(
+        request, enqueued_at=0.0, deadline=None, queue_deadline=None
+    )
     # Through the wire form and back, as a worker sees it (``1`` for a float field is
     # ``1.0`` there), so both sides hash the same bytes.
     canonical = decode_request_json(_json_encoder.encode(timeless))

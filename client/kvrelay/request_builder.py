@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.errors import InvalidRequest, PayloadTooLarge
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -60,6 +61,7 @@ class GenerateOptions(TypedDict, total=False):
     timeout: float | None
     cache_salt: str | None
     stream_timeout: float | None
+    queue_timeout: float
     job_id: str | None
 
 
@@ -74,6 +76,8 @@ class JobSettings:
     timeout: float | None
     # Per-call override of the client's inactivity timeout.
     stream_timeout: float | None
+    # Per-call override of the client's queue-wait limit (sent as ``queue_deadline``).
+    queue_timeout: float | None = None
 
 
 def new_job_id() -> str:
@@ -219,6 +223,9 @@ def build_request(
     stream_timeout = options.get("stream_timeout")
     if stream_timeout is not None:
         stream_timeout = _float("stream_timeout", stream_timeout, minimum=0.0, min_exclusive=True)
+    queue_timeout = options.get("queue_timeout")
+    if queue_timeout is not None:
+        queue_timeout = queue_timeout_value(queue_timeout)
     cache_salt = options.get("cache_salt")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise InvalidRequest("cache_salt must be a str")
@@ -249,4 +256,13 @@ def build_request(
         raise PayloadTooLarge(
             f"request is {size} bytes of JSON; workers accept at most {max_payload_bytes}"
         )
-    return request, JobSettings(timeout=timeout, stream_timeout=stream_timeout)
+    return request, JobSettings(
+        timeout=timeout, stream_timeout=stream_timeout, queue_timeout=queue_timeout
+    )
+
+
+def queue_timeout_value(value: object) -> float:
+    """A valid queue-wait limit: positive, finite, at most ``MAX_QUEUE_TIMEOUT_S``."""
+    return _float(
+        "queue_timeout", value, minimum=0.0, min_exclusive=True, maximum=MAX_QUEUE_TIMEOUT_S
+    )

@@ -11,7 +11,10 @@ Delivery rules (the job's log is the source of truth, pub/sub is the fast path):
 
 Leaving before the terminal event (``break`` + leaving ``async with``, ``aclose()``,
 the task cancelled, a client-side timeout) aborts the job; leaving after it sends
-nothing. The normal path costs one deque pop and one msgspec decode per event.
+nothing. A stream from ``resume`` only observes: leaving it aborts nothing unless it was
+opened with ``abort_on_exit=True``. A new job carries a ``queue_deadline``: no worker
+starts it later, and until its first event the stream waits that long (plus a grace).
+The normal path costs one deque pop and one msgspec decode per event.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from kvrelay.errors import (
     DeadlineExceeded,
     InternalError,
     KvrelayError,
+    QueueFull,
+    QueueTimeout,
     StreamTimeout,
     error_for_code,
 )
@@ -74,6 +79,9 @@ MAX_SEQ_AHEAD: Final = 10_000
 _MAX_CHOICES_UNKNOWN_N: Final = 1024
 # Impossible events logged per stream (the rest are only counted).
 _IGNORED_LOGGED: Final = 3
+# How long past its queue deadline a stream still waits for the first event (a worker
+# that picked the job up just in time needs a moment to say so).
+_PICKUP_GRACE_S: Final = 5.0
 
 
 class _SeqOnly(msgspec.Struct):
@@ -153,6 +161,8 @@ class AsyncStream(AsyncResource):
         stream_timeout: float,
         timeout: float | None = None,
         after_seq: int = -1,
+        queue_timeout: float | None = None,
+        abort_on_exit: bool = True,
     ) -> None:
         self._jobs = jobs
         self._job_id = job_id
@@ -163,6 +173,9 @@ class AsyncStream(AsyncResource):
         self._builder = CompletionBuilder(job_id, model=model, n=n)
         self._stream_timeout = stream_timeout
         self._timeout = timeout
+        # None: the job may wait in the queue as long as ``stream_timeout``.
+        self._queue_timeout = queue_timeout
+        self._abort_on_exit_wanted = abort_on_exit
         self._state: str = _NEW
         self._mailbox: Mailbox | None = None
         # A resume delivers from ``after_seq + 1`` on; earlier events only feed ``final()``.
@@ -238,7 +251,10 @@ class AsyncStream(AsyncResource):
         # The job's clock starts now, not when the stream object was made.
         now = time.time()
         deadline = None if self._timeout is None else now + self._timeout
-        request = msgspec.structs.replace(request, deadline=deadline, enqueued_at=now)
+        queue_wait = self._stream_timeout if self._queue_timeout is None else self._queue_timeout
+        request = msgspec.structs.replace(
+            request, deadline=deadline, enqueued_at=now, queue_deadline=now + queue_wait
+        )
         self._request = request
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
@@ -252,17 +268,21 @@ class AsyncStream(AsyncResource):
         new = await self._jobs.reserve(request)
         # From here on the job may exist: leaving early must abort it.
         self._abort_on_exit = True
-        if new:
-            await self._jobs.enqueue(request)
-        else:
+        if not new:
             await self._replay_log()
+            return
+        try:
+            await self._jobs.enqueue(request)
+        except QueueFull:
+            self._abort_on_exit = False  # refused: nothing was enqueued, nothing to abort
+            raise
 
     async def _start_resume(self) -> None:
         self._mailbox = await self._jobs.dispatcher.subscribe(
             self._jobs.keys.events_channel(self._job_id)
         )
         self._jobs.track(self)
-        self._abort_on_exit = True
+        self._abort_on_exit = self._abort_on_exit_wanted
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._replay_log()
@@ -299,6 +319,12 @@ class AsyncStream(AsyncResource):
         if self._state in (_DONE, _CLOSED):
             return
         self._end(_CLOSED)
+
+    def detach(self) -> None:
+        """Stop listening but leave the job running, so that it can be resumed later."""
+        self._abort_on_exit = False
+        if self._state not in (_DONE, _CLOSED):
+            self._end(_CLOSED)
 
     def _end(self, state: str) -> None:
         """Release the subscription; abort the job if it may still be running."""
@@ -425,7 +451,8 @@ class AsyncStream(AsyncResource):
                     if isinstance(error, KvrelayError)
                     else InternalError(str(error), job_id=self._job_id)
                 )
-            wake_at = self._last_progress + self._stream_timeout
+            idle_limit = self._idle_limit()
+            wake_at = self._last_progress + idle_limit
             if self._deadline is not None and self._deadline < wake_at:
                 wake_at = self._deadline
             if pending and self._gap.at < wake_at:
@@ -444,16 +471,12 @@ class AsyncStream(AsyncResource):
             if pending and now >= self._gap.at:
                 await self._fill_gap()
                 continue
-            if now >= self._last_progress + self._stream_timeout:
+            if now >= self._last_progress + idle_limit:
                 await self._fill_gap(check=True)
                 if self._next_seq in pending:
                     continue
                 if self._jobs.dispatcher.connected or mailbox.error is not None:
-                    raise self._fail(
-                        StreamTimeout(
-                            f"no event for {self._stream_timeout:g}s", job_id=self._job_id
-                        )
-                    )
+                    raise self._fail(self._idle_error())
                 # Redis is away and the dispatcher is reconnecting: it will either
                 # resync us or fail us; do not blame the worker for the outage.
                 self._last_progress = now
@@ -471,6 +494,27 @@ class AsyncStream(AsyncResource):
         if self.ignored_events <= _IGNORED_LOGGED:
             log.warning("ignoring an impossible event of job %s: %s", self._job_id, reason)
         return True
+
+    def _waiting_for_pickup(self) -> bool:
+        """A new job with its own queue-wait limit that no worker has reported on yet."""
+        return (
+            self._queue_timeout is not None and self._request is not None and (self._next_seq == 0)
+        )
+
+    def _idle_limit(self) -> float:
+        """Seconds without an event before giving up: the queue wait, then the stream's."""
+        if self._waiting_for_pickup():
+            assert self._queue_timeout is not None
+            return self._queue_timeout + _PICKUP_GRACE_S
+        return self._stream_timeout
+
+    def _idle_error(self) -> KvrelayError:
+        if self._waiting_for_pickup():
+            return QueueTimeout(
+                f"no worker picked the job up within its queue_timeout of {self._queue_timeout:g}s",
+                job_id=self._job_id,
+            )
+        return StreamTimeout(f"no event for {self._stream_timeout:g}s", job_id=self._job_id)
 
     def _advance(self, event: _Event, now: float) -> _Event:
         deadline = self._deadline

@@ -193,10 +193,17 @@ class Client(_ClosesOnExit):
         after_seq: int = -1,
         stream_timeout: float | None = None,
         timeout: float | None = None,
+        abort_on_exit: bool = False,
     ) -> Stream:
+        """``AsyncClient.resume``: observes the job; leaving aborts only with
+        ``abort_on_exit=True``."""
         stream = self._runner.call(
             self._client.resume(
-                job_id, after_seq=after_seq, stream_timeout=stream_timeout, timeout=timeout
+                job_id,
+                after_seq=after_seq,
+                stream_timeout=stream_timeout,
+                timeout=timeout,
+                abort_on_exit=abort_on_exit,
             )
         )
         return Stream(self._runner, stream)

@@ -47,9 +47,9 @@ def test_the_schema_check_catches_mistakes(compose: dict[str, Any]) -> None:
 
 def test_services_and_profiles(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "worker", "worker-cpu", "flower"}
+    assert set(services) == {"redis", "worker", "worker-cpu", "gateway", "flower"}
     assert services["worker-cpu"]["profiles"] == ["cpu"]
-    for name in ("redis", "worker", "flower"):
+    for name in ("redis", "worker", "gateway", "flower"):
         assert "profiles" not in services[name], f"{name} must start by default"
 
 
@@ -141,3 +141,16 @@ def test_ci_runs_the_documented_commands() -> None:
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     for target in ("install", "demo", "test", "lint", "bench", "clean"):
         assert re.search(rf"^{target}:", makefile, re.M), target
+
+
+def test_gateway_serves_openai_on_loopback(compose: dict[str, Any]) -> None:
+    gateway = compose["services"]["gateway"]
+    assert gateway["command"][:2] == ["kvrelay", "gateway"]
+    assert gateway["command"][gateway["command"].index("--host") + 1] == "0.0.0.0"
+    port = gateway["command"][gateway["command"].index("--port") + 1]
+    assert gateway["ports"] == [f"127.0.0.1:${{KVRELAY_GATEWAY_PORT:-8000}}:{port}"]
+    assert gateway["environment"]["KVRELAY_REDIS_URL"] == "redis://redis:6379/0"
+    assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert f"127.0.0.1:{port}/" in " ".join(gateway["healthcheck"]["test"])
+    dockerfile = (REPO / "worker" / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r'pip install "\./client\[[a-z,]*gateway[a-z,]*\]"', dockerfile)

@@ -36,3 +36,45 @@ def test_example_runs(name: str, smollm2_worker: tuple[str, WorkerProcess]) -> N
                             timeout=180)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
     assert result.stdout.strip(), f"{name} printed nothing"
+
+
+GATEWAY_EXAMPLE = re.compile(
+    r"<!-- (?P<kind>gateway|curl)-example: (?P<name>[\w-]+) -->\s*```(?:python|bash)\n"
+    r"(?P<code>.*?)```", re.S)
+
+
+def gateway_examples() -> dict[str, tuple[str, str]]:
+    return {f"{m['kind']}-{m['name']}": (m["kind"], m["code"])
+            for m in GATEWAY_EXAMPLE.finditer(README.read_text())}
+
+
+def test_readme_has_the_gateway_examples() -> None:
+    assert {"gateway-openai", "curl-chat", "curl-resume"} <= set(gateway_examples())
+
+
+@pytest.mark.parametrize("name", sorted(gateway_examples()))
+def test_gateway_example_runs(name: str, smollm2_worker: tuple[str, WorkerProcess],
+                              tmp_path: Path) -> None:
+    from helpers.gateway_process import GatewayProcess
+
+    url, _ = smollm2_worker
+    kind, code = gateway_examples()[name]
+    gateway = GatewayProcess(url, tmp_path).start()
+    try:
+        code = code.replace("http://localhost:8000", gateway.url)
+        # (no pipefail: `curl | head` cuts curl off on purpose in the resume example)
+        argv = [sys.executable, "-c", code] if kind == "gateway" else ["bash", "-eu", "-c", code]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=180,
+                                cwd=tmp_path)
+    finally:
+        gateway.stop()
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"
+    out = result.stdout.strip()
+    assert out, f"{name} printed nothing"
+    if name == "gateway-openai":
+        assert "Paris" in out
+    if name == "curl-chat":
+        assert '"Paris' in out or " Paris" in out
+    if name == "curl-resume":
+        assert out.endswith("data: [DONE]")
+        assert "id: " in out

@@ -30,6 +30,11 @@ class Failover:
                                 self.take_over_expired)
 
     def start(self) -> None:
+        # Before this worker's consumer starts: jobs of dead workers go to the queue's front.
+        try:
+            self.take_over_expired()
+        except Exception as exc:
+            log.warning("could not look for jobs of dead workers at start (%s)", exc)
         self._thread.start()
 
     def stop(self) -> None:

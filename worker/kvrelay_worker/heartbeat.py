@@ -1,5 +1,6 @@
 """The worker's entry in the registry clients read: written every ``lease_refresh``,
-removed on shutdown, expiring by itself when the worker dies."""
+removed on shutdown, expiring by itself when the worker dies. The model's admission limit
+(``admission_advert``) rides along."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 import redis
 
 from kvrelay.protocol import WorkerInfo, encode_worker_info
+from kvrelay_worker.admission_advert import advertise_admission
 from kvrelay_worker.periodic import Periodic
 from kvrelay_worker.settings import WorkerSettings
 
@@ -19,6 +21,7 @@ class Heartbeat:
     def __init__(self, client: redis.Redis, settings: WorkerSettings,
                  info: Callable[[], WorkerInfo]) -> None:
         self.redis = client
+        self.settings = settings
         self.worker_id = settings.worker_id
         self.keys = settings.keys
         self.info = info
@@ -44,4 +47,5 @@ class Heartbeat:
         pipe.set(self.keys.worker_heartbeat(self.worker_id), encode_worker_info(self.info()),
                  px=self.ttl_ms)
         pipe.sadd(self.keys.workers, self.worker_id)
+        advertise_admission(pipe, self.settings)
         pipe.execute()

@@ -38,6 +38,7 @@ from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.lease_keeper import LeaseKeeper
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.owned_jobs import OwnedJobs
+from kvrelay_worker.pickup_checks import check_queue_wait
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.redis_client import worker_redis
 from kvrelay_worker.settings import WorkerSettings
@@ -207,6 +208,7 @@ class WorkerRuntime:
                 "(over KVRELAY_LOG_MAX_LEN or KVRELAY_LOG_MAX_BYTES): it cannot be continued",
                 Outcome.FAILED)
         try:
+            check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait)
             params = sampling_params_from(request)
             prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
                                         self.engine.max_model_len)

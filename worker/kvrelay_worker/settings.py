@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
+from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.tls import TlsConfigError, celery_ssl_options
@@ -66,6 +67,13 @@ class WorkerSettings:
     # Seconds any Redis call of the worker may take (connect, read, write) before it fails:
     # no thread waits forever on a Redis that stopped answering.
     redis_socket_timeout: float = 30.0
+    # Admission: jobs the model's queue may hold (0: no limit), advertised to clients and
+    # enforced with each push; the retry hint (seconds) a refused client gets.
+    max_queue: int = 4096
+    queue_retry_after: float = 1.0
+    # The longest a job may have waited when picked up (from its enqueue time), for
+    # payloads that carry no queue deadline of their own; at most MAX_QUEUE_TIMEOUT_S.
+    max_queue_wait: float = MAX_QUEUE_TIMEOUT_S
     # Event log: bounded length, how long it lives after the job ends, and how long the
     # log of a job still running lives past its latest event.
     log_max_len: int = 100_000
@@ -105,10 +113,19 @@ class WorkerSettings:
             "log_max_bytes": self.log_max_bytes,
             "log_ttl": self.log_ttl,
             "log_live_ttl": self.log_live_ttl,
+            "queue_retry_after": self.queue_retry_after,
+            "max_queue_wait": self.max_queue_wait,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise SettingsError(f"KVRELAY_{name.upper()} must be positive, got {value}")
+        if self.max_queue < 0:
+            raise SettingsError(f"KVRELAY_MAX_QUEUE must be >= 0 (0: no limit), got {self.max_queue}")
+        if self.max_queue_wait > MAX_QUEUE_TIMEOUT_S:
+            raise SettingsError(
+                f"KVRELAY_MAX_QUEUE_WAIT must be at most {MAX_QUEUE_TIMEOUT_S:g}s (abort flags "
+                f"must outlive any queue wait), got {self.max_queue_wait}"
+            )
         if self.shutdown_grace < 0:
             raise SettingsError("KVRELAY_SHUTDOWN_GRACE must be >= 0")
         if self.lease_refresh >= self.lease_ttl:

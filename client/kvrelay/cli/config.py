@@ -97,6 +97,16 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("REDIS_SOCKET_TIMEOUT", "float", "30", "Seconds any Redis call of a worker (connect, "
        "read, write) may take before it fails instead of waiting forever.", "worker",
        minimum=0, exclusive=True),
+    _v("MAX_QUEUE", "int", "4096", "Jobs the model's queue may hold (0: no limit). "
+       "Advertised with every heartbeat and enforced in the same Redis call as each push, "
+       "whatever the client; give every worker of a model the same value.", "worker",
+       minimum=0),
+    _v("QUEUE_RETRY_AFTER", "float", "1.0", "The retry hint (seconds) a client refused with "
+       "`QueueFull` receives.", "worker", minimum=0, exclusive=True),
+    _v("MAX_QUEUE_WAIT", "float", "3000", "Longest queue wait (seconds since enqueue) a job "
+       "may have at its first pickup when its request carries no `queue_deadline` of its own "
+       "(older SDKs, raw producers); at most 3000, below the abort flag's hour.", "worker",
+       minimum=0, exclusive=True),
     _v("LOG_MAX_LEN", "int", "100000", "Most events kept in a job's replay log.", "worker",
        minimum=1),
     _v("LOG_MAX_BYTES", "int", "33554432", "Most bytes kept in a job's replay log (the oldest "
@@ -132,6 +142,19 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "the model and announce itself.", "cli", minimum=0, exclusive=True),
     _v("STREAM_TIMEOUT", "float", "120", "Seconds `generate`, `chat` and `up` wait for the "
        "next event of a job before giving up.", "cli", minimum=0, exclusive=True),
+    # --- gateway (`kvrelay gateway`, the OpenAI-compatible HTTP API)
+    _v("GATEWAY_HOST", "str", "127.0.0.1", "Address the gateway listens on.", "cli"),
+    _v("GATEWAY_PORT", "port", "8000", "Port the gateway listens on.", "cli"),
+    _v("GATEWAY_API_KEYS", "str", "(none)", "API keys of the gateway as `key=tenant,...`; "
+       "with keys, a request without a valid one gets 401.", "cli"),
+    _v("GATEWAY_API_KEYS_FILE", "path", "(none)", "A file of `key=tenant` lines (added to "
+       "KVRELAY_GATEWAY_API_KEYS).", "cli"),
+    _v("GATEWAY_MAX_QUEUE", "int", "(no limit)", "The gateway answers 429 while a model's "
+       "queue holds more jobs than this.", "cli", minimum=0),
+    _v("GATEWAY_JOB_TIMEOUT", "float", "600", "Seconds before the gateway gives up a job "
+       "(504).", "cli", minimum=0, exclusive=True),
+    _v("GATEWAY_STREAM_TIMEOUT", "float", "60", "Seconds without any event of a job before "
+       "the gateway gives it up.", "cli", minimum=0, exclusive=True),
     # --- tests
     _v("TEST_REDIS_URL", "url", "(private server)", "Tests use this Redis instead of "
        "starting a private redis-server.", "tests"),

@@ -15,6 +15,7 @@ from kvrelay.cli.chat import chat
 from kvrelay.cli.config import validate_environment
 from kvrelay.cli.env_cmd import env
 from kvrelay.cli.errors import CliError, one_line
+from kvrelay.cli.gateway_cmd import gateway
 from kvrelay.cli.generate import generate
 from kvrelay.cli.models import models
 from kvrelay.cli.up import up
@@ -38,7 +39,7 @@ def cli() -> None:
         click.echo(f"kvrelay: warning: {warning}", err=True)
 
 
-for command in (up, worker, generate, chat, models, bench, env):
+for command in (up, worker, gateway, generate, chat, models, bench, env):
     cli.add_command(command)
 
 

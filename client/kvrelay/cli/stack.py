@@ -14,6 +14,7 @@ import dataclasses
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class LocalStack:
         self.redis: PrivateRedis | None = None
         self.redis_url = ""
         self.worker: subprocess.Popen[bytes] | None = None
+        self.gateway: subprocess.Popen[bytes] | None = None
         self.keep_workdir = False
 
     # ------------------------------------------------------------------ start
@@ -61,6 +63,13 @@ class LocalStack:
         env = {**self.plan.env, "KVRELAY_REDIS_URL": self.redis_url}
         self.plan = dataclasses.replace(self.plan, env=env)
         self.worker = processes.spawn(self.plan.argv, env=env, log=self.worker_log)
+
+    def start_gateway(self, port: int) -> str:
+        """The OpenAI-compatible gateway on ``port`` (``kvrelay gateway``); its URL."""
+        argv = [sys.executable, "-m", "kvrelay.cli", "gateway", "--host", "127.0.0.1",
+                "--port", str(port), "--redis-url", self.redis_url]
+        self.gateway = processes.spawn(argv, log=self.workdir / "gateway.log")
+        return f"http://127.0.0.1:{port}/v1"
 
     def wait_ready(self, client: Client, timeout: float) -> WorkerInfo:
         """Wait for this worker's heartbeat (the model is loaded); fail if it exits."""
@@ -98,6 +107,10 @@ class LocalStack:
             raise CliError(
                 f"the worker exited with status {self.worker.returncode} {when}; {self._log_hint()}"
             )
+        if self.gateway is not None and self.gateway.poll() is not None:
+            self.keep_workdir = True
+            raise CliError(f"the gateway exited with status {self.gateway.returncode}; "
+                           f"log: {self.workdir / 'gateway.log'}")
         redis = self.redis.process if self.redis is not None else None
         if redis is not None and redis.poll() is not None:
             raise CliError(f"the private Redis exited with status {redis.returncode}")
@@ -112,7 +125,10 @@ class LocalStack:
     # ------------------------------------------------------------------ stop
 
     def stop(self) -> None:
-        """Worker first (so it can finish or hand back its jobs), then Redis."""
+        """Gateway, then worker (so it can finish or hand back its jobs), then Redis."""
+        gateway, self.gateway = self.gateway, None
+        if gateway is not None:
+            processes.stop(gateway, grace=_STOP_MARGIN_S)
         worker, self.worker = self.worker, None
         if worker is not None:
             grace = float(self.plan.env.get("KVRELAY_SHUTDOWN_GRACE") or 30.0)

@@ -20,6 +20,7 @@ from kvrelay.cli import stack_file
 from kvrelay.cli.config import env_float
 from kvrelay.cli.errors import CliError, require_worker_package
 from kvrelay.cli.finite_float import FiniteFloatRange
+from kvrelay.cli.gateway_cmd import require_gateway_extra
 from kvrelay.cli.options import redis_url_option, sampling_options, worker_options
 from kvrelay.cli.signals import interrupts_held, stop_signals_interrupt
 from kvrelay.cli.stack import LocalStack
@@ -40,6 +41,13 @@ _PLACEHOLDER_URL = "redis://127.0.0.1:0/0"
     "--serve",
     is_flag=True,
     help="Keep the stack running (after answering PROMPT, if given) until Ctrl-C.",
+)
+@click.option(
+    "--http",
+    "http_port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="With --serve: also serve the OpenAI-compatible API on this port (kvrelay[gateway]).",
 )
 @worker_options
 @redis_url_option("Use this Redis instead of starting a private one.")
@@ -69,6 +77,7 @@ _PLACEHOLDER_URL = "redis://127.0.0.1:0/0"
 def up(
     prompt: str | None,
     serve: bool,
+    http_port: int | None,
     model: str | None,
     model_name: str | None,
     device: str | None,
@@ -92,6 +101,10 @@ def up(
     `kvrelay generate` / `kvrelay chat` in other shells use it.
     """
     require_worker_package("kvrelay up")
+    if http_port is not None:
+        if not serve:
+            raise click.UsageError("--http needs --serve")
+        require_gateway_extra()
     env = worker_environment(
         os.environ,
         {
@@ -125,7 +138,8 @@ def up(
         with stop_signals_interrupt():
             try:
                 _run(
-                    stack, redis_url, redis_port, startup_timeout, question, serve, system, options
+                    stack, redis_url, redis_port, startup_timeout, question, serve, system, options,
+                    http_port,
                 )
             except KeyboardInterrupt:
                 interrupted = True
@@ -150,6 +164,7 @@ def _run(
     serve: bool,
     system: str | None,
     options: dict[str, object],
+    http_port: int | None = None,
 ) -> None:
     url = stack.start_redis(redis_url, redis_port)
     click.echo(f"Redis: {url}" + ("" if redis_url else " (private)"), err=True)
@@ -167,13 +182,16 @@ def _run(
                 raise CliError(str(exc)) from None
             print_summary(completion)
         if serve:
-            _serve(stack, url)
+            _serve(stack, url, http_port)
 
 
-def _serve(stack: LocalStack, url: str) -> None:
+def _serve(stack: LocalStack, url: str, http_port: int | None) -> None:
     """Tell clients where the stack is, then watch it until interrupted."""
     record = stack_file.write_record(url, stack.plan.served_model)
     click.echo(f"KVRELAY_REDIS_URL={url}")
+    if http_port is not None:
+        base = stack.start_gateway(http_port)
+        click.echo(f"OPENAI_BASE_URL={base}")
     click.echo(
         f'Serving {stack.plan.served_model}. In another shell: kvrelay generate "Hello" '
         f"(found through {record}), or export KVRELAY_REDIS_URL={url}. Ctrl-C stops.",

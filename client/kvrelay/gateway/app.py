@@ -1,0 +1,58 @@
+"""``create_app(settings)``: the ASGI application (Starlette), one SDK client per process."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from kvrelay.client import AsyncClient
+from kvrelay.errors import KvrelayError
+from kvrelay.gateway.errors import GatewayError
+from kvrelay.gateway.metrics import GatewayMetrics
+from kvrelay.gateway.routes import Gateway
+from kvrelay.gateway.settings import GatewaySettings
+
+log = logging.getLogger("kvrelay.gateway")
+
+
+def create_app(settings: GatewaySettings | None = None) -> Starlette:
+    """The gateway app; its SDK client connects when the server starts (lifespan)."""
+    settings = settings or GatewaySettings.from_env()
+    client = AsyncClient(settings.redis_url, stream_timeout=settings.stream_timeout,
+                         max_queue=settings.max_queue)
+    gateway = Gateway(client, settings, GatewayMetrics())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            await client.connect()
+        except KvrelayError as exc:  # serve anyway: requests get 503 until Redis is back
+            log.warning("gateway: %s", exc)
+        try:
+            yield
+        finally:
+            await client.aclose()
+
+    routes = [
+        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
+        Route("/v1/completions", gateway.completions, methods=["POST"]),
+        Route("/v1/jobs/{job_id}/cancel", gateway.cancel, methods=["POST"]),
+        Route("/health", gateway.health, methods=["GET"]),
+        Route("/metrics", gateway.metrics_text, methods=["GET"]),
+    ]
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("gateway: unexpected error on %s", request.url.path, exc_info=exc)
+        error = GatewayError(500, f"internal error: {type(exc).__name__}", kind="server_error")
+        return gateway.refuse("unexpected", error)
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={Exception: unexpected})
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,201 @@
+"""The endpoints: /v1/models, /v1/chat/completions, /v1/completions, job cancel, health."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from kvrelay.client import AsyncClient
+from kvrelay.completion import Completion
+from kvrelay.errors import KvrelayError
+from kvrelay.gateway import auth
+from kvrelay.gateway.errors import GatewayError, from_kvrelay
+from kvrelay.gateway.metrics import GatewayMetrics
+from kvrelay.gateway.requests import ChatRequest, CompletionRequest, decode
+from kvrelay.gateway.responses import CHAT, TEXT, ChunkMaker, whole
+from kvrelay.gateway.settings import GatewaySettings
+from kvrelay.gateway.sse import DONE, EventStreamResponse, Send, frame, parse_last_event_id
+from kvrelay.stream import AsyncStream
+
+
+class Gateway:
+    """What every endpoint shares: the SDK client, settings, keys and metrics."""
+
+    def __init__(self, client: AsyncClient, settings: GatewaySettings,
+                 metrics: GatewayMetrics) -> None:
+        self.client = client
+        self.settings = settings
+        self.metrics = metrics
+        self.auth = auth.Authenticator(settings.api_keys)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def sdk_error(self, exc: KvrelayError) -> GatewayError:
+        any_worker = True
+        if exc.code == "unknown_model":
+            with contextlib.suppress(KvrelayError):
+                any_worker = bool(await self.client.workers())
+        return from_kvrelay(exc, retry_after=self.settings.retry_after, any_worker=any_worker)
+
+    def answer(self, route: str, response: Response) -> Response:
+        self.metrics.count(route, response.status_code)
+        return response
+
+    def refuse(self, route: str, error: GatewayError) -> Response:
+        self.metrics.count(route, error.status)
+        return Response(error.json(), status_code=error.status, headers=error.headers,
+                        media_type="application/json")
+
+    # ------------------------------------------------------------------ endpoints
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self.auth.tenant(request.headers.get("authorization"))
+            workers = await self.client.workers()
+        except GatewayError as exc:
+            return self.refuse("models", exc)
+        except KvrelayError as exc:
+            return self.refuse("models", await self.sdk_error(exc))
+        names = sorted({w.model for w in workers})
+        created = {w.model: int(w.started_at) for w in workers}
+        data = [{"id": n, "object": "model", "created": created[n], "owned_by": "kvrelay"}
+                for n in names]
+        return self.answer("models", JSONResponse({"object": "list", "data": data}))
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, TEXT)
+
+    async def cancel(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        try:
+            tenant = self.auth.tenant(request.headers.get("authorization"))
+            if not auth.owns(tenant, job_id):
+                raise GatewayError(404, f"no job {job_id!r}", code="job_not_found")
+            await self.client.cancel(job_id)
+        except GatewayError as exc:
+            return self.refuse("cancel", exc)
+        except KvrelayError as exc:
+            return self.refuse("cancel", await self.sdk_error(exc))
+        return self.answer("cancel", JSONResponse({"id": job_id, "cancelled": True}))
+
+    async def health(self, request: Request) -> Response:
+        try:
+            workers = await self.client.workers()
+        except KvrelayError as exc:
+            return JSONResponse({"status": "unavailable", "error": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ok", "workers": len(workers)})
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    # ------------------------------------------------------------------ generation
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        route = "chat" if kind == CHAT else "completions"
+        received = time.perf_counter()
+        try:
+            tenant = self.auth.tenant(request.headers.get("authorization"))
+            body: Any = decode(await request.body(), ChatRequest if kind == CHAT
+                               else CompletionRequest)
+            maker = ChunkMaker(kind, "", body.model, int(time.time()), body.include_usage)
+            resume_from = request.headers.get("last-event-id")
+            if resume_from:
+                stream = await self._resume(tenant, resume_from)
+            else:
+                options = body.options()
+                options.update(model=body.model, job_id=auth.new_job_id(tenant),
+                               cache_salt=auth.cache_salt(tenant),
+                               timeout=self.settings.job_timeout)
+                stream = self.client.stream(**options)
+                if body.stream:
+                    await stream.start()
+        except GatewayError as exc:
+            return self.refuse(route, exc)
+        except KvrelayError as exc:
+            return self.refuse(route, await self.sdk_error(exc))
+        maker = ChunkMaker(kind, stream.job_id, body.model, maker.created, body.include_usage)
+        if body.stream or resume_from:
+            self.metrics.count(route, 200)
+            return EventStreamResponse(
+                lambda send: self._pump(stream, maker, send, body.resumable, received))
+        try:
+            done = await self._until_disconnected(request, stream, body.resumable)
+        except KvrelayError as exc:
+            return self.refuse(route, await self.sdk_error(exc))
+        if done is None:
+            return self.answer(route, Response(status_code=499))
+        return self.answer(route, JSONResponse(whole(kind, done, body.model, maker.created)))
+
+    async def _resume(self, tenant: str, last_event_id: str) -> AsyncStream:
+        job_id, seq = parse_last_event_id(last_event_id)
+        if not auth.owns(tenant, job_id):
+            raise GatewayError(404, f"no job {job_id!r} to resume", code="job_not_found")
+        # The gateway owns the caller's job either way: leaving aborts it unless the
+        # request is resumable (then ``_pump`` detaches the stream first).
+        return await self.client.resume(job_id, after_seq=seq, abort_on_exit=True,
+                                        stream_timeout=self.settings.stream_timeout)
+
+    async def _until_disconnected(self, request: Request, stream: AsyncStream,
+                                  keep: bool) -> Completion | None:
+        """The completion, or None if the caller left first (the job is then aborted)."""
+
+        async def run() -> Completion:
+            async with stream:
+                return await stream.final()
+
+        async def left() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        job = asyncio.ensure_future(run())
+        watcher = asyncio.ensure_future(left())
+        try:
+            await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not job.done():
+            if keep:
+                stream.detach()
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KvrelayError):
+                await job
+            return None
+        return job.result()
+
+    async def _pump(self, stream: AsyncStream, maker: ChunkMaker, send: Send, keep: bool,
+                    received: float) -> None:
+        """Write a job's events as SSE until it ends, fails, or the caller leaves."""
+        job_id = stream.job_id
+        metrics = self.metrics
+        metrics.open_streams.inc()
+        first = True
+        try:
+            async with stream:
+                try:
+                    async for chunk in stream:
+                        await send(frame(maker.tokens(chunk), job_id=job_id, seq=chunk.seq))
+                        metrics.streamed_chunks.inc()
+                        if first:
+                            first = False
+                            metrics.ttft.observe(time.perf_counter() - received)
+                    done = await stream.final()
+                except asyncio.CancelledError:
+                    if keep:
+                        stream.detach()
+                    raise
+                except KvrelayError as exc:
+                    error = await self.sdk_error(exc)
+                    await send(frame(error.body(), job_id=job_id, seq=stream.last_seq))
+                    return
+            await send(frame(maker.finish(done), job_id=job_id, seq=stream.last_seq))
+            await send(frame(DONE, job_id=job_id, seq=stream.last_seq))
+        finally:
+            metrics.open_streams.dec()

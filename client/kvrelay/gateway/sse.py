@@ -1,0 +1,88 @@
+"""Server-Sent Events framing, and the ``Last-Event-ID`` that points back into a job.
+
+Every event carries ``id: <job id>:<seq>``, the seq of the job event it came from, so a
+client that reconnects with ``Last-Event-ID`` gets exactly what followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.responses import Response
+from starlette.types import Receive, Scope
+from starlette.types import Send as ASGISend
+
+from kvrelay.gateway.errors import bad_request
+
+DONE = b"[DONE]"
+MEDIA_TYPE = "text/event-stream"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+_encoder = msgspec.json.Encoder()
+
+
+def event_id(job_id: str, seq: int) -> str:
+    return f"{job_id}:{seq}"
+
+
+def frame(data: dict[str, Any] | bytes, *, job_id: str, seq: int) -> bytes:
+    """One event: ``id: job:seq`` then one ``data:`` line (JSON never holds a newline)."""
+    body = data if isinstance(data, bytes) else _encoder.encode(data)
+    return b"id: " + event_id(job_id, seq).encode() + b"\ndata: " + body + b"\n\n"
+
+
+def parse_last_event_id(value: str) -> tuple[str, int]:
+    """``job:seq`` -> (job id, seq); a malformed header is a 400."""
+    job_id, sep, seq = value.strip().rpartition(":")
+    # seq -1 names "before the first event" (an error event sent before any other).
+    if not sep or not job_id or not (seq.isdigit() or seq == "-1") or len(seq) > 18:
+        raise bad_request(f"Last-Event-ID must be '<job id>:<seq>', got {value!r}")
+    return job_id, int(seq)
+
+
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class EventStreamResponse(Response):
+    """An ASGI response that runs ``produce(send)`` and cancels it when the client leaves.
+
+    (Starlette's StreamingResponse leaves an abandoned generator to the garbage collector;
+    here the producer is cancelled at once, so its ``finally`` aborts the job right away.)
+    """
+
+    media_type = MEDIA_TYPE
+
+    def __init__(self, produce: Callable[[Send], Awaitable[None]]) -> None:
+        self._produce = produce
+        self.status_code = 200
+        self.background = None
+        self.init_headers(HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+
+        async def write(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async def produce() -> None:
+            await self._produce(write)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        async def disconnected() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        producer = asyncio.ensure_future(produce())
+        watcher = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not producer.done():
+                producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
