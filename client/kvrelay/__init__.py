@@ -24,6 +24,7 @@ from kvrelay.errors import (
     QueueFull,
     QueueTimeout,
     StreamTimeout,
+    UnknownJob,
     UnknownModel,
     WorkerLost,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "StreamTimeout",
     "TokenLogprob",
     "TopLogprob",
+    "UnknownJob",
     "UnknownModel",
     "Usage",
     "WorkerInfo",

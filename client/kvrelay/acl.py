@@ -28,9 +28,9 @@ TENANT_COMMANDS: Final = (
     # strings, sets, hashes: abort flags, leases, the worker registry, job records
     "get", "set", "mget", "del", "exists", "expire", "pexpire", "pttl",
     "sadd", "srem", "smembers",
-    "hset", "hsetnx", "hget", "hdel", "hgetall", "hmget", "hincrby",
+    "hset", "hsetnx", "hget", "hdel", "hgetall", "hmget", "hvals", "hincrby",
     # Celery's queues and unacknowledged-message bookkeeping
-    "lpush", "rpush", "rpop", "brpop", "llen",
+    "lpush", "rpush", "rpop", "brpop", "llen", "lrange",
     "zadd", "zrem", "zrange", "zrangebyscore", "zrevrangebyscore", "zscore",
     # event logs
     "xadd", "xrange", "xrevrange", "xtrim",

@@ -14,11 +14,12 @@ from redis.asyncio import Redis
 from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion
 from kvrelay.config_values import count, seconds
-from kvrelay.connection import REDIS_ERRORS, make_redis, redact_url
+from kvrelay.connection import REDIS_ERRORS, make_redis, redact_url, resolve_url
 from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, TransportFactory
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
-from kvrelay.errors import InvalidRequest, KvrelayError
+from kvrelay.errors import InvalidRequest, KvrelayError, UnknownJob
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
+from kvrelay.job_lookup import job_exists
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
 from kvrelay.request_builder import (
@@ -38,7 +39,8 @@ class AsyncClient(AsyncResource):
     """Async client for kvrelay workers.
 
     Args:
-        url: Redis URL shared with the workers (``redis://``, ``rediss://``, ``unix://``).
+        url: Redis URL shared with the workers (``redis://``, ``rediss://``, ``unix://``);
+            None (the default) reads ``$KVRELAY_REDIS_URL``, else ``redis://localhost:6379/0``.
         model: default model for calls that do not name one.
         stream_timeout: seconds without any event of a job before ``StreamTimeout``
             (the job is then aborted); per call: ``stream_timeout=``.
@@ -66,7 +68,7 @@ class AsyncClient(AsyncResource):
 
     def __init__(
         self,
-        url: str = "redis://localhost:6379/0",
+        url: str | None = None,
         *,
         model: str | None = None,
         stream_timeout: float = 60.0,
@@ -92,6 +94,7 @@ class AsyncClient(AsyncResource):
         enqueue_threads = count("enqueue_threads", enqueue_threads, minimum=1)
         max_connections = count("max_connections", max_connections, minimum=1)
         max_payload_bytes = count("max_payload_bytes", max_payload_bytes, minimum=1)
+        url = resolve_url(url)
         try:
             self._keys = Keyspace(namespace)
             celery_ssl_options(url)
@@ -231,7 +234,8 @@ class AsyncClient(AsyncResource):
 
         Events up to ``after_seq`` are not yielded again but still count in ``final()``.
         The stream is started (subscribed, log read) when this returns. It observes: leaving
-        it early leaves the job running, unless ``abort_on_exit=True``.
+        it early leaves the job running, unless ``abort_on_exit=True``. A job with no trace
+        left (never enqueued, or its log expired) raises ``UnknownJob`` at once.
         """
         self._check_open()
         if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID_LENGTH:
@@ -242,6 +246,7 @@ class AsyncClient(AsyncResource):
             stream_timeout = seconds("stream_timeout", stream_timeout)
         if timeout is not None:
             timeout = seconds("timeout", timeout)
+        await self._check_known(job_id)
         stream = AsyncStream(
             self._jobs,
             job_id=job_id,
@@ -253,6 +258,23 @@ class AsyncClient(AsyncResource):
         )
         await stream.start()
         return stream
+
+    async def _check_known(self, job_id: str) -> None:
+        """``UnknownJob`` unless the job is queued (for a served or the default model),
+        taken by a worker, running, or still has its log."""
+        try:
+            models = {worker.model for worker in await self._jobs.workers()}
+            if self._model:
+                models.add(self._model)
+            known = await job_exists(self._jobs.redis, self._keys, job_id, models)
+        except REDIS_ERRORS as exc:
+            raise self._jobs.connection_error(exc, f"looking up job {job_id}") from exc
+        if not known:
+            raise UnknownJob(
+                "no such job: it was never enqueued, or it ended more than KVRELAY_LOG_TTL "
+                "(1 h by default) ago and its log expired",
+                job_id=job_id,
+            )
 
     async def cancel(self, job_id: str) -> None:
         """Abort ``job_id`` wherever it is: queued jobs are dropped, running ones stopped."""

@@ -7,6 +7,8 @@ doing, because "Connection refused" alone does not say which of several URLs is 
 
 from __future__ import annotations
 
+import os
+from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.exceptions
@@ -16,7 +18,19 @@ from redis.backoff import ExponentialBackoff
 
 from kvrelay.errors import BrokerUnavailable
 
-__all__ = ["REDIS_ERRORS", "connection_error", "make_redis", "redact_url"]
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "REDIS_ERRORS",
+    "REDIS_URL_VARIABLE",
+    "connection_error",
+    "make_redis",
+    "redact_url",
+    "resolve_url",
+]
+
+DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
+# Read when a client is created without a URL, as workers and the CLI read it.
+REDIS_URL_VARIABLE: Final = "KVRELAY_REDIS_URL"
 
 # What a lost or unreachable server looks like from redis-py and asyncio.
 REDIS_ERRORS: tuple[type[BaseException], ...] = (
@@ -25,6 +39,13 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
+
+
+def resolve_url(url: str | None) -> str:
+    """``url``, else ``$KVRELAY_REDIS_URL`` (when set and not empty), else the local default."""
+    if url is not None:
+        return url
+    return os.environ.get(REDIS_URL_VARIABLE) or DEFAULT_REDIS_URL
 
 
 def redact_url(url: str) -> str:

@@ -104,6 +104,10 @@ class BrokerUnavailable(KvrelayError, builtins.ConnectionError, code="connection
     """Redis could not be reached (or was lost and could not be re-established)."""
 
 
+class UnknownJob(KvrelayError, LookupError, code="unknown_job"):
+    """``resume`` of a job with no trace left: never enqueued, or its log has expired."""
+
+
 class InternalError(KvrelayError, code=ErrorCode.INTERNAL):
     """The worker hit an unexpected error while running the job."""
 

@@ -81,11 +81,16 @@ class Keyspace:
         """The Celery queue's name for ``model``: ``queue(model)`` less kombu's prefix."""
         return self._celery_name(self.queue(model))
 
+    @property
+    def celery_unacked(self) -> str:
+        """kombu's hash of delivered-but-unacknowledged messages (its full Redis name)."""
+        return f"{self.prefix}celery:unacked"
+
     def celery_transport_options(self) -> dict[str, str]:
         """kombu options putting every Celery key and channel under ``prefix``."""
         options = {
             # Kombu's bookkeeping of delivered-but-unacknowledged messages.
-            "unacked_key": self._celery_name(f"{self.prefix}celery:unacked"),
+            "unacked_key": self._celery_name(self.celery_unacked),
             "unacked_index_key": self._celery_name(f"{self.prefix}celery:unacked_index"),
             "unacked_mutex_key": self._celery_name(f"{self.prefix}celery:unacked_mutex"),
         }

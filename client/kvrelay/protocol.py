@@ -344,6 +344,9 @@ class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The largest request payload (bytes of JSON) the worker accepts; 0: not advertised.
     # Clients never send more than the smallest limit the model's workers advertise.
     max_payload_bytes: int = 0
+    # Where the worker serves Prometheus metrics (None: not served); the bound port when
+    # KVRELAY_METRICS_PORT=0 asked for any free one.
+    metrics_port: int | None = None
 
 
 # ------------------------------------------------------------------------- encoding

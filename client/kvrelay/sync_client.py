@@ -156,7 +156,7 @@ class Stream(_ClosesOnExit):
 class Client(_ClosesOnExit):
     """Synchronous client; takes the same arguments as ``AsyncClient``."""
 
-    def __init__(self, url: str = "redis://localhost:6379/0", **kwargs: Any) -> None:
+    def __init__(self, url: str | None = None, **kwargs: Any) -> None:
         self._runner = _LoopThread()
         try:
             self._client = self._runner.call_sync(AsyncClient, url, **kwargs)

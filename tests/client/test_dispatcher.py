@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from helpers.fake_worker import completion_events, emit, play, wait_until
+from helpers.fake_worker import claim, completion_events, emit, play, wait_until
 
 import kvrelay
 from kvrelay import AsyncClient
@@ -241,6 +241,7 @@ async def test_leaving_one_stream_keeps_the_other_subscribed(
     client: AsyncClient, fake_redis: Any
 ) -> None:
     events = completion_events(list("abcd"))
+    await claim(fake_redis, "job-k")
     first = await asyncio.wait_for(client.resume("job-k"), 5)
     second = await asyncio.wait_for(client.resume("job-k"), 5)
     await first.aclose()  # aborts the job in real life; here the fake worker goes on
@@ -251,6 +252,7 @@ async def test_leaving_one_stream_keeps_the_other_subscribed(
 
 
 async def test_resubscribing_right_after_leaving(client: AsyncClient, fake_redis: Any) -> None:
+    await claim(fake_redis, "job-flip")
     for _ in range(5):
         stream = await asyncio.wait_for(client.resume("job-flip"), 5)
         await stream.aclose()

@@ -291,3 +291,21 @@ def test_event_encoding_round_trip_is_what_the_client_reads() -> None:
     from kvrelay.protocol import decode_event
 
     assert decode_event(encode_event(event)) == event
+
+
+async def test_resume_an_unknown_job_says_so_at_once(client: AsyncClient) -> None:
+    async with asyncio.timeout(5):  # not the client's stream_timeout
+        with pytest.raises(kvrelay.UnknownJob, match="no such job") as caught:
+            await client.resume("job-never-enqueued")
+    assert caught.value.job_id == "job-never-enqueued"
+    assert isinstance(caught.value, LookupError)
+
+
+async def test_resume_a_job_still_in_its_queue(client: AsyncClient, fake_redis: Any) -> None:
+    # A Celery message as kombu stores it: the job id in its JSON headers.
+    message = '{"body": "", "headers": {"id": "job-queued", "task": "kvrelay.generate"}}'
+    await fake_redis.lpush(KEYS.queue("m"), message)
+    stream = await asyncio.wait_for(client.resume("job-queued"), 5)
+    await play(fake_redis, "job-queued", completion_events(list("ok")))
+    async with asyncio.timeout(5):
+        assert (await stream.final()).text == "ok"

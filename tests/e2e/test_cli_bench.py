@@ -72,6 +72,17 @@ def test_unknown_benchmark_lists_the_known_ones(bench_dir: Path) -> None:
     assert "(available: fake)" in result.output
 
 
+def test_list_shows_benchmarks_not_their_helpers(bench_dir: Path) -> None:
+    (bench_dir / "shared_stats.py").write_text("def p50(xs):\n    return sorted(xs)[len(xs) // 2]\n")
+    result = CliRunner().invoke(cli, ["bench", "--list", "--benchmarks-dir", str(bench_dir)])
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == ["fake"]
+    repository = Path(__file__).resolve().parents[2] / "benchmarks"
+    listed = CliRunner().invoke(cli, ["bench", "--list", "--benchmarks-dir", str(repository)])
+    assert {"offline", "serve", "client_streams"} <= set(listed.output.split())
+    assert not {"latency_stats", "tiny_model", "decode_step"} & set(listed.output.split())
+
+
 def test_chart_only(tmp_path: Path) -> None:
     result_file = tmp_path / "streams.json"
     result_file.write_text(json.dumps({"events_per_s": 26000, "ttft_p50_ms": 600.0,

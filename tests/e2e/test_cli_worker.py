@@ -4,6 +4,7 @@ real thing serves jobs and stops cleanly on SIGTERM."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -37,8 +38,22 @@ def test_dry_run_shows_variables_and_command(tmp_path: Path) -> None:
     command = lines[-1]
     assert " -m celery -A kvrelay_worker.app worker --pool threads --concurrency 3 " in command
     assert "--queues kvrelay:queue:smollm2-135m-instruct" in command
-    assert "--hostname kvrelay-smollm2-135m-instruct@%h" in command
+    # The pid makes the default node name unique per process (exec keeps it).
+    assert f"--hostname kvrelay-smollm2-135m-instruct-{os.getpid()}@%h" in command
     assert command.endswith("--task-events")
+
+
+@pytest.mark.parametrize("how", ["variable", "flag"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "BFloat16"])
+def test_short_dtype_names_work_as_flag_and_variable(dtype: str, how: str) -> None:
+    args = ["worker", "--dry-run", "--device", "cpu"]
+    env = {"KVRELAY_DTYPE": dtype} if how == "variable" else {}
+    if how == "flag":
+        args += ["--dtype", dtype]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert any(line.lower() == f"kvrelay_dtype={dtype.lower()}"
+               for line in result.output.splitlines()), result.output
 
 
 def test_model_path_serves_under_its_name(tmp_path: Path) -> None:

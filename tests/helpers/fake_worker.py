@@ -106,6 +106,12 @@ async def emit(
         await redis.publish(KEYS.events_channel(job_id), data)
 
 
+async def claim(redis: Any, job_id: str) -> None:
+    """Record the job as running, as a worker's claim does before its first event (so
+    ``resume`` knows the job)."""
+    await redis.hset(KEYS.job_record(job_id), "state", "running")
+
+
 async def play(
     redis: Any,
     job_id: str,

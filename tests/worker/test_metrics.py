@@ -51,3 +51,15 @@ def test_metrics_endpoint_counts_jobs_and_tokens(
     # The same 40-token prompt three times: the later two hit the prefix cache.
     assert _value(after, "kvrelay_prefix_cache_hit_rate") > 0
     assert _value(after, "kvrelay_kv_total_blocks") > 0
+
+
+def test_any_free_metrics_port_is_logged_and_in_the_heartbeat(
+        start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
+    worker = start_worker("anyport", concurrency=2, metrics_port=0)
+    with Client(clean_redis_url) as client:
+        (info,) = [w for w in client.workers() if w.pid == worker.pid]
+    assert info.metrics_port is not None
+    assert info.metrics_port > 0
+    assert f"metrics on 127.0.0.1 port {info.metrics_port}" in worker.tail(20000)
+    scraped = httpx.get(f"http://127.0.0.1:{info.metrics_port}/metrics", timeout=10).text
+    assert "kvrelay_running_sequences" in scraped

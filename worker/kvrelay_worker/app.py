@@ -61,6 +61,8 @@ def make_celery(s: WorkerSettings) -> Celery:
         # Remote control listens with PSUBSCRIBE, which a tenant's ACL (&<prefix>*) cannot
         # allow: a namespaced worker goes without it (its registry is kvrelay's own).
         worker_enable_remote_control=not s.namespace,
+        # Fails (and counts) messages that are not JSON instead of only logging them.
+        worker_consumer="kvrelay_worker.undecodable_messages:KvrelayConsumer",
         task_default_queue=queue_name,
         task_queues=(Queue(queue_name, Exchange(queue_name, type="direct"),
                            routing_key=queue_name),),
@@ -71,6 +73,11 @@ def make_celery(s: WorkerSettings) -> Celery:
 app = make_celery(settings)
 
 _runtime: WorkerRuntime | None = None
+
+
+def current_runtime() -> WorkerRuntime | None:
+    """The running worker's runtime (None before the engine is loaded, or after shutdown)."""
+    return _runtime
 
 
 def requeue(job_id: str, payload_json: str) -> None:

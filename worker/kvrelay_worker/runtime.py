@@ -85,14 +85,17 @@ class WorkerRuntime:
     # --------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        if self.settings.metrics_port is not None:
+            # Before the first heartbeat, which carries the bound port (0 picks a free one).
+            self.metrics_port = self.metrics.serve(self.settings.metrics_port,
+                                                   self.settings.metrics_host)
+            log.info("kvrelay worker metrics on %s port %d", self.settings.metrics_host,
+                     self.metrics_port)
         self.publisher.start()
         self.control.start()
         self.leases.start()
         self.heartbeat.start()
         self.failover.start()
-        if self.settings.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(self.settings.metrics_port,
-                                                   self.settings.metrics_host)
         stats = self.engine.stats()
         log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens",
                  self.settings.worker_id, self.settings.served_model, self.engine.device,
@@ -128,15 +131,17 @@ class WorkerRuntime:
             host=self.settings.host, pid=os.getpid(), device=str(self.engine.device),
             concurrency=self.settings.concurrency, started_at=self.started_at,
             updated_at=time.time(), jobs_running=len(self.jobs), draining=self.draining,
-            stats=self.service.stats(),
+            stats=self.service.stats(), metrics_port=self.metrics_port,
             max_payload_bytes=self.settings.max_payload_bytes,
         )
 
     # ------------------------------------------------------------------- jobs
 
     def reject(self, job_id: str | None, message: str) -> str:
-        """Fail a delivered job as ``invalid_request`` without looking at its payload."""
+        """Fail a delivered job as ``invalid_request`` without looking at its payload (one
+        with no id is only counted)."""
         if not job_id:
+            self.metrics.jobs.labels(outcome="rejected").inc()
             return "rejected"
         return self._end_unclaimed(job_id, ErrorCode.INVALID_REQUEST, message, "rejected")
 

@@ -16,11 +16,10 @@ from functools import cached_property
 from pathlib import Path
 
 from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
+from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.tls import TlsConfigError, celery_ssl_options
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 class SettingsError(ValueError):

@@ -30,7 +30,16 @@ _TQDM_BAR = re.compile(r"\d+%\|")
 
 
 def available(folder: Path) -> list[str]:
-    return sorted(p.stem for p in folder.glob("*.py") if not p.name.startswith("_"))
+    """The benchmarks in ``folder``: scripts that take ``--out`` (the contract above);
+    helper modules beside them are not benchmarks."""
+    return sorted(p.stem for p in folder.glob("*.py") if _is_benchmark(p))
+
+
+def _is_benchmark(script: Path) -> bool:
+    if script.name.startswith("_"):
+        return False
+    text = script.read_text(encoding="utf-8", errors="replace")
+    return '"--out"' in text
 
 
 def _last_progress(log: Path, width: int = 70) -> str:

@@ -17,14 +17,8 @@ import click
 from kvrelay import BrokerUnavailable, Client, Completion, KvrelayError, UnknownModel
 from kvrelay.cli.errors import CliError
 from kvrelay.cli.options import client_options, sampling_options
-from kvrelay.cli.streaming import sampling_kwargs, stream_to_stdout, summary, with_system
-from kvrelay.cli.target import (
-    CONNECT_HINT,
-    model_for,
-    namespace,
-    redis_url_for,
-    unknown_model,
-)
+from kvrelay.cli.streaming import answer, job_options, summary, with_system
+from kvrelay.cli.target import connected, unknown_model
 
 HELP_TEXT = "Commands: /reset forgets the conversation, /exit leaves (so does Ctrl-D)."
 
@@ -49,8 +43,10 @@ class ChatSession:
         self.history.clear()
 
 
-def ask(client: Client, session: ChatSession, text: str, options: Mapping[str, Any]) -> Completion:
-    completion = stream_to_stdout(client, session.messages_for(text), options)
+def ask(
+    client: Client, session: ChatSession, text: str, options: Mapping[str, Any], as_json: bool
+) -> Completion:
+    completion = answer(client, session.messages_for(text), options, as_json)
     session.record(text, completion.text)
     return completion
 
@@ -66,37 +62,15 @@ def _read_line(interactive: bool) -> str | None:
 @client_options
 @sampling_options(temperature=0.7)
 @click.option("-q", "--quiet", is_flag=True, help="No summary line after each answer.")
-def chat(
-    model: str | None,
-    redis_url: str | None,
-    stream_timeout: float,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    system: str | None,
-    quiet: bool,
-) -> None:
+def chat(**params: Any) -> None:
     """Talk with a model; the conversation is kept until /reset or the end."""
-    url, record = redis_url_for(redis_url)
     interactive = sys.stdin.isatty()
-    session = ChatSession(system=system)
-    try:
-        with Client(url, namespace=namespace()) as client:
-            name = model_for(model, record, client)
-            options = sampling_kwargs(
-                model=name,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed,
-                stream_timeout=stream_timeout,
-            )
-            if interactive:
-                click.echo(f"Chatting with {name}. {HELP_TEXT}", err=True)
-            _loop(client, session, options, interactive, quiet)
-    except BrokerUnavailable as exc:
-        raise CliError(f"{exc}; {CONNECT_HINT}") from None
+    session = ChatSession(system=params["system"])
+    with connected(params["redis_url"], params["model"]) as (client, name):
+        options = job_options(name, params, params["stream_timeout"])
+        if interactive:
+            click.echo(f"Chatting with {name}. {HELP_TEXT}", err=True)
+        _loop(client, session, options, interactive, params)
 
 
 def _loop(
@@ -104,7 +78,7 @@ def _loop(
     session: ChatSession,
     options: Mapping[str, Any],
     interactive: bool,
-    quiet: bool,
+    params: Mapping[str, Any],
 ) -> None:
     while True:
         try:
@@ -124,7 +98,7 @@ def _loop(
             click.echo(HELP_TEXT, err=True)
             continue
         try:
-            completion = ask(client, session, text, options)
+            completion = ask(client, session, text, options, params["as_json"])
         except KeyboardInterrupt:
             click.echo("\n(answer stopped)", err=True)
             continue
@@ -135,5 +109,5 @@ def _loop(
         except KvrelayError as exc:  # this answer failed; the conversation goes on
             CliError(str(exc)).show()
             continue
-        if not quiet:
+        if not (params["quiet"] or params["as_json"]):
             click.secho(f"[{summary(completion)}]", err=True, dim=True)

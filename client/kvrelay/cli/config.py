@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from kvrelay.cli.errors import CliError
+from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.keys import NAMESPACE_PATTERN
 
 Kind = Literal["url", "str", "path", "int", "float", "bool", "choice", "port", "namespace"]
-Scope = Literal["all", "worker", "cli", "tests"]
+# Who reads a variable: the SDK (``kvrelay`` without the CLI), the ``kvrelay`` command,
+# worker processes, ``compose.yaml`` (on the host running ``docker compose``), the tests.
+USERS: Final = ("SDK", "CLI", "gateway", "worker", "compose", "tests")
 
 PREFIX: Final = "KVRELAY_"
-DEFAULT_REDIS_URL: Final = "redis://localhost:6379/0"
 DEFAULT_MODEL: Final = "smollm2-135m-instruct"
 
 
@@ -34,43 +36,49 @@ class Variable:
     kind: Kind
     default: str
     meaning: str
-    scope: Scope
+    # Space-separated names from ``USERS``.
+    users: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     # The value must be strictly greater than ``minimum`` (e.g. a timeout > 0).
     exclusive: bool = False
 
 
-def _v(name: str, kind: Kind, default: str, meaning: str, scope: Scope, **kw: object) -> Variable:
-    return Variable(f"{PREFIX}{name}", kind, default, meaning, scope, **kw)  # type: ignore[arg-type]
+def _v(name: str, kind: Kind, default: str, meaning: str, users: str, **kw: object) -> Variable:
+    if not set(users.split()) <= set(USERS):
+        raise ValueError(f"{name}: readers must be among {USERS}, got {users!r}")
+    return Variable(f"{PREFIX}{name}", kind, default, meaning, users, **kw)  # type: ignore[arg-type]
 
 
-_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp32", "fp16", "bf16")
+# Every dtype name the engine accepts (the short ones too), for the variable and --dtype.
+DTYPES: Final = ("auto", "float32", "float16", "bfloat16", "fp32", "fp16", "bf16")
 
 # fmt: off
 VARIABLES: Final[tuple[Variable, ...]] = (
     # --- shared by clients, the CLI and workers
-    _v("REDIS_URL", "url", DEFAULT_REDIS_URL, "Redis shared by clients and workers. "
-       "`kvrelay up` uses it instead of starting its own Redis when set.", "all"),
+    _v("REDIS_URL", "url", DEFAULT_REDIS_URL, "Redis shared by clients and workers "
+       "(`AsyncClient()` / `Client()` without a URL read it too). `kvrelay up` uses it "
+       "instead of starting its own Redis when set.", "SDK CLI gateway worker"),
     _v("MODEL", "str", DEFAULT_MODEL, "What a worker loads: a known model name, a Hugging "
-       "Face folder or a .gguf file. Also the CLI's default model.", "all"),
+       "Face folder or a .gguf file. Also the CLI's default model.", "CLI worker compose"),
     _v("MODEL_NAME", "str", "(from KVRELAY_MODEL)", "The name clients ask for, and the "
        "queue's name; defaults to the model name, or the folder's / file's name when "
-       "KVRELAY_MODEL is a path.", "all"),
+       "KVRELAY_MODEL is a path.", "CLI worker"),
     _v("NAMESPACE", "namespace", "(none)", "The tenant: every Redis key, channel and queue "
-       "of clients, the CLI and workers starts with kvrelay:ns:<namespace>: (letters, "
-       "digits, - and _); Redis ACLs can then keep tenants apart.", "all"),
+       "of the CLI's clients and of workers starts with kvrelay:ns:<namespace>: (letters, "
+       "digits, - and _); Redis ACLs can then keep tenants apart. SDK: "
+       "`AsyncClient(namespace=...)`.", "CLI worker"),
     _v("CACHE_DIR", "path", "~/.cache/kvrelay", "Where converted models are cached "
-       "(`<dir>/models/<name>/`).", "all"),
+       "(`<dir>/models/<name>/`).", "CLI worker"),
     # --- worker
     _v("DEVICE", "str", "auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.",
-       "worker"),
+       "CLI worker"),
     _v("DTYPE", "choice", "auto", "Weights and activations dtype (auto: bfloat16 on CUDA, "
-       "float32 on CPU).", "worker", choices=_DTYPES),
+       "float32 on CPU).", "CLI worker", choices=DTYPES),
     _v("CONCURRENCY", "int", "64", "Jobs one worker holds at once (Celery threads; also the "
-       "engine's default batch size).", "worker", minimum=1),
-    _v("METRICS_PORT", "port", "(off)", "Serve Prometheus metrics on this port (0: any free "
-       "port).", "worker"),
+       "engine's default batch size).", "CLI worker compose", minimum=1),
+    _v("METRICS_PORT", "port", "(off)", "Serve Prometheus metrics on this port (0: any "
+       "free port, logged and in the heartbeat's `metrics_port`).", "CLI worker"),
     _v("METRICS_HOST", "str", "127.0.0.1", "Address the metrics server binds (0.0.0.0: every "
        "interface; the endpoint has no authentication).", "worker"),
     _v("LEASE_TTL", "float", "5.0", "Seconds a job stays owned without a lease refresh; then "
@@ -89,9 +97,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "worker", minimum=0, exclusive=True),
     _v("UNACKED_RESTORE_THROTTLE", "int", "10", "A sweep runs every interval x throttle "
        "seconds.", "worker", minimum=1),
-    _v("SHUTDOWN_GRACE", "float", "30.0", "On SIGTERM, seconds running jobs may take to "
-       "finish before they are handed back to the queue (`kvrelay up`: 5).", "worker",
-       minimum=0),
+    _v("SHUTDOWN_GRACE", "float", "30.0", "On SIGTERM, seconds jobs that have sent tokens "
+       "may take to finish before they are handed back to the queue (jobs with no token "
+       "yet go back at once; `kvrelay up`: 5).", "CLI worker", minimum=0),
     _v("MAX_PAYLOAD_BYTES", "int", "1048576", "Largest request (bytes of JSON) a worker "
        "accepts.", "worker", minimum=1),
     _v("REDIS_SOCKET_TIMEOUT", "float", "30", "Seconds any Redis call of a worker (connect, "
@@ -121,7 +129,7 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("MAX_NUM_BATCHED_TOKENS", "int", "2048", "Token budget of one engine step (prompt "
        "chunks plus decodes).", "worker", minimum=1),
     _v("MAX_MODEL_LEN", "int", "(the model's)", "Longest prompt plus output, in tokens.",
-       "worker", minimum=1),
+       "CLI worker", minimum=1),
     _v("KV_CACHE_MEMORY", "int", "1073741824", "Bytes of KV cache on CPU.", "worker",
        minimum=1),
     _v("GPU_MEMORY_UTILIZATION", "float", "0.9", "Share of GPU memory the engine may use "
@@ -137,24 +145,32 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        choices=("auto", "triton", "reference")),
     # --- CLI
     _v("RUN_DIR", "path", "(KVRELAY_CACHE_DIR/run)", "Where `kvrelay up --serve` records "
-       "the running stack, so `generate` and `chat` in other shells find it.", "cli"),
+       "the running stack, so `generate` and `chat` in other shells find it.", "CLI"),
     _v("STARTUP_TIMEOUT", "float", "300", "Seconds `kvrelay up` waits for its worker to load "
-       "the model and announce itself.", "cli", minimum=0, exclusive=True),
+       "the model and announce itself.", "CLI", minimum=0, exclusive=True),
     _v("STREAM_TIMEOUT", "float", "120", "Seconds `generate`, `chat` and `up` wait for the "
-       "next event of a job before giving up.", "cli", minimum=0, exclusive=True),
+       "next event of a job before giving up.", "CLI", minimum=0, exclusive=True),
     # --- gateway (`kvrelay gateway`, the OpenAI-compatible HTTP API)
-    _v("GATEWAY_HOST", "str", "127.0.0.1", "Address the gateway listens on.", "cli"),
-    _v("GATEWAY_PORT", "port", "8000", "Port the gateway listens on.", "cli"),
+    _v("GATEWAY_HOST", "str", "127.0.0.1", "Address the gateway listens on.", "CLI"),
+    _v("GATEWAY_PORT", "port", "8000", "Port the gateway listens on.", "CLI compose"),
     _v("GATEWAY_API_KEYS", "str", "(none)", "API keys of the gateway as `key=tenant,...`; "
-       "with keys, a request without a valid one gets 401.", "cli"),
+       "with keys, a request without a valid one gets 401.", "gateway"),
     _v("GATEWAY_API_KEYS_FILE", "path", "(none)", "A file of `key=tenant` lines (added to "
-       "KVRELAY_GATEWAY_API_KEYS).", "cli"),
+       "KVRELAY_GATEWAY_API_KEYS).", "CLI compose gateway"),
     _v("GATEWAY_MAX_QUEUE", "int", "(no limit)", "The gateway answers 429 while a model's "
-       "queue holds more jobs than this.", "cli", minimum=0),
+       "queue holds more jobs than this.", "CLI gateway", minimum=0),
     _v("GATEWAY_JOB_TIMEOUT", "float", "600", "Seconds before the gateway gives up a job "
-       "(504).", "cli", minimum=0, exclusive=True),
+       "(504).", "CLI gateway", minimum=0, exclusive=True),
     _v("GATEWAY_STREAM_TIMEOUT", "float", "60", "Seconds without any event of a job before "
-       "the gateway gives it up.", "cli", minimum=0, exclusive=True),
+       "the gateway gives it up.", "gateway", minimum=0, exclusive=True),
+    # --- compose.yaml, on the host that runs `docker compose`
+    _v("REDIS_PORT", "port", "6379", "Host port (on 127.0.0.1) where compose publishes "
+       "Redis.", "compose"),
+    _v("FLOWER_PORT", "port", "5555", "Host port (on 127.0.0.1) where compose publishes "
+       "Flower.", "compose"),
+    _v("WORKER_METRICS_PORT", "str", "9400", "Host port (on 127.0.0.1) where compose "
+       "publishes the worker's metrics; a range (9400-9407) for `--scale worker=N`.",
+       "compose"),
     # --- tests
     _v("TEST_REDIS_URL", "url", "(private server)", "Tests use this Redis instead of "
        "starting a private redis-server.", "tests"),

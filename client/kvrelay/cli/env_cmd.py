@@ -9,14 +9,13 @@ import click
 
 from kvrelay.cli.config import VARIABLES, Variable
 
-_SCOPES = {"all": "all", "worker": "worker", "cli": "CLI", "tests": "tests"}
-
 
 def markdown_table(variables: tuple[Variable, ...] = VARIABLES) -> str:
     rows = ["| Variable | Default | Used by | Meaning |", "|---|---|---|---|"]
     for v in variables:
         default = f"`{v.default}`" if not v.default.startswith("(") else v.default
-        rows.append(f"| `{v.name}` | {default} | {_SCOPES[v.scope]} | {v.meaning} |")
+        users = ", ".join(v.users.split())
+        rows.append(f"| `{v.name}` | {default} | {users} | {v.meaning} |")
     return "\n".join(rows)
 
 

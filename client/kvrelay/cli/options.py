@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import click
 import msgspec
 
+from kvrelay.cli.config import DTYPES, PREFIX
 from kvrelay.cli.finite_float import FiniteFloatRange
 from kvrelay.protocol import DEFAULT_MAX_TOKENS, SamplingOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEVICE_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N."
+
+# The flags of ``worker_options``: each becomes the worker setting of the same name.
+WORKER_SETTING_FLAGS = (
+    "model",
+    "model_name",
+    "device",
+    "dtype",
+    "concurrency",
+    "max_model_len",
+    "metrics_port",
+)
+# The flags of ``sampling_options`` that are ``client.stream`` keywords of the same name.
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "seed")
 
 
 def _apply(func: F, decorators: list[Callable[[F], F]]) -> F:
@@ -22,10 +36,23 @@ def _apply(func: F, decorators: list[Callable[[F], F]]) -> F:
     return func
 
 
+def env_option(flag: str, variable: str, **kwargs: Any) -> Callable[[F], F]:
+    """``--flag`` that falls back to ``KVRELAY_<variable>`` (shown in ``--help``)."""
+    return click.option(flag, envvar=f"{PREFIX}{variable}", show_envvar=True, **kwargs)
+
+
+def picked(params: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The values of ``names`` among a command's parameters."""
+    return {name: params[name] for name in names}
+
+
+def _count_option(flag: str, variable: str, metavar: str, help_text: str) -> Callable[[F], F]:
+    """A whole number of at least one, overridable by its variable."""
+    return env_option(flag, variable, type=click.IntRange(min=1), metavar=metavar, help=help_text)
+
+
 def redis_url_option(help_text: str) -> Callable[[F], F]:
-    return click.option(
-        "--redis-url", envvar="KVRELAY_REDIS_URL", show_envvar=True, metavar="URL", help=help_text
-    )
+    return env_option("--redis-url", "REDIS_URL", metavar="URL", help=help_text)
 
 
 def worker_options(func: F) -> F:
@@ -33,60 +60,59 @@ def worker_options(func: F) -> F:
     return _apply(
         func,
         [
-            click.option(
+            env_option(
                 "--model",
-                envvar="KVRELAY_MODEL",
-                show_envvar=True,
+                "MODEL",
                 metavar="NAME|PATH",
                 help="A known model name, a Hugging Face folder or a .gguf file "
                 "[default: smollm2-135m-instruct].",
             ),
-            click.option(
+            env_option(
                 "--model-name",
-                envvar="KVRELAY_MODEL_NAME",
-                show_envvar=True,
+                "MODEL_NAME",
                 metavar="NAME",
                 help="The name clients ask for [default: the model's].",
             ),
-            click.option(
-                "--device",
-                envvar="KVRELAY_DEVICE",
-                show_envvar=True,
-                metavar="DEVICE",
-                help=DEVICE_HELP,
-            ),
-            click.option(
+            env_option("--device", "DEVICE", metavar="DEVICE", help=DEVICE_HELP),
+            env_option(
                 "--dtype",
-                envvar="KVRELAY_DTYPE",
-                show_envvar=True,
-                type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+                "DTYPE",
+                type=click.Choice(DTYPES, case_sensitive=False),
                 help="Weights and activations dtype [default: auto].",
             ),
-            click.option(
+            _count_option(
                 "--concurrency",
-                envvar="KVRELAY_CONCURRENCY",
-                show_envvar=True,
-                type=click.IntRange(min=1),
-                metavar="N",
-                help="Jobs held at once (Celery threads) [default: 64].",
+                "CONCURRENCY",
+                "N",
+                "Jobs held at once (Celery threads) [default: 64].",
             ),
-            click.option(
+            _count_option(
                 "--max-model-len",
-                envvar="KVRELAY_MAX_MODEL_LEN",
-                show_envvar=True,
-                type=click.IntRange(min=1),
-                metavar="TOKENS",
-                help="Longest prompt plus output [default: the model's].",
+                "MAX_MODEL_LEN",
+                "TOKENS",
+                "Longest prompt plus output [default: the model's].",
             ),
-            click.option(
+            env_option(
                 "--metrics-port",
-                envvar="KVRELAY_METRICS_PORT",
-                show_envvar=True,
+                "METRICS_PORT",
                 type=click.IntRange(0, 65535),
                 metavar="PORT",
-                help="Serve Prometheus metrics on this port.",
+                help="Serve Prometheus metrics on this port (0: any free one, logged).",
             ),
         ],
+    )
+
+
+def seconds_option(flag: str, variable: str, default: float, help_text: str) -> Callable[[F], F]:
+    """A positive number of seconds with a default, overridable by its variable."""
+    return env_option(
+        flag,
+        variable,
+        type=FiniteFloatRange(min=0, min_open=True),
+        default=default,
+        show_default=True,
+        metavar="SECONDS",
+        help=help_text,
     )
 
 
@@ -105,15 +131,24 @@ def client_options(func: F) -> F:
                 "Redis of the workers [default: the running `kvrelay up --serve` "
                 "stack, else redis://localhost:6379/0]."
             ),
-            click.option(
+            seconds_option(
                 "--stream-timeout",
-                envvar="KVRELAY_STREAM_TIMEOUT",
-                show_envvar=True,
+                "STREAM_TIMEOUT",
+                120.0,
+                "Fail if no token arrives for this long.",
+            ),
+            click.option(
+                "--json",
+                "as_json",
+                is_flag=True,
+                help="Print each answer as one JSON object (text, token ids, finish reason, "
+                "usage, timings, worker) once it is complete, instead of streaming it.",
+            ),
+            click.option(
+                "--timeout",
                 type=FiniteFloatRange(min=0, min_open=True),
-                default=120.0,
-                show_default=True,
                 metavar="SECONDS",
-                help="Fail if no token arrives for this long.",
+                help="Fail a job that has not finished after this long.",
             ),
         ],
     )
@@ -139,6 +174,12 @@ def sampling_range(field: str) -> click.ParamType:
     )
 
 
+def _sampling_flag(flag: str, default: float, help_text: str) -> Callable[[F], F]:
+    """``--flag`` for the sampling field of the same name, its bounds from the wire struct."""
+    kind = sampling_range(flag.removeprefix("--").replace("-", "_"))
+    return click.option(flag, type=kind, default=default, show_default=True, help=help_text)
+
+
 def sampling_options(temperature: float) -> Callable[[F], F]:
     """Generation options shared by ``up``, ``generate`` and ``chat``."""
 
@@ -146,27 +187,9 @@ def sampling_options(temperature: float) -> Callable[[F], F]:
         return _apply(
             func,
             [
-                click.option(
-                    "--max-tokens",
-                    type=sampling_range("max_tokens"),
-                    default=DEFAULT_MAX_TOKENS,
-                    show_default=True,
-                    help="Most tokens to generate.",
-                ),
-                click.option(
-                    "--temperature",
-                    type=sampling_range("temperature"),
-                    default=temperature,
-                    show_default=True,
-                    help="Sampling temperature (0: greedy).",
-                ),
-                click.option(
-                    "--top-p",
-                    type=sampling_range("top_p"),
-                    default=1.0,
-                    show_default=True,
-                    help="Nucleus sampling mass.",
-                ),
+                _sampling_flag("--max-tokens", DEFAULT_MAX_TOKENS, "Most tokens to generate."),
+                _sampling_flag("--temperature", temperature, "Sampling temperature (0: greedy)."),
+                _sampling_flag("--top-p", 1.0, "Nucleus sampling mass."),
                 click.option(
                     "--seed",
                     type=sampling_range("seed"),

@@ -7,8 +7,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import click
+import msgspec
 
 from kvrelay import Client, Completion
+from kvrelay.cli.options import SAMPLING_FLAGS, picked
 
 
 def stream_to_stdout(
@@ -48,26 +50,23 @@ def print_summary(completion: Completion) -> None:
     click.secho(f"[{summary(completion)}]", err=True, dim=True)
 
 
-def sampling_kwargs(
-    *,
-    model: str,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    stream_timeout: float,
-) -> dict[str, Any]:
-    """The ``client.stream`` keywords the CLI's sampling flags stand for."""
-    options: dict[str, Any] = {
-        "model": model,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "stream_timeout": stream_timeout,
-    }
-    if seed is not None:
-        options["seed"] = seed
-    return options
+def job_options(model: str, params: Mapping[str, Any], stream_timeout: float) -> dict[str, Any]:
+    """The ``client.stream`` keywords a command's sampling (and ``--timeout``) flags stand
+    for; flags left unset (None) are not sent, so the SDK's defaults apply."""
+    given = picked(params, SAMPLING_FLAGS) | {"timeout": params.get("timeout")}
+    options = {name: value for name, value in given.items() if value is not None}
+    return {"model": model, "stream_timeout": stream_timeout, **options}
+
+
+def answer(
+    client: Client, messages: Sequence[Mapping[str, str]], options: Mapping[str, Any], as_json: bool
+) -> Completion:
+    """Stream the answer to stdout, or print it as one JSON object once complete."""
+    if not as_json:
+        return stream_to_stdout(client, messages, options)
+    completion = client.generate(messages=list(messages), **options)
+    click.echo(msgspec.json.encode(completion).decode())
+    return completion
 
 
 def with_system(system: str | None, messages: list[dict[str, str]]) -> list[dict[str, str]]:

@@ -7,9 +7,11 @@ recorded, else ``redis://localhost:6379/0``. Model: ``--model``, ``KVRELAY_MODEL
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from kvrelay import Client, KvrelayError
+from kvrelay import BrokerUnavailable, Client, KvrelayError
 from kvrelay.cli import stack_file
 from kvrelay.cli.config import DEFAULT_MODEL, DEFAULT_REDIS_URL, env_value
 from kvrelay.cli.errors import CliError
@@ -30,6 +32,18 @@ def redis_url_for(flag: str | None) -> tuple[str, stack_file.StackRecord | None]
 def namespace() -> str:
     """The tenant the CLI's clients use: ``KVRELAY_NAMESPACE`` (empty: the default)."""
     return env_value("NAMESPACE") or ""
+
+
+@contextmanager
+def connected(flag_url: str | None, flag_model: str | None) -> Iterator[tuple[Client, str]]:
+    """A client of the Redis to use and the model to ask; an unreachable Redis is one line
+    that says how to start a stack."""
+    url, record = redis_url_for(flag_url)
+    try:
+        with Client(url, namespace=namespace()) as client:
+            yield client, model_for(flag_model, record, client)
+    except BrokerUnavailable as exc:
+        raise CliError(f"{exc}; {CONNECT_HINT}") from None
 
 
 def served_name(model: str) -> str:

@@ -78,7 +78,7 @@ def plan_worker(
         "--queues",
         settings.keys.celery_queue(served),
         "--hostname",
-        hostname or f"kvrelay-{served}@%h",
+        hostname or f"kvrelay-{served}-{os.getpid()}@%h",
         "--loglevel",
         loglevel,
         "--without-gossip",

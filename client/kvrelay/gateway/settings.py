@@ -45,23 +45,39 @@ class GatewaySettings:
         """Read ``KVRELAY_REDIS_URL``, ``KVRELAY_GATEWAY_API_KEYS`` (``key=tenant,...``),
         ``KVRELAY_GATEWAY_API_KEYS_FILE``, ``KVRELAY_GATEWAY_MAX_QUEUE``,
         ``KVRELAY_GATEWAY_JOB_TIMEOUT`` and ``KVRELAY_GATEWAY_STREAM_TIMEOUT``."""
-        env = os.environ if env is None else env
+        environ = os.environ if env is None else env
         keys: dict[str, str] = {}
-        path = env.get("KVRELAY_GATEWAY_API_KEYS_FILE")
+        path = environ.get("KVRELAY_GATEWAY_API_KEYS_FILE")
         if path:
             keys.update(parse_api_keys(Path(path).read_text(), where=path))
-        inline = env.get("KVRELAY_GATEWAY_API_KEYS")
+        inline = environ.get("KVRELAY_GATEWAY_API_KEYS")
         if inline:
             keys.update(parse_api_keys(inline.replace(",", "\n"), where="KVRELAY_GATEWAY_API_KEYS"))
-        max_queue = env.get("KVRELAY_GATEWAY_MAX_QUEUE")
-        job_timeout = env.get("KVRELAY_GATEWAY_JOB_TIMEOUT")
+        max_queue = environ.get("KVRELAY_GATEWAY_MAX_QUEUE")
+        job_timeout = environ.get("KVRELAY_GATEWAY_JOB_TIMEOUT")
         return cls(
-            redis_url=env.get("KVRELAY_REDIS_URL", cls.redis_url),
+            redis_url=environ.get("KVRELAY_REDIS_URL", cls.redis_url),
             api_keys=keys,
             max_queue=int(max_queue) if max_queue else None,
-            job_timeout=float(job_timeout) if job_timeout else cls.job_timeout,
-            stream_timeout=float(env.get("KVRELAY_GATEWAY_STREAM_TIMEOUT", cls.stream_timeout)),
+            job_timeout=_seconds("KVRELAY_GATEWAY_JOB_TIMEOUT", job_timeout) or cls.job_timeout,
+            stream_timeout=_seconds("KVRELAY_GATEWAY_STREAM_TIMEOUT",
+                                    environ.get("KVRELAY_GATEWAY_STREAM_TIMEOUT"))
+            or cls.stream_timeout,
         )
+
+
+def _seconds(name: str, text: str | None) -> float | None:
+    """A positive, finite number of seconds from a variable (NaN or inf would never time
+    out); None when the variable is unset."""
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {text!r}")
+    return value
 
 
 def parse_api_keys(text: str, *, where: str) -> dict[str, str]:

@@ -1,0 +1,23 @@
+"""The gateway's variables: NaN, infinity and non-positive timeouts are refused by name
+(a NaN timeout would never fire), unset ones keep the defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvrelay.gateway.settings import GatewaySettings
+
+
+@pytest.mark.parametrize("name", ["KVRELAY_GATEWAY_JOB_TIMEOUT", "KVRELAY_GATEWAY_STREAM_TIMEOUT"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-3", "soon"])
+def test_bad_timeouts_are_refused_by_name(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        GatewaySettings.from_env({name: value})
+
+
+def test_unset_timeouts_keep_their_defaults_and_set_ones_are_read() -> None:
+    default = GatewaySettings.from_env({})
+    assert (default.job_timeout, default.stream_timeout) == (600.0, 60.0)
+    read = GatewaySettings.from_env({"KVRELAY_GATEWAY_JOB_TIMEOUT": "12.5",
+                                     "KVRELAY_GATEWAY_STREAM_TIMEOUT": "7"})
+    assert (read.job_timeout, read.stream_timeout) == (12.5, 7.0)
