@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency_stats import flush_db, report
 
-from kvrelay import AsyncClient, event_log, keys
+from kvrelay import AsyncClient, event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     Finished,
     Started,
@@ -43,6 +44,8 @@ from kvrelay.protocol import (
     decode_request_json,
     encode_event,
 )
+
+KEYS = Keyspace()  # the default namespace
 
 MODEL = "bench-model"
 
@@ -59,7 +62,7 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
         started = time.perf_counter()
         # Take whatever is queued (non-blocking pops), like a worker with free slots.
         while True:
-            item = r.rpop(keys.queue(MODEL))
+            item = r.rpop(KEYS.queue(MODEL))
             if item is None:
                 break
             message = json.loads(item)
@@ -82,9 +85,9 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
                 )
                 done.append(job)
             data = encode_event(event)
-            event_log.add_entry(pipe, keys.event_log(job), seq, data,
+            event_log.add_entry(pipe, KEYS.event_log(job), seq, data,
                                 terminal=isinstance(event, Finished))
-            pipe.publish(keys.events_channel(job), data)
+            pipe.publish(KEYS.events_channel(job), data)
             jobs[job] = seq + 1
         if len(pipe):
             pipe.execute()

@@ -6,7 +6,7 @@ of the list is the one workers take next. Two placements, each one Redis call:
 - ``admit``: a new job is pushed (LPUSH, the back) only while the queue holds fewer
   jobs than its limit, checked and pushed in one Lua script, so clients racing each
   other can never overfill it. The limit is what the model's workers advertise
-  (``KVRELAY_MAX_QUEUE``, in ``keys.admission(model)``), lowered by a client's own
+  (``KVRELAY_MAX_QUEUE``, in ``Keyspace.admission(model)``), lowered by a client's own
   ``max_queue``. A refusal carries the workers' retry hint.
 - ``front``: a job taken over from a dead worker (or handed back by one shutting down)
   is pushed with RPUSH, so it is the next one a worker pops: its caller is waiting.
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 
 __all__ = [
     "DEFAULT_RETRY_AFTER_S",
@@ -93,6 +93,7 @@ def publish_task(
     payload: dict[str, Any],
     *,
     task_id: str,
+    keys: Keyspace,
     model: str,
     max_queue: int | None = None,
 ) -> None:
@@ -111,7 +112,7 @@ def publish_task(
             name,
             args=[payload],
             task_id=task_id,
-            queue=keys.queue(model),
+            queue=keys.celery_queue(model),
             serializer="json",
             ignore_result=True,
             argsrepr=task_argsrepr(task_id),
@@ -167,7 +168,11 @@ def _install() -> None:
                     client.rpush(key, dumps(message))
                     return None
                 cap = "" if placement.cap is None else str(placement.cap)
-                result = client.eval(_ADMIT, 2, key, placement.admission_key, dumps(message), cap)
+                # kombu prefixes a namespace's list names (``global_keyprefix``) in the
+                # commands it knows, EVAL not among them: the script gets the full name.
+                queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
+                result = client.eval(_ADMIT, 2, queue_key, placement.admission_key,
+                                     dumps(message), cap)
             if int(result[0]) == 1:
                 return None
             raise AdmissionRefused(int(result[1]), int(result[2]), _retry_after(result[3]))

@@ -20,6 +20,7 @@ from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
 from kvrelay.errors import InvalidRequest, KvrelayError, UnknownJob
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
 from kvrelay.job_lookup import job_exists
+from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
 from kvrelay.request_builder import (
     MAX_JOB_ID_LENGTH,
@@ -29,6 +30,7 @@ from kvrelay.request_builder import (
 )
 from kvrelay.resp import Endpoint, RespConnection
 from kvrelay.stream import AsyncStream
+from kvrelay.tls import TlsConfigError, celery_ssl_options
 
 __all__ = ["ABORT_FLAG_TTL_S", "AsyncClient"]
 
@@ -58,6 +60,9 @@ class AsyncClient(AsyncResource):
         max_connections: size of the command connection pool.
         redis: an existing ``redis.asyncio.Redis`` (bytes replies) to use instead of
             ``url`` (e.g. fakeredis in tests); the caller keeps ownership.
+        namespace: the tenant: every key, channel and queue this client uses starts
+            with its prefix (``kvrelay:ns:<namespace>:``); workers of the same
+            namespace (``KVRELAY_NAMESPACE``) serve it. Empty: the default ``kvrelay:``.
         enqueuer: replaces the Celery producer (testing hook).
     """
 
@@ -78,6 +83,7 @@ class AsyncClient(AsyncResource):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         redis: Redis | None = None,
         enqueuer: Enqueuer | None = None,
+        namespace: str = "",
     ) -> None:
         stream_timeout = seconds("stream_timeout", stream_timeout)
         connect_timeout = seconds("connect_timeout", connect_timeout)
@@ -89,6 +95,11 @@ class AsyncClient(AsyncResource):
         max_connections = count("max_connections", max_connections, minimum=1)
         max_payload_bytes = count("max_payload_bytes", max_payload_bytes, minimum=1)
         url = resolve_url(url)
+        try:
+            self._keys = Keyspace(namespace)
+            celery_ssl_options(url)
+        except (NamespaceError, TlsConfigError) as exc:
+            raise InvalidRequest(str(exc)) from None
         self._url = url
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
@@ -133,6 +144,7 @@ class AsyncClient(AsyncResource):
                 connect_timeout=connect_timeout,
                 where=self._where,
                 max_queue=max_queue,
+                keyspace=self._keys,
             )
             enqueuer = self._celery
         self._jobs = JobLifecycle(
@@ -144,6 +156,8 @@ class AsyncClient(AsyncResource):
             # The Celery enqueuer checks max_queue atomically with each push; an injected
             # one bypasses that, so the lifecycle checks the queue's length first instead.
             max_queue=max_queue if self._celery is None else None,
+            keys=self._keys,
+            max_payload_bytes=max_payload_bytes,
         )
         self._closed = False
 
@@ -252,7 +266,7 @@ class AsyncClient(AsyncResource):
             models = {worker.model for worker in await self._jobs.workers()}
             if self._model:
                 models.add(self._model)
-            known = await job_exists(self._jobs.redis, job_id, models)
+            known = await job_exists(self._jobs.redis, self._keys, job_id, models)
         except REDIS_ERRORS as exc:
             raise self._jobs.connection_error(exc, f"looking up job {job_id}") from exc
         if not known:

@@ -22,7 +22,9 @@ import redis.exceptions
 
 from kvrelay.admission import AdmissionRefused, publish_task
 from kvrelay.errors import BrokerUnavailable, QueueFull
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
+from kvrelay.tls import celery_ssl_options
 
 __all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url", "task_argsrepr"]
 
@@ -58,7 +60,7 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 
 class CeleryEnqueuer:
-    """Publishes ``kvrelay.generate`` tasks (JSON only) on ``keys.queue(model)``."""
+    """Publishes ``kvrelay.generate`` tasks (JSON only) on ``Keyspace.queue(model)``."""
 
     def __init__(
         self,
@@ -68,8 +70,11 @@ class CeleryEnqueuer:
         connect_timeout: float = 5.0,
         where: str | None = None,
         max_queue: int | None = None,
+        keyspace: Keyspace | None = None,
     ) -> None:
+        self._keys = keyspace or Keyspace()
         self._broker_url = celery_broker_url(broker_url)
+        self._broker_ssl = celery_ssl_options(broker_url)
         self._threads = max(1, threads)
         self._connect_timeout = connect_timeout
         self._where = where or broker_url
@@ -90,6 +95,7 @@ class CeleryEnqueuer:
                 app = Celery("kvrelay-client", set_as_current=False)
                 app.conf.update(
                     broker_url=self._broker_url,
+                    broker_use_ssl=self._broker_ssl,
                     result_backend=None,
                     task_ignore_result=True,
                     task_serializer="json",
@@ -99,6 +105,7 @@ class CeleryEnqueuer:
                     broker_connection_timeout=self._connect_timeout,
                     broker_pool_limit=self._threads + 1,
                     broker_transport_options={
+                        **self._keys.celery_transport_options(),
                         "socket_connect_timeout": self._connect_timeout,
                         "socket_timeout": max(self._connect_timeout, 10.0),
                     },
@@ -120,6 +127,7 @@ class CeleryEnqueuer:
             TASK_NAME,
             request_to_payload(request),
             task_id=request.job_id,
+            keys=self._keys,
             model=request.model,
             max_queue=self._max_queue,
         )

@@ -1,6 +1,6 @@
 """The replay log's format: one place for what both sides write and read.
 
-A job's log is a Redis stream (``keys.event_log``). Each event is one entry whose id is
+A job's log is a Redis stream (``Keyspace.event_log``). Each event is one entry whose id is
 ``f"{seq}-1"`` (explicit, so the stream refuses a ``seq`` it already has) with the field
 ``e`` holding the msgpack event; a terminal event carries a second field ``t``, so a
 writer can tell from the last entry alone that the job already ended. "Everything after
@@ -37,7 +37,7 @@ EVENT_FIELD: Final = "e"
 TERMINAL_FIELD: Final = "t"
 # Every entry id is ``{seq}-{ENTRY_ID_SUFFIX}``; ``{seq}-0`` sorts just before it.
 ENTRY_ID_SUFFIX: Final = 1
-# The job record's field (``keys.job_record``) holding ``protocol.request_digest`` of the
+# The job record's field (``Keyspace.job_record``) holding ``protocol.request_digest`` of the
 # request the job id belongs to: set by the first sender, kept after the job ends (the
 # prompt is not), so a retry attaches to the job and a different request is refused.
 DIGEST_FIELD: Final = "digest"

@@ -16,19 +16,22 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.asyncio import Redis
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
 from kvrelay.connection import REDIS_ERRORS, connection_error
 from kvrelay.dispatcher import Dispatcher
 from kvrelay.enqueue import Enqueuer
-from kvrelay.errors import JobIdReused, KvrelayError, QueueFull, UnknownModel
+from kvrelay.errors import JobIdReused, KvrelayError, PayloadTooLarge, QueueFull, UnknownModel
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     AbortMessage,
     GenerateRequest,
     WorkerInfo,
     encode_control,
+    encode_request,
     request_digest,
 )
-from kvrelay.workers import live_workers, served_models
+from kvrelay.workers import live_workers, payload_limits, served_models
 
 if TYPE_CHECKING:
     from kvrelay.stream import AsyncStream
@@ -51,7 +54,8 @@ class JobLifecycle:
     """Admits, enqueues and aborts the jobs of one client; tracks its live streams.
 
     ``redis`` (commands, log reads) and ``dispatcher`` (the shared subscriber) are the
-    connections a stream reads its job's events through.
+    connections a stream reads its job's events through; ``keys`` (the client's
+    namespace) names the job's channel, log and record.
     """
 
     def __init__(
@@ -63,14 +67,22 @@ class JobLifecycle:
         where: str,
         require_worker: bool,
         max_queue: int | None,
+        keys: Keyspace | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.redis = redis
         self.dispatcher = dispatcher
+        self.keys = keys if keys is not None else Keyspace()
         self._enqueuer = enqueuer
         self._where = where
         # Admission: a model some live worker serves (when required), a queue not too long.
-        self._served = _ServedModels(self._read_workers) if require_worker else None
+        self._served = _ServedModels(self._read_workers)
+        self._require_worker = require_worker
         self._max_queue = max_queue
+        # A payload larger than the default must fit the model's workers' advertised limit.
+        self._max_payload_bytes = max_payload_bytes
+        # Per model: the smallest payload limit its live workers advertise.
+        self._payload_limits: dict[str, int] = {}
         self._live: weakref.WeakSet[AsyncStream] = weakref.WeakSet()
         self._background: set[asyncio.Task[None]] = set()
 
@@ -79,7 +91,7 @@ class JobLifecycle:
     async def admit(self, request: GenerateRequest) -> None:
         """Refuse before enqueueing: no worker for the model, or its queue too long."""
         model = request.model
-        if self._served is not None:
+        if self._require_worker:
             served = await self._served.get(_SERVED_MODELS_TTL_S)
             if model not in served:
                 served = await self._served.get(_SERVED_MODELS_RECHECK_S)
@@ -89,6 +101,8 @@ class JobLifecycle:
                     f"no live worker serves model {model!r} (models served: {listing}); "
                     "pass require_worker=False to enqueue ahead of the workers"
                 )
+        if self._max_payload_bytes > DEFAULT_MAX_PAYLOAD_BYTES:
+            await self._check_payload_limit(request)
         if self._max_queue is not None:
             length = await self.queue_length(model)
             if length > self._max_queue:
@@ -97,11 +111,26 @@ class JobLifecycle:
                     f"(max_queue={self._max_queue})"
                 )
 
+    async def _check_payload_limit(self, request: GenerateRequest) -> None:
+        """A client may raise ``max_payload_bytes`` past the default only as far as the
+        model's workers advertise (none advertising: the default stands)."""
+        size = len(encode_request(request))
+        if size <= DEFAULT_MAX_PAYLOAD_BYTES:
+            return
+        await self._served.get(_SERVED_MODELS_TTL_S)
+        limit = self._payload_limits.get(request.model, DEFAULT_MAX_PAYLOAD_BYTES)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"request is {size} bytes of JSON; the workers of model {request.model!r} "
+                f"accept at most {limit}",
+                job_id=request.job_id,
+            )
+
     async def reserve(self, request: GenerateRequest) -> bool:
         """Claim ``request.job_id`` for this request: True for a new job (enqueue it),
         False when the same request already has it (attach to that job); raises
         ``JobIdReused`` when another request has it."""
-        record = keys.job_record(request.job_id)
+        record = self.keys.job_record(request.job_id)
         digest = request_digest(request)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hsetnx(record, event_log.DIGEST_FIELD, digest)
@@ -131,14 +160,14 @@ class JobLifecycle:
             await self._enqueuer(request)
         except BaseException:
             with contextlib.suppress(*REDIS_ERRORS):
-                await self.redis.hdel(keys.job_record(request.job_id), event_log.DIGEST_FIELD)
+                await self.redis.hdel(self.keys.job_record(request.job_id), event_log.DIGEST_FIELD)
             raise
 
     async def cancel(self, job_id: str) -> None:
         """Abort ``job_id`` wherever it is: queued jobs are dropped, running ones stopped."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
-        pipe.publish(keys.CONTROL_CHANNEL, encode_control(AbortMessage(job_id=job_id)))
+        pipe.set(self.keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
+        pipe.publish(self.keys.control_channel, encode_control(AbortMessage(job_id=job_id)))
         try:
             await pipe.execute()
         except REDIS_ERRORS as exc:
@@ -180,11 +209,11 @@ class JobLifecycle:
     async def workers(self) -> list[WorkerInfo]:
         """Live workers (dead entries are removed from the registry on the way)."""
         try:
-            workers = await live_workers(self.redis)
+            workers = await live_workers(self.redis, self.keys)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the worker registry") from exc
-        if self._served is not None:
-            self._served.update(served_models(workers))
+        self._served.update(served_models(workers))
+        self._payload_limits = payload_limits(workers)
         return workers
 
     async def _read_workers(self) -> frozenset[str]:
@@ -193,7 +222,7 @@ class JobLifecycle:
     async def queue_length(self, model: str) -> int:
         """Jobs waiting in ``model``'s queue (not counting those being run)."""
         try:
-            return int(await self.redis.llen(keys.queue(model)))
+            return int(await self.redis.llen(self.keys.queue(model)))
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the queue length") from exc
 

@@ -16,7 +16,7 @@ from typing import Final
 
 from redis.asyncio import Redis
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 
 __all__ = ["job_exists"]
 
@@ -26,7 +26,9 @@ _PAGE: Final = 500
 _SECOND_LOOK_AFTER_S: Final = 0.25
 
 
-async def job_exists(redis: Redis, job_id: str, models: Iterable[str]) -> bool:
+async def job_exists(
+    redis: Redis, keys: Keyspace, job_id: str, models: Iterable[str]
+) -> bool:
     """True when ``job_id`` is queued (for one of ``models``), taken, running or still
     has its log; False when no trace of it is left (never enqueued, or expired)."""
     queues = [keys.queue(model) for model in sorted(set(models))]
@@ -34,18 +36,20 @@ async def job_exists(redis: Redis, job_id: str, models: Iterable[str]) -> bool:
     for attempt in range(2):
         if attempt:
             await asyncio.sleep(_SECOND_LOOK_AFTER_S)
-        if await _has_trace(redis, job_id, queues, needle):
+        if await _has_trace(redis, keys, job_id, queues, needle):
             return True
     return False
 
 
-async def _has_trace(redis: Redis, job_id: str, queues: list[str], needle: bytes) -> bool:
+async def _has_trace(
+    redis: Redis, keys: Keyspace, job_id: str, queues: list[str], needle: bytes
+) -> bool:
     if await redis.exists(keys.job_record(job_id), keys.event_log(job_id)):
         return True
     for queue in queues:
         if await _list_holds(redis, queue, needle):
             return True
-    taken = await redis.hvals(keys.CELERY_UNACKED)
+    taken = await redis.hvals(keys.celery_unacked)
     if any(needle in _as_bytes(message) for message in taken):
         return True
     return bool(await redis.exists(keys.job_record(job_id), keys.event_log(job_id)))

@@ -1,71 +1,146 @@
-"""Every Redis key, channel and queue name kvrelay uses, in one place.
+"""Every Redis key, channel and queue name kvrelay uses, in one place: ``Keyspace``.
 
-All names share the ``kvrelay:`` prefix. A job's own keys put the job id in a hash tag
-(``{job}``) so that, on a Redis Cluster, a job's log, lease, abort flag and record live in
-one slot and a script can touch them together.
+A ``Keyspace`` is one tenant's set of names. They all share its ``prefix``:
+``kvrelay:`` for the default (empty) namespace, ``kvrelay:ns:<namespace>:`` otherwise,
+so a Redis ACL user limited to ``~<prefix>*`` and ``&<prefix>*`` sees one tenant's
+queues, jobs, logs, control channel and worker registry and nothing else (Celery's own
+keys and channels get the same prefix through kombu's ``global_keyprefix``). A
+namespace is letters, digits, ``-`` and ``_`` only: no ``:``, so no tenant's prefix is
+the start of another's, and no braces, so the ``{job}`` hash tag stays the job id and a
+job's log, lease, abort flag and record still share one Redis Cluster slot.
 """
 
 from __future__ import annotations
 
-PREFIX = "kvrelay:"
+import re
+from dataclasses import dataclass
+from typing import Final
 
-# Broadcast channel for control messages (aborts) that every worker listens to.
-CONTROL_CHANNEL = f"{PREFIX}control"
-# Set of worker ids that have announced themselves; each has a heartbeat key.
-WORKERS = f"{PREFIX}workers"
+__all__ = ["NAMESPACE_PATTERN", "Keyspace", "NamespaceError"]
 
-
-# Kombu's bookkeeping of delivered-but-unacknowledged messages (Celery transport options).
-CELERY_UNACKED = f"{PREFIX}celery:unacked"
-CELERY_UNACKED_INDEX = f"{PREFIX}celery:unacked_index"
-CELERY_UNACKED_MUTEX = f"{PREFIX}celery:unacked_mutex"
+ROOT: Final = "kvrelay:"
+# What a namespace may be (also the rule the CLI and the worker settings enforce).
+NAMESPACE_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def queue(model: str) -> str:
-    """The Celery queue (a Redis list) that workers serving ``model`` consume."""
-    return f"{PREFIX}queue:{model}"
+class NamespaceError(ValueError):
+    """A namespace that could not be a safe key prefix."""
 
 
-def admission(model: str) -> str:
-    """Hash of ``model``'s admission limit and retry hint, advertised by its workers."""
-    return f"{PREFIX}admission:{model}"
+@dataclass(frozen=True, slots=True)
+class Keyspace:
+    """The names of one namespace (tenant); ``Keyspace()`` is the default one."""
 
+    namespace: str = ""
 
-def events_channel(job_id: str) -> str:
-    """Pub/sub channel carrying a job's live events."""
-    return f"{PREFIX}ev:{{{job_id}}}"
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, str) or (
+            self.namespace and NAMESPACE_PATTERN.fullmatch(self.namespace) is None
+        ):
+            raise NamespaceError(
+                f"namespace must be 1-64 letters, digits, '-' or '_', got {self.namespace!r}"
+            )
 
+    @property
+    def prefix(self) -> str:
+        """What every key and channel of this namespace starts with."""
+        return f"{ROOT}ns:{self.namespace}:" if self.namespace else ROOT
 
-def event_log(job_id: str) -> str:
-    """Stream holding every event of a job, for replay after a gap or a reconnect."""
-    return f"{PREFIX}log:{{{job_id}}}"
+    # ---------------------------------------------------------------- shared names
 
+    @property
+    def control_channel(self) -> str:
+        """Broadcast channel for control messages (aborts) that every worker listens to."""
+        return self.prefix + "control"
 
-def abort_flag(job_id: str) -> str:
-    """Set by a client to cancel a job; checked at pickup and on control messages."""
-    return f"{PREFIX}abort:{{{job_id}}}"
+    @property
+    def workers(self) -> str:
+        """Set of worker ids that have announced themselves; each has a heartbeat key."""
+        return self.prefix + "workers"
 
+    def worker_heartbeat(self, worker_id: str) -> str:
+        """A worker's heartbeat and stats (JSON), expiring unless refreshed."""
+        return f"{self.prefix}worker:{worker_id}"
 
-def job_record(job_id: str) -> str:
-    """Hash with the job's payload, state, owner and attempt count (for failover)."""
-    return f"{PREFIX}job:{{{job_id}}}"
+    # ---------------------------------------------------------------- Celery
 
+    @property
+    def celery_key_prefix(self) -> str:
+        """kombu's ``global_keyprefix``: empty for the default namespace, whose Celery
+        names stay what they always were (so Flower and older producers still see them)."""
+        return self.prefix if self.namespace else ""
 
-def lease(job_id: str) -> str:
-    """Short-lived key naming the worker that currently runs the job."""
-    return f"{PREFIX}lease:{{{job_id}}}"
+    def _celery_name(self, key: str) -> str:
+        return key[len(self.celery_key_prefix) :]
 
+    def queue(self, model: str) -> str:
+        """The Redis list holding ``model``'s queued jobs."""
+        return f"{self.prefix}queue:{model}"
 
-def requeue_marker(job_id: str) -> str:
-    """Short-lived marker: one live worker is requeueing this job after its owner died."""
-    return f"{PREFIX}requeue:{{{job_id}}}"
+    def celery_queue(self, model: str) -> str:
+        """The Celery queue's name for ``model``: ``queue(model)`` less kombu's prefix."""
+        return self._celery_name(self.queue(model))
 
+    @property
+    def celery_unacked(self) -> str:
+        """kombu's hash of delivered-but-unacknowledged messages (its full Redis name)."""
+        return f"{self.prefix}celery:unacked"
 
-def running_jobs(model: str) -> str:
-    """Sorted set of jobs being run for ``model``, scored by lease expiry (ms), for failover."""
-    return f"{PREFIX}running:{model}"
+    def celery_transport_options(self) -> dict[str, str]:
+        """kombu options putting every Celery key and channel under ``prefix``."""
+        options = {
+            # Kombu's bookkeeping of delivered-but-unacknowledged messages.
+            "unacked_key": self._celery_name(self.celery_unacked),
+            "unacked_index_key": self._celery_name(f"{self.prefix}celery:unacked_index"),
+            "unacked_mutex_key": self._celery_name(f"{self.prefix}celery:unacked_mutex"),
+        }
+        if self.celery_key_prefix:
+            options["global_keyprefix"] = self.celery_key_prefix
+        return options
 
+    # ---------------------------------------------------------------- per model
 
-def worker_heartbeat(worker_id: str) -> str:
-    """A worker's heartbeat and stats (JSON), expiring when the worker stops refreshing it."""
-    return f"{PREFIX}worker:{worker_id}"
+    def admission(self, model: str) -> str:
+        """Hash of ``model``'s admission limit and retry hint, advertised by its workers."""
+        return f"{self.prefix}admission:{model}"
+
+    def running_jobs(self, model: str) -> str:
+        """Sorted set of jobs being run for ``model``, scored by lease expiry (ms)."""
+        return f"{self.prefix}running:{model}"
+
+    # ---------------------------------------------------------------- per job
+
+    def _job_key(self, kind: str, job_id: str) -> str:
+        return f"{self.prefix}{kind}:{{{job_id}}}"
+
+    def events_channel(self, job_id: str) -> str:
+        """Pub/sub channel carrying a job's live events."""
+        return self._job_key("ev", job_id)
+
+    def event_log(self, job_id: str) -> str:
+        """Stream holding every event of a job, for replay after a gap or a reconnect."""
+        return self._job_key("log", job_id)
+
+    def abort_flag(self, job_id: str) -> str:
+        """Set by a client to cancel a job; checked at pickup and on control messages."""
+        return self._job_key("abort", job_id)
+
+    def job_record(self, job_id: str) -> str:
+        """Hash with the job's payload, state, owner and attempt count (for failover)."""
+        return self._job_key("job", job_id)
+
+    def lease(self, job_id: str) -> str:
+        """Short-lived key naming the worker that currently runs the job."""
+        return self._job_key("lease", job_id)
+
+    def requeue_marker(self, job_id: str) -> str:
+        """Short-lived marker: one live worker is requeueing this job after its owner died."""
+        return self._job_key("requeue", job_id)
+
+    # ---------------------------------------------------------------- engine
+
+    def cache_salt(self, salt: str | None) -> str | None:
+        """The prefix-cache salt of a request: its own salt, kept apart per namespace."""
+        if not self.namespace:
+            return salt
+        return f"ns:{self.namespace}\x00{salt or ''}"

@@ -8,9 +8,9 @@ Rules that keep old and new peers talking:
   travel as msgpack, one tagged union, each with the job's ``seq`` (0, 1, 2, ...).
 
 How events move: the worker appends each event to the job's log stream
-(``keys.event_log``, in the format ``kvrelay.event_log`` defines), then publishes the
-same bytes on ``keys.events_channel``. Cancel: the client sets ``keys.abort_flag`` and
-publishes an ``AbortMessage`` on ``keys.CONTROL_CHANNEL``.
+(``Keyspace.event_log``, in the format ``kvrelay.event_log`` defines), then publishes the
+same bytes on ``Keyspace.events_channel``. Cancel: the client sets ``Keyspace.abort_flag``
+and publishes an ``AbortMessage`` on ``Keyspace.control_channel``.
 """
 
 from __future__ import annotations
@@ -334,6 +334,9 @@ class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     jobs_running: int = 0
     draining: bool = False
     stats: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The largest request payload (bytes of JSON) the worker accepts; 0: not advertised.
+    # Clients never send more than the smallest limit the model's workers advertise.
+    max_payload_bytes: int = 0
     # Where the worker serves Prometheus metrics (None: not served); the bound port when
     # KVRELAY_METRICS_PORT=0 asked for any free one.
     metrics_port: int | None = None

@@ -30,7 +30,7 @@ from typing import ClassVar, Final
 import msgspec
 import redis.exceptions as redis_exceptions
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
 from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
 from kvrelay.connection import REDIS_ERRORS
@@ -67,6 +67,14 @@ log = logging.getLogger("kvrelay.stream")
 _LOG_PAGE: Final = 256
 # Events one stream may deliver back to back before it yields to the event loop.
 _MAX_BURST: Final = 64
+# A live event further ahead of the next expected seq than this is not buffered: pub/sub
+# delivers in order and every earlier event is in the log, so no worker sent it (a real
+# one lost with a dropped connection is read back from the log when the gap is noticed).
+MAX_SEQ_AHEAD: Final = 10_000
+# The choice indexes a resumed stream accepts (it does not know the request's ``n``).
+_MAX_CHOICES_UNKNOWN_N: Final = 1024
+# Impossible events logged per stream (the rest are only counted).
+_IGNORED_LOGGED: Final = 3
 # How long past its queue deadline a stream still waits for the first event (a worker
 # that picked the job up just in time needs a moment to say so).
 _PICKUP_GRACE_S: Final = 5.0
@@ -161,7 +169,7 @@ class AsyncStream(AsyncResource):
         self._jobs = jobs
         self._job_id = job_id
         self._request = request
-        self._log_key = keys.event_log(job_id)
+        self._log_key = jobs.keys.event_log(job_id)
         model = request.model if request is not None else None
         n = request.sampling.n if request is not None else 1
         self._builder = CompletionBuilder(job_id, model=model, n=n)
@@ -174,6 +182,8 @@ class AsyncStream(AsyncResource):
         self._mailbox: Mailbox | None = None
         # A resume delivers from ``after_seq + 1`` on; earlier events only feed ``final()``.
         self._next_seq = 0 if request is not None else after_seq + 1
+        self._max_choices = n if request is not None else _MAX_CHOICES_UNKNOWN_N
+        self.ignored_events = 0
         self._pending: dict[int, _Event] = {}
         # Client-side clocks (loop time): the job's deadline, the last event.
         self._deadline: float | None = None
@@ -251,7 +261,9 @@ class AsyncStream(AsyncResource):
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._jobs.admit(request)
-        self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._mailbox = await self._jobs.dispatcher.subscribe(
+            self._jobs.keys.events_channel(self._job_id)
+        )
         self._jobs.track(self)
         # A retry of the same request (same job_id) attaches to the job it started; a
         # refused id (``JobIdReused``) is another caller's job: never abort it.
@@ -268,7 +280,9 @@ class AsyncStream(AsyncResource):
             raise
 
     async def _start_resume(self) -> None:
-        self._mailbox = await self._jobs.dispatcher.subscribe(keys.events_channel(self._job_id))
+        self._mailbox = await self._jobs.dispatcher.subscribe(
+            self._jobs.keys.events_channel(self._job_id)
+        )
         self._jobs.track(self)
         self._abort_on_exit = self._abort_on_exit_wanted
         if self._timeout is not None:
@@ -286,6 +300,8 @@ class AsyncStream(AsyncResource):
                 exc, f"reading the event log of job {self._job_id}"
             ) from exc
         for event in replay:
+            if self._impossible(event, live=False):
+                continue
             if event.seq < self._next_seq:
                 self._absorb(event)
                 if self._state == _DONE:
@@ -420,7 +436,7 @@ class AsyncStream(AsyncResource):
                     await self._fill_gap()
                     continue
                 decoded = _decode(item)
-                if decoded is None:
+                if decoded is None or self._impossible(decoded, live=True):
                     continue
                 seq = decoded.seq
                 if seq == self._next_seq:
@@ -466,6 +482,20 @@ class AsyncStream(AsyncResource):
                 # Redis is away and the dispatcher is reconnecting: it will either
                 # resync us or fail us; do not blame the worker for the outage.
                 self._last_progress = now
+
+    def _impossible(self, event: _Event, *, live: bool) -> bool:
+        """True for an event no worker of this job sent (a choice index >= n, a live seq
+        far ahead): it is dropped instead of being buffered, waited for or looped on."""
+        if live and event.seq > self._next_seq + MAX_SEQ_AHEAD:
+            reason = f"seq {event.seq} is far ahead of the next expected, {self._next_seq}"
+        elif type(event) is Tokens and not 0 <= event.index < self._max_choices:
+            reason = f"choice index {event.index} of a job with {self._max_choices} choices"
+        else:
+            return False
+        self.ignored_events += 1
+        if self.ignored_events <= _IGNORED_LOGGED:
+            log.warning("ignoring an impossible event of job %s: %s", self._job_id, reason)
+        return True
 
     def _waiting_for_pickup(self) -> bool:
         """A new job with its own queue-wait limit that no worker has reported on yet."""
@@ -518,7 +548,7 @@ class AsyncStream(AsyncResource):
             raise self._fail(exc) from None
         pending = self._pending
         for event in events:
-            if event.seq >= self._next_seq:
+            if event.seq >= self._next_seq and not self._impossible(event, live=False):
                 pending.setdefault(event.seq, event)
         if not pending or self._next_seq in pending:
             return

@@ -1,6 +1,6 @@
 """Reading the worker registry: who is alive, which models are served.
 
-Workers ``SADD`` their id to ``keys.WORKERS`` and keep ``keys.worker_heartbeat(id)``
+Workers ``SADD`` their id to ``Keyspace.workers`` and keep ``Keyspace.worker_heartbeat(id)``
 alive with a short expiry. An id whose heartbeat key is gone is a dead worker; readers
 remove it from the set so the set does not grow with every crashed process.
 """
@@ -12,10 +12,10 @@ import logging
 import msgspec
 from redis.asyncio import Redis
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import WorkerInfo, decode_worker_info
 
-__all__ = ["live_workers", "served_models"]
+__all__ = ["live_workers", "payload_limits", "served_models"]
 
 log = logging.getLogger("kvrelay.workers")
 
@@ -24,9 +24,9 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def live_workers(redis: Redis, *, prune: bool = True) -> list[WorkerInfo]:
+async def live_workers(redis: Redis, keys: Keyspace, *, prune: bool = True) -> list[WorkerInfo]:
     """Every worker with a live heartbeat, sorted by id; dead ids are pruned if ``prune``."""
-    ids = sorted(_text(member) for member in await redis.smembers(keys.WORKERS))
+    ids = sorted(_text(member) for member in await redis.smembers(keys.workers))
     if not ids:
         return []
     values = await redis.mget([keys.worker_heartbeat(worker_id) for worker_id in ids])
@@ -42,10 +42,20 @@ async def live_workers(redis: Redis, *, prune: bool = True) -> list[WorkerInfo]:
             # Alive but unreadable (maybe a newer worker): not ours to prune.
             log.warning("unreadable heartbeat of worker %s: %s", worker_id, exc)
     if prune and dead:
-        await redis.srem(keys.WORKERS, *dead)
+        await redis.srem(keys.workers, *dead)
     return live
 
 
 def served_models(workers: list[WorkerInfo]) -> frozenset[str]:
     """The models at least one of ``workers`` serves."""
     return frozenset(worker.model for worker in workers)
+
+
+def payload_limits(workers: list[WorkerInfo]) -> dict[str, int]:
+    """Per model, the smallest payload limit its workers advertise (0: not advertised)."""
+    limits: dict[str, int] = {}
+    for worker in workers:
+        if worker.max_payload_bytes > 0:
+            limits[worker.model] = min(limits.get(worker.model, worker.max_payload_bytes),
+                                       worker.max_payload_bytes)
+    return limits

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 import kvrelay
-from kvrelay import AsyncClient, event_log, keys
+from kvrelay import AsyncClient, event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import ErrorCode
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -47,7 +50,7 @@ async def test_a_failed_enqueue_gives_the_job_id_back(
     worker.fail_enqueue = kvrelay.BrokerUnavailable("broker down")
     with pytest.raises(kvrelay.BrokerUnavailable):
         await client.generate("p", job_id="job-8")
-    assert await fake_redis.hget(keys.job_record("job-8"), event_log.DIGEST_FIELD) is None
+    assert await fake_redis.hget(KEYS.job_record("job-8"), event_log.DIGEST_FIELD) is None
     worker.fail_enqueue = None
     done = await asyncio.wait_for(client.generate("p", job_id="job-8"), 5)
     assert done.text == "Hello"
@@ -82,4 +85,4 @@ async def test_a_refused_request_leaves_the_other_job_alone(
     with pytest.raises(kvrelay.JobIdReused):
         await client.generate("second", job_id="job-9")
     await asyncio.sleep(0.05)  # an abort would be sent in the background
-    assert await fake_redis.get(keys.abort_flag("job-9")) is None
+    assert await fake_redis.get(KEYS.abort_flag("job-9")) is None

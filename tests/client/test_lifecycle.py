@@ -10,7 +10,8 @@ import pytest
 from helpers.fake_worker import announce, completion_events, emit, play, wait_until
 
 import kvrelay
-from kvrelay import AsyncClient, keys
+from kvrelay import AsyncClient
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     AbortMessage,
     GenerateRequest,
@@ -19,11 +20,13 @@ from kvrelay.protocol import (
     decode_control,
 )
 
+KEYS = Keyspace()  # the default namespace
+
 pytestmark = pytest.mark.timeout(20)
 
 
 async def _aborted(redis: Any, job_id: str) -> bool:
-    return bool(await redis.get(keys.abort_flag(job_id)) == b"1")
+    return bool(await redis.get(KEYS.abort_flag(job_id)) == b"1")
 
 
 async def slow_worker(w: Any, request: GenerateRequest) -> None:
@@ -48,7 +51,7 @@ async def test_break_then_leaving_async_with_aborts(
     client: AsyncClient, worker: Any, fake_redis: Any
 ) -> None:
     control = fake_redis.pubsub()
-    await control.subscribe(keys.CONTROL_CHANNEL)
+    await control.subscribe(KEYS.control_channel)
     worker.behaviour = slow_worker
     async with asyncio.timeout(5):
         async with client.stream("x") as stream:
@@ -61,7 +64,7 @@ async def test_break_then_leaving_async_with_aborts(
             if message is not None:
                 break
     assert decode_control(message["data"]) == AbortMessage(job_id=job)
-    ttl = await fake_redis.ttl(keys.abort_flag(job))
+    ttl = await fake_redis.ttl(KEYS.abort_flag(job))
     assert 0 < ttl <= 3600
     await control.aclose()
 
@@ -116,7 +119,7 @@ async def test_leaving_after_the_terminal_event_sends_nothing(
         async for _ in stream:
             pass
     await asyncio.sleep(0.05)
-    assert not await fake_redis.exists(keys.abort_flag(stream.job_id))
+    assert not await fake_redis.exists(KEYS.abort_flag(stream.job_id))
 
 
 async def test_leaving_after_a_failed_event_sends_nothing(
@@ -131,7 +134,7 @@ async def test_leaving_after_a_failed_event_sends_nothing(
     with pytest.raises(kvrelay.InternalError):
         await asyncio.wait_for(client.generate("x"), 5)
     await asyncio.sleep(0.05)
-    assert not await fake_redis.exists(keys.abort_flag(worker.requests[0].job_id))
+    assert not await fake_redis.exists(KEYS.abort_flag(worker.requests[0].job_id))
 
 
 async def test_client_cancel(client: AsyncClient, fake_redis: Any) -> None:
@@ -234,18 +237,18 @@ async def test_workers_lists_live_ones_and_prunes_dead(
 ) -> None:
     await announce(fake_redis, "w1", "m", stats={"running": 2, "free_blocks": 10})
     await announce(fake_redis, "w2", "m")
-    await fake_redis.sadd(keys.WORKERS, "w-dead")  # heartbeat long gone
+    await fake_redis.sadd(KEYS.workers, "w-dead")  # heartbeat long gone
     workers = await asyncio.wait_for(client.workers(), 5)
     assert [w.worker_id for w in workers] == ["w1", "w2"]
     assert workers[0].stats == {"running": 2, "free_blocks": 10}
-    assert await fake_redis.smembers(keys.WORKERS) == {b"w1", b"w2"}
+    assert await fake_redis.smembers(KEYS.workers) == {b"w1", b"w2"}
 
 
 async def test_queue_full(make_client: Any, worker: Any, fake_redis: Any) -> None:
     client = make_client(max_queue=2)
-    await fake_redis.rpush(keys.queue("m"), b"a", b"b")
+    await fake_redis.rpush(KEYS.queue("m"), b"a", b"b")
     assert (await asyncio.wait_for(client.generate("x"), 5)).text == "Hello"  # 2 is not > 2
-    await fake_redis.rpush(keys.queue("m"), b"c")
+    await fake_redis.rpush(KEYS.queue("m"), b"c")
     with pytest.raises(kvrelay.QueueFull):
         await asyncio.wait_for(client.generate("x"), 5)
     assert len(worker.requests) == 1

@@ -21,8 +21,11 @@ from helpers.fake_worker import (
 from helpers.redis_server import free_port
 
 import kvrelay
-from kvrelay import AsyncClient, Client, keys
+from kvrelay import AsyncClient, Client
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,7 +59,7 @@ async def test_celery_message_lands_in_the_model_queue(
         stream = client.stream("Why is the sky blue?", max_tokens=5, seed=3, timeout=30)
         async with asyncio.timeout(20), stream:
             # The job is enqueued when the stream is entered: read it as a worker would.
-            item = await raw.brpop([keys.queue(MODEL)], timeout=5)
+            item = await raw.brpop([KEYS.queue(MODEL)], timeout=5)
             assert item is not None
             headers, request = decode_celery_message(item[1])
             assert headers["task"] == TASK_NAME
@@ -110,7 +113,7 @@ async def test_killed_pubsub_connection_is_restored_without_losing_events(
     async with AsyncClient(clean_redis_url, model=MODEL, require_worker=False) as client:
         stream = client.stream("x")
         async with asyncio.timeout(20), stream:
-            item = await raw.brpop([keys.queue(MODEL)], timeout=5)
+            item = await raw.brpop([KEYS.queue(MODEL)], timeout=5)
             assert item is not None
             job = stream.job_id
             await play(raw, job, events[:5])
@@ -132,7 +135,7 @@ async def test_redis_restart_mid_stream(redis_server_factory: Any) -> None:
         raw = aioredis.Redis.from_url(server.url)
         stream = client.stream("x")
         async with asyncio.timeout(30), stream:
-            await wait_until(lambda: raw.llen(keys.queue(MODEL)), within=5)
+            await wait_until(lambda: raw.llen(KEYS.queue(MODEL)), within=5)
             await play(raw, stream.job_id, events[:3])
             texts = [(await stream.__anext__()).text for _ in range(2)]
             await raw.aclose()
@@ -202,7 +205,7 @@ async def test_heartbeats_expire(clean_redis_url: str, raw: aioredis.Redis) -> N
         assert [w.worker_id for w in await client.workers()] == ["short-lived"]
         await asyncio.sleep(0.3)
         assert await client.workers() == []
-        assert await raw.smembers(keys.WORKERS) == set()
+        assert await raw.smembers(KEYS.workers) == set()
         with pytest.raises(kvrelay.UnknownModel):
             await asyncio.wait_for(client.generate("x"), 10)
 
@@ -237,10 +240,10 @@ def test_sync_client_early_exit_aborts(clean_redis_url: str) -> None:
             for _chunk in stream:
                 break
         for _ in range(200):
-            if raw.get(keys.abort_flag(stream.job_id)):
+            if raw.get(KEYS.abort_flag(stream.job_id)):
                 break
             import time
 
             time.sleep(0.01)
-        assert raw.get(keys.abort_flag(stream.job_id)) == b"1"
+        assert raw.get(KEYS.abort_flag(stream.job_id)) == b"1"
     raw.close()

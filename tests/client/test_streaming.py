@@ -9,7 +9,8 @@ import pytest
 from helpers.fake_worker import completion_events, emit, failed_event, play
 
 import kvrelay
-from kvrelay import AsyncClient, Completion, StreamChunk, event_log, keys
+from kvrelay import AsyncClient, Completion, StreamChunk, event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     Finished,
     GenerateRequest,
@@ -20,6 +21,8 @@ from kvrelay.protocol import (
     Usage,
     encode_event,
 )
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -176,8 +179,8 @@ async def test_unknown_event_types_keep_their_seq(client: AsyncClient, worker: A
         job = request.job_id
         await emit(w.redis, job, Started(seq=0, worker="w"))
         data = msgspec.msgpack.encode({"type": "progress", "seq": 1, "pct": 50})
-        await event_log.add_entry(w.redis, keys.event_log(job), 1, data)
-        await w.redis.publish(keys.events_channel(job), data)
+        await event_log.add_entry(w.redis, KEYS.event_log(job), 1, data)
+        await w.redis.publish(KEYS.events_channel(job), data)
         await emit(w.redis, job, Tokens(seq=2, token_ids=[5], text="z"))
         await emit(w.redis, job, Finished(seq=3, finish_reason="stop"))
 
@@ -259,7 +262,7 @@ async def test_failed_event_raises_the_typed_error(
 
 async def test_garbage_on_the_channel_is_ignored(client: AsyncClient, worker: Any) -> None:
     async def noisy(w: Any, request: GenerateRequest) -> None:
-        await w.redis.publish(keys.events_channel(request.job_id), b"\xc1not msgpack")
+        await w.redis.publish(KEYS.events_channel(request.job_id), b"\xc1not msgpack")
         await play(w.redis, request.job_id, completion_events(["ok"]))
 
     worker.behaviour = noisy
@@ -301,7 +304,7 @@ async def test_resume_an_unknown_job_says_so_at_once(client: AsyncClient) -> Non
 async def test_resume_a_job_still_in_its_queue(client: AsyncClient, fake_redis: Any) -> None:
     # A Celery message as kombu stores it: the job id in its JSON headers.
     message = '{"body": "", "headers": {"id": "job-queued", "task": "kvrelay.generate"}}'
-    await fake_redis.lpush(keys.queue("m"), message)
+    await fake_redis.lpush(KEYS.queue("m"), message)
     stream = await asyncio.wait_for(client.resume("job-queued"), 5)
     await play(fake_redis, "job-queued", completion_events(list("ok")))
     async with asyncio.timeout(5):

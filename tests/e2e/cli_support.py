@@ -183,14 +183,16 @@ def background_cli(args: Sequence[str], env: dict[str, str], folder: Path) -> It
 
 def live_models(url: str) -> set[str]:
     """Models announced by live workers on ``url`` (plain redis-py: no client threads)."""
-    from kvrelay import keys
+    from kvrelay.keys import Keyspace
+
+    KEYS = Keyspace()
     from kvrelay.protocol import decode_worker_info
 
     client = redis.Redis.from_url(url, socket_connect_timeout=2)
     try:
         models = set()
-        for worker_id in client.smembers(keys.WORKERS):
-            raw = client.get(keys.worker_heartbeat(worker_id.decode()))
+        for worker_id in client.smembers(KEYS.workers):
+            raw = client.get(KEYS.worker_heartbeat(worker_id.decode()))
             if raw is not None:
                 models.add(decode_worker_info(raw).model)
         return models
@@ -202,7 +204,9 @@ def live_models(url: str) -> set[str]:
 
 def announce(url: str, model: str, worker_id: str = "fake-cli-worker", ttl_s: int = 600) -> None:
     """Register a (fake) live worker for ``model`` as a real one does: heartbeat, then SADD."""
-    from kvrelay import keys
+    from kvrelay.keys import Keyspace
+
+    KEYS = Keyspace()
     from kvrelay.protocol import WorkerInfo, encode_worker_info
 
     info = WorkerInfo(
@@ -210,7 +214,7 @@ def announce(url: str, model: str, worker_id: str = "fake-cli-worker", ttl_s: in
     )
     client = redis.Redis.from_url(url)
     try:
-        client.set(keys.worker_heartbeat(worker_id), encode_worker_info(info), ex=ttl_s)
-        client.sadd(keys.WORKERS, worker_id)
+        client.set(KEYS.worker_heartbeat(worker_id), encode_worker_info(info), ex=ttl_s)
+        client.sadd(KEYS.workers, worker_id)
     finally:
         client.close()

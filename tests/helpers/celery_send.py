@@ -9,8 +9,10 @@ from typing import Any
 
 from celery import Celery
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest, SamplingOptions, request_to_payload
+
+KEYS = Keyspace()  # the default namespace
 
 
 def greedy_request(model: str, prompt: list[int], max_tokens: int) -> GenerateRequest:
@@ -28,7 +30,7 @@ def send_raw(url: str, model: str, tasks: Iterable[tuple[str, list[Any], dict[st
     try:
         for task_id, args, kwargs in tasks:
             app.send_task(TASK_NAME, args=args, kwargs=kwargs, task_id=task_id,
-                          queue=keys.queue(model))
+                          queue=KEYS.queue(model))
     finally:
         app.close()
 

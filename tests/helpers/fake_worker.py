@@ -2,7 +2,7 @@
 
 It writes events exactly as a real worker must: the log entry through
 ``kvrelay.event_log.add_entry`` (the log's one format), THEN ``PUBLISH
-keys.events_channel(job)`` with the same bytes. Knobs let a test skip the publish of some events (log only), publish
+KEYS.events_channel(job)`` with the same bytes. Knobs let a test skip the publish of some events (log only), publish
 out of order, or publish duplicates, to exercise the client's ordering and gap-filling.
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import redis as sync_redis
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
     AnyEvent,
@@ -34,6 +35,8 @@ from kvrelay.protocol import (
     encode_event,
     encode_worker_info,
 )
+
+KEYS = Keyspace()  # the default namespace
 
 
 def completion_events(
@@ -89,7 +92,7 @@ def failed_event(seq: int, code: str, message: str = "boom") -> Failed:
 
 def _add(client: Any, job_id: str, event: AnyEvent, data: bytes) -> Any:
     terminal = isinstance(event, TERMINAL_EVENTS)
-    return event_log.add_entry(client, keys.event_log(job_id), event.seq, data, terminal=terminal)
+    return event_log.add_entry(client, KEYS.event_log(job_id), event.seq, data, terminal=terminal)
 
 
 async def emit(
@@ -100,13 +103,13 @@ async def emit(
     if log:
         await _add(redis, job_id, event, data)
     if publish:
-        await redis.publish(keys.events_channel(job_id), data)
+        await redis.publish(KEYS.events_channel(job_id), data)
 
 
 async def claim(redis: Any, job_id: str) -> None:
     """Record the job as running, as a worker's claim does before its first event (so
     ``resume`` knows the job)."""
-    await redis.hset(keys.job_record(job_id), "state", "running")
+    await redis.hset(KEYS.job_record(job_id), "state", "running")
 
 
 async def play(
@@ -148,7 +151,7 @@ def play_sync(
         data = encode_event(event)
         pipe = redis.pipeline(transaction=False)
         _add(pipe, job_id, event, data)
-        pipe.publish(keys.events_channel(job_id), data)
+        pipe.publish(KEYS.events_channel(job_id), data)
         pipe.execute()
         if delay:
             time.sleep(delay)
@@ -166,8 +169,8 @@ async def announce(
         updated_at=time.time(),
         **fields,
     )
-    await redis.set(keys.worker_heartbeat(worker_id), encode_worker_info(info), px=ttl_ms)
-    await redis.sadd(keys.WORKERS, worker_id)
+    await redis.set(KEYS.worker_heartbeat(worker_id), encode_worker_info(info), px=ttl_ms)
+    await redis.sadd(KEYS.workers, worker_id)
     return info
 
 
@@ -197,14 +200,14 @@ async def serve_queue(
     delay: float = 0.0,
     seen: list[GenerateRequest] | None = None,
 ) -> None:
-    """Consume ``keys.queue(model)`` like a worker (BRPOP) and play ``script`` per job.
+    """Consume ``KEYS.queue(model)`` like a worker (BRPOP) and play ``script`` per job.
 
     Runs until cancelled; each job is played in its own task.
     """
     jobs: set[asyncio.Task[None]] = set()
     try:
         while True:
-            item = await redis.brpop([keys.queue(model)], timeout=1)
+            item = await redis.brpop([KEYS.queue(model)], timeout=1)
             if item is None:
                 continue
             _headers, request = decode_celery_message(item[1])
@@ -237,13 +240,13 @@ class ThreadWorker:
         client = sync_redis.Redis.from_url(self.url)
         try:
             while not self._stop.is_set():
-                item = client.brpop([keys.queue(self.model)], timeout=0.1)
+                item = client.brpop([KEYS.queue(self.model)], timeout=0.1)
                 if item is None:
                     continue
                 _headers, request = decode_celery_message(item[1])
                 self.requests.append(request)
                 for event in completion_events(self.texts):
-                    if client.get(keys.abort_flag(request.job_id)):
+                    if client.get(KEYS.abort_flag(request.job_id)):
                         break
                     play_sync(client, request.job_id, [event], delay=self.delay)
         finally:

@@ -6,14 +6,17 @@ import time
 
 import redis
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import AnyEvent, Failed, Finished, decode_event
+
+KEYS = Keyspace()  # the default namespace
 
 
 def read_events(redis_url: str, job_id: str) -> list[AnyEvent]:
     client = redis.Redis.from_url(redis_url)
     try:
-        entries = client.xrange(keys.event_log(job_id))
+        entries = client.xrange(KEYS.event_log(job_id))
         return [decode_event(data) for _, fields in entries
                 if (data := event_log.event_bytes(fields)) is not None]
     finally:

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import decode_worker_info
 
 
@@ -42,6 +42,7 @@ class WorkerProcess:
         for key, value in settings.items():
             env[f"KVRELAY_{key.upper()}"] = str(value)
         self.env = env
+        self.keys = Keyspace(env.get("KVRELAY_NAMESPACE", ""))
         self.process: subprocess.Popen[bytes] | None = None
         self._log = None
 
@@ -55,7 +56,7 @@ class WorkerProcess:
 
         settings = WorkerSettings.from_env({k: v for k, v in self.env.items()
                                             if k.startswith("KVRELAY_")})
-        queue = keys.queue(settings.served_model)
+        queue = settings.keys.celery_queue(settings.served_model)
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "kvrelay_worker.app", "worker",
@@ -70,8 +71,8 @@ class WorkerProcess:
         """This worker's latest heartbeat (``WorkerInfo`` as a dict), or None."""
         client = redis.Redis.from_url(self.redis_url)
         try:
-            for worker_id in client.smembers(keys.WORKERS):
-                raw = client.get(keys.worker_heartbeat(worker_id.decode()))
+            for worker_id in client.smembers(self.keys.workers):
+                raw = client.get(self.keys.worker_heartbeat(worker_id.decode()))
                 if raw is None:
                     continue
                 info = decode_worker_info(raw)

@@ -18,7 +18,10 @@ import redis
 from helpers.worker_process import WorkerProcess
 
 import kvrelay
-from kvrelay import AsyncClient, keys
+from kvrelay import AsyncClient
+from kvrelay.keys import Keyspace
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +64,7 @@ async def test_server_side_limit_holds_against_racing_clients(
         raw = redis.Redis.from_url(clean_redis_url)
         try:
             # Only admitted jobs are in the queue: the refused ones left no message behind.
-            messages = raw.lrange(keys.queue(MODEL), 0, -1)
+            messages = raw.lrange(KEYS.queue(MODEL), 0, -1)
         finally:
             raw.close()
         assert len(messages) == LIMIT
@@ -82,6 +85,31 @@ async def test_server_side_limit_holds_against_racing_clients(
     # A refused job was never enqueued: the client had nothing to abort.
     raw = redis.Redis.from_url(clean_redis_url)
     try:
-        assert not any(raw.exists(keys.abort_flag(r.job_id or "")) for r in refused)
+        assert not any(raw.exists(KEYS.abort_flag(r.job_id or "")) for r in refused)
+    finally:
+        raw.close()
+
+
+async def test_a_namespace_is_admitted_under_its_own_limit_and_queue(
+    clean_redis_url: str,
+) -> None:
+    """A tenant's pushes land in its own prefixed list, counted against its own hash."""
+    acme = Keyspace("acme")
+    raw = redis.Redis.from_url(clean_redis_url)
+    try:
+        # What a worker of namespace acme advertises (and a limit the default one lacks).
+        raw.hset(acme.admission(MODEL), mapping={"max_queue": "2", "retry_after": "4.0"})
+        async with AsyncClient(
+            clean_redis_url, model=MODEL, require_worker=False, namespace="acme"
+        ) as tenant:
+            results = [await _start(tenant) for _ in range(3)]
+        assert [type(r) for r in results] == [
+            kvrelay.AsyncStream, kvrelay.AsyncStream, kvrelay.QueueFull]
+        refused = results[2]
+        assert isinstance(refused, kvrelay.QueueFull)
+        assert refused.retry_after == 4.0
+        assert raw.llen(acme.queue(MODEL)) == 2
+        assert raw.llen(KEYS.queue(MODEL)) == 0
+        assert raw.llen(acme.celery_queue(MODEL)) == 0  # not the unprefixed name either
     finally:
         raw.close()

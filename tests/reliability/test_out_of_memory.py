@@ -16,7 +16,7 @@ import pytest
 import redis
 from helpers.redis_server import RedisServer
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, Usage
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -24,6 +24,8 @@ from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
+
+KEYS = Keyspace()  # the default namespace
 
 
 class FullRedis:
@@ -68,11 +70,11 @@ def test_a_refused_script_changes_nothing(full_redis: FullRedis) -> None:
     with pytest.raises(redis.OutOfMemoryError):
         store.release_done("j")
     # Nothing of it happened: the job is still this worker's and still running.
-    assert store.redis.get(keys.lease("j")) == store.worker_id.encode()
-    assert store.redis.hget(keys.job_record("j"), "state") == b"running"
+    assert store.redis.get(KEYS.lease("j")) == store.worker_id.encode()
+    assert store.redis.hget(KEYS.job_record("j"), "state") == b"running"
     full_redis.drain()
     assert store.release_done("j")
-    assert store.redis.hget(keys.job_record("j"), "state") == b"done"
+    assert store.redis.hget(KEYS.job_record("j"), "state") == b"done"
 
 
 def test_a_script_is_refused_whole_not_after_its_first_writes(full_redis: FullRedis) -> None:
@@ -84,8 +86,8 @@ def test_a_script_is_refused_whole_not_after_its_first_writes(full_redis: FullRe
     full_redis.fill()
     with pytest.raises(redis.OutOfMemoryError):
         store.release_handback("j")
-    assert store.redis.get(keys.lease("j")) == store.worker_id.encode()
-    assert store.redis.hget(keys.job_record("j"), "state") == b"running"
+    assert store.redis.get(KEYS.lease("j")) == store.worker_id.encode()
+    assert store.redis.hget(KEYS.job_record("j"), "state") == b"running"
 
 
 def test_a_refused_terminal_event_waits_until_it_is_written(full_redis: FullRedis) -> None:
@@ -94,7 +96,7 @@ def test_a_refused_terminal_event_waits_until_it_is_written(full_redis: FullRedi
     job = ActiveJob(job_id="j", request=request, payload_json="{}",
                     params=SamplingParams(max_tokens=4), prompt_ids=[1, 2], attempt=1,
                     prior=PriorProgress())
-    store.redis.set(keys.lease("j"), store.worker_id)
+    store.redis.set(KEYS.lease("j"), store.worker_id)
     publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
                           on_fenced=lambda job: None)
     publisher.start()
@@ -104,11 +106,11 @@ def test_a_refused_terminal_event_waits_until_it_is_written(full_redis: FullRedi
                             usage=Usage(prompt_tokens=2, completion_tokens=0))
         publisher.put([EventItem(job, finished, Outcome.FINISHED)])
         assert not job.done.wait(1.0), "finished although its event was refused"
-        assert store.redis.xlen(keys.event_log("j")) == 0
+        assert store.redis.xlen(KEYS.event_log("j")) == 0
         full_redis.drain()
         assert job.done.wait(10.0)
         assert job.outcome == Outcome.FINISHED
-        assert store.redis.xlen(keys.event_log("j")) == 1
+        assert store.redis.xlen(KEYS.event_log("j")) == 1
     finally:
         publisher.stop()
         time.sleep(0)

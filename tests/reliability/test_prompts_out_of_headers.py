@@ -15,12 +15,14 @@ from typing import Any
 
 import redis
 
-from kvrelay import keys
 from kvrelay.enqueue import CeleryEnqueuer
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import GenerateRequest, SamplingOptions, encode_request
 from kvrelay_worker.app import make_celery
 from kvrelay_worker.job_copy import send_job_copy
 from kvrelay_worker.settings import WorkerSettings
+
+KEYS = Keyspace()  # the default namespace
 
 MODEL = "headers-model"
 SECRET = "the secret prompt of a tenant"
@@ -34,7 +36,7 @@ def request(job_id: str) -> GenerateRequest:
 def queued_messages(url: str) -> list[dict[str, Any]]:
     client = redis.Redis.from_url(url)
     try:
-        return [json.loads(raw) for raw in client.lrange(keys.queue(MODEL), 0, -1)]
+        return [json.loads(raw) for raw in client.lrange(KEYS.queue(MODEL), 0, -1)]
     finally:
         client.close()
 
@@ -62,7 +64,7 @@ def test_the_sdk_keeps_the_prompt_out_of_headers(clean_redis_url: str) -> None:
 def test_a_requeued_copy_keeps_the_prompt_out_of_headers(clean_redis_url: str) -> None:
     app = make_celery(WorkerSettings(redis_url=clean_redis_url, model_name=MODEL))
     try:
-        send_job_copy(app, keys.queue(MODEL), "requeued-job",
+        send_job_copy(app, KEYS.queue(MODEL), "requeued-job",
                       encode_request(request("requeued-job")).decode())
     finally:
         app.close()

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import GenerateRequest, Tokens
 from kvrelay_worker.active_job import ActiveJob
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -19,6 +20,8 @@ from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
+
+KEYS = Keyspace()  # the default namespace
 
 MAX_BYTES = 2_000
 
@@ -33,7 +36,7 @@ def store(clean_redis_url: str) -> Iterator[JobStore]:
 
 def _log(store: JobStore, job_id: str) -> list[tuple[int, bytes]]:
     return [(event_log.seq_of_entry_id(entry_id), event_log.event_bytes(fields) or b"")
-            for entry_id, fields in store.redis.xrange(keys.event_log(job_id))]
+            for entry_id, fields in store.redis.xrange(KEYS.event_log(job_id))]
 
 
 def test_the_publisher_keeps_the_log_under_its_byte_cap(store: JobStore) -> None:
@@ -41,7 +44,7 @@ def test_the_publisher_keeps_the_log_under_its_byte_cap(store: JobStore) -> None
     job = ActiveJob(job_id="j", request=request, payload_json="{}",
                     params=SamplingParams(max_tokens=100), prompt_ids=[1], attempt=1,
                     prior=PriorProgress())
-    store.redis.set(keys.lease("j"), store.worker_id)
+    store.redis.set(KEYS.lease("j"), store.worker_id)
     publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
                           on_fenced=lambda job: None)
     publisher.start()

@@ -16,8 +16,11 @@ import redis
 from helpers.job_log import wait_terminal
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import AsyncClient, keys
+from kvrelay import AsyncClient
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import ErrorCode, Failed, Finished
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +31,7 @@ JOB = {"prompt_token_ids": [21, 22, 23], "max_tokens": 300, "temperature": 0.0,
 def _abort_flag_set(url: str, job_id: str) -> bool:
     client = redis.Redis.from_url(url)
     try:
-        return bool(client.exists(keys.abort_flag(job_id)))
+        return bool(client.exists(KEYS.abort_flag(job_id)))
     finally:
         client.close()
 

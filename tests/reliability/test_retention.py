@@ -16,10 +16,12 @@ from helpers.celery_send import send_requests
 from helpers.job_log import wait_terminal
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, SamplingOptions
 from kvrelay_worker.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.integration
 
@@ -79,9 +81,9 @@ def test_a_job_failed_for_lost_workers_keeps_no_prompt(clean_redis_url: str) -> 
                                             max_attempts=1, log_ttl=30))
     try:
         assert store.claim("j", '{"prompt": "retention-marker"}', "d").status == "claimed"
-        client.delete(keys.lease("j"))  # the worker died: its lease expired
+        client.delete(KEYS.lease("j"))  # the worker died: its lease expired
         assert store.check_expired("j") == ("exhausted", None)
         assert _keys_holding_the_prompt(client) == []
-        assert 0 < client.ttl(keys.job_record("j")) <= 30
+        assert 0 < client.ttl(KEYS.job_record("j")) <= 30
     finally:
         client.close()

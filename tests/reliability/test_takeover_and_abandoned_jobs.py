@@ -28,8 +28,11 @@ from helpers.job_log import read_events, wait_terminal
 from helpers.worker_process import WorkerProcess
 
 import kvrelay
-from kvrelay import AsyncClient, AsyncStream, keys
+from kvrelay import AsyncClient, AsyncStream
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import ErrorCode, Failed, Finished, Started
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -125,7 +128,7 @@ async def test_taken_over_job_runs_first_and_abandoned_jobs_never_start(
         await asyncio.to_thread(send_requests, url, silent)
 
         first.kill()
-        await asyncio.to_thread(_wait_gone, url, keys.lease(long.job_id), 30)
+        await asyncio.to_thread(_wait_gone, url, KEYS.lease(long.job_id), 30)
         await asyncio.sleep(1.0)  # every silent caller's deadline is long past
         second = await asyncio.to_thread(start_worker, "second", concurrency=1, **LEASES)
 

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
 from kvrelay.event_log import AppendResult
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, Started, Tokens, decode_event
 from kvrelay_worker.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
+
+KEYS = Keyspace()  # the default namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,12 +36,12 @@ def store(clean_redis_url: str) -> Iterator[JobStore]:
 
 
 def _own(store: JobStore, job_id: str) -> None:
-    store.redis.set(keys.lease(job_id), store.worker_id)
+    store.redis.set(KEYS.lease(job_id), store.worker_id)
 
 
 def test_entries_have_the_modules_ids_fields_and_expiries(store: JobStore) -> None:
     _own(store, "j")
-    log_key = keys.event_log("j")
+    log_key = KEYS.event_log("j")
     assert store.append_event("j", Started(seq=0, worker="w"), fenced=True) == 0
     live_ttl = store.redis.ttl(log_key)
     assert 450 < live_ttl <= 500  # KVRELAY_LOG_LIVE_TTL, not a number in the script
@@ -59,7 +62,7 @@ def test_refused_writes_answer_with_named_codes(store: JobStore) -> None:
     # The same seq again (a retried batch): named, not a Redis error text to match.
     again = store.append_events([("j", Started(seq=0, worker="w"))], fenced=True)
     assert again == [AppendResult.ALREADY_WRITTEN]
-    store.redis.set(keys.lease("j"), "someone-else")
+    store.redis.set(KEYS.lease("j"), "someone-else")
     assert store.append_event("j", Tokens(seq=1, token_ids=[1], text="a"), fenced=True) == \
         AppendResult.FENCED
     assert store.append_event("j", Tokens(seq=5, token_ids=[1], text="a"), fenced=False) == \

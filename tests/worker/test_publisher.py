@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens, Usage, decode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -15,6 +16,8 @@ from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import DoneItem, EventItem, Item, Publisher, coalesce
 from kvrelay_worker.settings import WorkerSettings
+
+KEYS = Keyspace()  # the default namespace
 
 
 @pytest.fixture
@@ -47,7 +50,7 @@ def _publisher(store: JobStore, fenced: list[str]) -> Publisher:
 
 
 def _log(store: JobStore, job_id: str) -> list[tuple[int, object]]:
-    entries = store.redis.xrange(keys.event_log(job_id))
+    entries = store.redis.xrange(KEYS.event_log(job_id))
     field = event_log.EVENT_FIELD.encode()
     return [(event_log.seq_of_entry_id(entry_id), decode_event(fields[field]))
             for entry_id, fields in entries]
@@ -78,7 +81,7 @@ def test_coalesce_merges_a_jobs_consecutive_tokens_of_one_choice() -> None:
 
 def test_events_are_numbered_written_and_published_in_order(store: JobStore) -> None:
     job = _job("j1")
-    store.redis.set(keys.lease(job.job_id), store.worker_id)
+    store.redis.set(KEYS.lease(job.job_id), store.worker_id)
     publisher = _publisher(store, [])
     publisher._process([EventItem(job, _tokens([1, 2])), EventItem(job, _tokens([3])),
                         EventItem(job, _finished(), Outcome.FINISHED)])
@@ -94,7 +97,7 @@ def test_a_fenced_terminal_event_still_ends_the_task(store: JobStore) -> None:
     """Another worker owns the job now: nothing is written, and the task thread waiting on
     the job wakes up (the engine has already let go of it, so no abort can end it)."""
     job = _job("j2")
-    store.redis.set(keys.lease(job.job_id), "another-worker")
+    store.redis.set(KEYS.lease(job.job_id), "another-worker")
     fenced: list[str] = []
     publisher = _publisher(store, fenced)
     publisher._process([EventItem(job, Failed(seq=0, code="internal", message="x"),
@@ -107,7 +110,7 @@ def test_a_fenced_terminal_event_still_ends_the_task(store: JobStore) -> None:
 
 def test_a_fenced_token_event_stops_the_job_in_the_engine(store: JobStore) -> None:
     job = _job("j3")
-    store.redis.set(keys.lease(job.job_id), "another-worker")
+    store.redis.set(KEYS.lease(job.job_id), "another-worker")
     fenced: list[str] = []
     _publisher(store, fenced)._process([EventItem(job, _tokens([1]))])
     assert fenced == ["j3"]
@@ -117,7 +120,7 @@ def test_a_fenced_token_event_stops_the_job_in_the_engine(store: JobStore) -> No
 def test_scripts_are_loaded_again_after_a_script_flush(store: JobStore) -> None:
     """Batches run scripts by SHA alone; a server that lost them (restart) gets them again."""
     job = _job("j4")
-    store.redis.set(keys.lease(job.job_id), store.worker_id)
+    store.redis.set(KEYS.lease(job.job_id), store.worker_id)
     store.redis.script_flush()
     _publisher(store, [])._process([EventItem(job, _tokens([9]))])
     assert [(seq, e.token_ids) for seq, e in _log(store, job.job_id)] == [(0, [9])]  # type: ignore[attr-defined]
@@ -133,7 +136,7 @@ def _script_exists_calls(client: redis.Redis) -> int:
 def test_a_batch_is_one_round_trip_without_script_exists(store: JobStore) -> None:
     """redis-py would ask SCRIPT EXISTS before a pipeline holding scripts: a second trip."""
     job = _job("j5")
-    store.redis.set(keys.lease(job.job_id), store.worker_id)
+    store.redis.set(KEYS.lease(job.job_id), store.worker_id)
     publisher = _publisher(store, [])
     publisher._process([EventItem(job, _tokens([1]))])  # the script is loaded now
     before = _script_exists_calls(store.redis)

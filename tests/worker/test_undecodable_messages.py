@@ -18,8 +18,10 @@ from helpers.redis_server import free_port
 from helpers.worker_process import WorkerProcess
 from kombu import Connection
 
-from kvrelay import keys
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, Failed
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +46,7 @@ def test_pickled_message_fails_its_job_and_one_without_id_is_counted(
     app.conf.update(task_serializer="pickle", accept_content=["pickle", "json"])
     try:
         app.send_task(TASK_NAME, args=[{"job_id": job_id, "model": MODEL}], task_id=job_id,
-                      queue=keys.queue(MODEL), serializer="pickle")
+                      queue=KEYS.queue(MODEL), serializer="pickle")
     finally:
         app.close()
     (event,) = wait_terminal(clean_redis_url, job_id, timeout=30)
@@ -58,7 +60,7 @@ def test_pickled_message_fails_its_job_and_one_without_id_is_counted(
             connection.default_channel.prepare_message(
                 b"\x80\x04N.", content_type="application/x-python-serialize",
                 content_encoding="binary"),
-            exchange=keys.queue(MODEL), routing_key=keys.queue(MODEL))
+            exchange=KEYS.queue(MODEL), routing_key=KEYS.queue(MODEL))
     deadline_checks = 100
     while _rejected(metrics_url) < before + 2 and deadline_checks:
         deadline_checks -= 1

@@ -11,7 +11,8 @@ from helpers.engine_run import one_torch_thread
 from helpers.job_log import read_events
 from helpers.redis_db import fresh_db_url
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     ErrorCode,
     Failed,
@@ -22,6 +23,8 @@ from kvrelay.protocol import (
 )
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
+
+KEYS = Keyspace()  # the default namespace
 
 pytestmark = pytest.mark.integration
 
@@ -69,8 +72,8 @@ def test_a_held_job_leaves_the_registry_and_its_lease_when_it_ends(
     request = greedy_request("tiny", [5, 6, 7], 3)
     assert runtime.run_job(request.job_id, request_to_payload(request)) == "finished"
     assert runtime.jobs.ids() == []
-    assert runtime.redis.hget(keys.job_record(request.job_id), "state") == b"done"
-    assert not runtime.redis.exists(keys.lease(request.job_id))
+    assert runtime.redis.hget(KEYS.job_record(request.job_id), "state") == b"done"
+    assert not runtime.redis.exists(KEYS.lease(request.job_id))
     assert runtime.redis.zcard(runtime.store.running_key) == 0
 
 
@@ -80,7 +83,7 @@ def test_a_takeover_of_a_log_that_lost_its_start_fails_log_truncated(
     # What a dead worker left: a log whose first entries were trimmed away.
     for seq in (3, 4, 5):
         token = Tokens(seq=seq, token_ids=[seq], text="x")
-        event_log.add_entry(runtime.redis, keys.event_log(request.job_id), seq,
+        event_log.add_entry(runtime.redis, KEYS.event_log(request.job_id), seq,
                             encode_event(token))
     assert runtime.run_job(request.job_id, request_to_payload(request)) == "failed"
     events = read_events(runtime.settings.redis_url, request.job_id)
@@ -88,4 +91,4 @@ def test_a_takeover_of_a_log_that_lost_its_start_fails_log_truncated(
     failed = events[-1]
     assert isinstance(failed, Failed)
     assert failed.code == ErrorCode.LOG_TRUNCATED
-    assert runtime.redis.hget(keys.job_record(request.job_id), "state") == b"done"
+    assert runtime.redis.hget(KEYS.job_record(request.job_id), "state") == b"done"

@@ -33,6 +33,8 @@ class ActiveJob:
     attempt: int
     prior: PriorProgress
     claimed_at: float = field(default_factory=time.time)
+    # The prefix-cache salt the engine uses: the request's own, kept apart per namespace.
+    cache_salt: str | None = None
     # Owned by the publisher thread: the seq the next event gets, and the log's byte
     # window (made on the first event, from ``prior``).
     next_seq: int = 0

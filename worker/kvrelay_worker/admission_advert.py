@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvrelay import keys
 from kvrelay.admission import admission_fields
 from kvrelay_worker.settings import WorkerSettings
 
 
 def advertise_admission(pipe: Any, settings: WorkerSettings) -> None:
     """Queue the writes of the admission hash on ``pipe`` (a redis-py pipeline)."""
-    key = keys.admission(settings.served_model)
+    key = settings.keys.admission(settings.served_model)
     pipe.hset(key, mapping=admission_fields(settings.max_queue, settings.queue_retry_after))
     if settings.max_queue <= 0:
         pipe.hdel(key, "max_queue")

@@ -15,31 +15,32 @@ from celery import Celery, bootsteps
 from celery.exceptions import Reject
 from kombu import Exchange, Queue
 
-from kvrelay import keys
 from kvrelay.protocol import TASK_NAME
+from kvrelay.tls import celery_ssl_options
 from kvrelay_worker.job_copy import send_job_copy
+from kvrelay_worker.payload_gate import size_gated
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 settings = WorkerSettings.from_env()
-QUEUE = keys.queue(settings.served_model)
+QUEUE = settings.keys.celery_queue(settings.served_model)
 
 
 def make_celery(s: WorkerSettings) -> Celery:
     celery_app = Celery("kvrelay_worker")
-    queue_name = keys.queue(s.served_model)
+    queue_name = s.keys.celery_queue(s.served_model)
     celery_app.conf.update(
         broker_url=s.redis_url,
+        # rediss://: verify the broker's certificate as every other connection does.
+        broker_use_ssl=celery_ssl_options(s.redis_url),
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": s.visibility_timeout,
             "unacked_restore_interval": s.unacked_restore_interval,
             "unacked_restore_throttle": s.unacked_restore_throttle,
-            "unacked_key": keys.CELERY_UNACKED,
-            "unacked_index_key": keys.CELERY_UNACKED_INDEX,
-            "unacked_mutex_key": keys.CELERY_UNACKED_MUTEX,
+            **s.keys.celery_transport_options(),
             # kombu's blocking pops time out after a second; these bound everything else.
             "socket_timeout": s.redis_socket_timeout,
             "socket_connect_timeout": s.redis_socket_timeout,
@@ -57,6 +58,9 @@ def make_celery(s: WorkerSettings) -> Celery:
         worker_pool="threads",
         worker_concurrency=s.concurrency,
         worker_hijack_root_logger=False,
+        # Remote control listens with PSUBSCRIBE, which a tenant's ACL (&<prefix>*) cannot
+        # allow: a namespaced worker goes without it (its registry is kvrelay's own).
+        worker_enable_remote_control=not s.namespace,
         # Fails (and counts) messages that are not JSON instead of only logging them.
         worker_consumer="kvrelay_worker.undecodable_messages:KvrelayConsumer",
         task_default_queue=queue_name,
@@ -105,7 +109,16 @@ class EngineBootstep(bootsteps.StartStopStep):
 app.steps["worker"].add(EngineBootstep)
 
 
-@app.task(name=TASK_NAME, bind=True)
+def _refuse_oversized(job_id: str | None, size: int) -> bool:
+    runtime = _runtime
+    if runtime is None:
+        return False  # not running: the message goes back to the queue
+    runtime.refuse_oversized(job_id, size)
+    return True
+
+
+@app.task(name=TASK_NAME, bind=True,
+          Strategy=staticmethod(size_gated(settings.max_payload_bytes, _refuse_oversized)))
 def generate(self: Any, payload: object = None, *args: object, **kwargs: object) -> str:
     runtime = _runtime
     if runtime is None:

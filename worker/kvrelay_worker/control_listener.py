@@ -8,15 +8,16 @@ from collections.abc import Callable
 
 import redis
 
-from kvrelay import keys
 from kvrelay.protocol import AbortMessage, decode_control
 
 log = logging.getLogger(__name__)
 
 
 class ControlListener:
-    def __init__(self, client: redis.Redis, on_abort: Callable[[str], None]) -> None:
+    def __init__(self, client: redis.Redis, channel: str,
+                 on_abort: Callable[[str], None]) -> None:
         self.redis = client
+        self.channel = channel
         self.on_abort = on_abort
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvrelay-control", daemon=True)
@@ -34,7 +35,7 @@ class ControlListener:
         while not self._stop.is_set():
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(keys.CONTROL_CHANNEL)
+                pubsub.subscribe(self.channel)
                 self._ready.set()
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.5)

@@ -163,7 +163,7 @@ class EngineService:
         try:
             self.engine.add_request(
                 job.job_id, job.prompt_ids, job.params,
-                priority=job.request.priority, cache_salt=job.request.cache_salt,
+                priority=job.request.priority, cache_salt=job.cache_salt,
                 prior_outputs=prior.choice_tokens(n) if prior.has_tokens else None,
                 prior_texts=prior.choice_texts(n) if prior.has_tokens else None,
                 prior_finish_reasons=prior.choice_finish_reasons(n),

@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import redis
 
-from kvrelay import keys
 from kvrelay.protocol import WorkerInfo, encode_worker_info
 from kvrelay_worker.admission_advert import advertise_admission
 from kvrelay_worker.periodic import Periodic
@@ -24,6 +23,7 @@ class Heartbeat:
         self.redis = client
         self.settings = settings
         self.worker_id = settings.worker_id
+        self.keys = settings.keys
         self.info = info
         self.ttl_ms = int(max(3.0, 3 * settings.lease_refresh) * 1000)
         self._thread = Periodic("kvrelay-heartbeat", settings.lease_refresh, self.beat)
@@ -36,16 +36,16 @@ class Heartbeat:
         self._thread.stop()
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(keys.worker_heartbeat(self.worker_id))
-            pipe.srem(keys.WORKERS, self.worker_id)
+            pipe.delete(self.keys.worker_heartbeat(self.worker_id))
+            pipe.srem(self.keys.workers, self.worker_id)
             pipe.execute()
         except Exception:
             log.warning("could not remove the worker's heartbeat on shutdown")
 
     def beat(self) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(keys.worker_heartbeat(self.worker_id), encode_worker_info(self.info()),
+        pipe.set(self.keys.worker_heartbeat(self.worker_id), encode_worker_info(self.info()),
                  px=self.ttl_ms)
-        pipe.sadd(keys.WORKERS, self.worker_id)
+        pipe.sadd(self.keys.workers, self.worker_id)
         advertise_admission(pipe, self.settings)
         pipe.execute()

@@ -16,7 +16,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from kvrelay import event_log, keys
+from kvrelay import event_log
 from kvrelay.event_log import AppendResult
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
@@ -99,7 +99,8 @@ class JobStore:
         self.redis = client
         self.settings = settings
         self.worker_id = settings.worker_id
-        self.running_key = keys.running_jobs(settings.served_model)
+        self.keys = settings.keys
+        self.running_key = self.keys.running_jobs(settings.served_model)
         flagged = redis_scripts.supports_flags(client)
         script = functools.partial(redis_scripts.register, client, flagged=flagged)
         self._claim = script(redis_scripts.CLAIM)
@@ -133,8 +134,8 @@ class JobStore:
         """Take the job unless it is done, aborted, owned, or its id belongs to another
         request (``digest``: ``protocol.request_digest``); one round trip."""
         result = self._claim(
-            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key,
-                  keys.event_log(job_id), keys.abort_flag(job_id)],
+            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+                  self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
             args=[job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
                   self.live_ttl_s, digest],
         )
@@ -149,17 +150,17 @@ class JobStore:
 
     def release_done(self, job_id: str) -> bool:
         return bool(self._release_done(
-            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
+            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
             args=[job_id, self.worker_id, self.ended_ttl_s],
         ))
 
     def mark_handback(self, job_id: str) -> bool:
-        return bool(self._mark_handback(keys=[keys.job_record(job_id), keys.lease(job_id)],
+        return bool(self._mark_handback(keys=[self.keys.job_record(job_id), self.keys.lease(job_id)],
                                         args=[self.worker_id]))
 
     def release_handback(self, job_id: str) -> bool:
         return bool(self._release_handback(
-            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
+            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
             args=[job_id, self.worker_id],
         ))
 
@@ -170,8 +171,8 @@ class JobStore:
         terminal = isinstance(event, TERMINAL_EVENTS)
         return (
             self._append,
-            [keys.event_log(job_id), keys.lease(job_id)],
-            [keys.events_channel(job_id), self.worker_id if fenced else "",
+            [self.keys.event_log(job_id), self.keys.lease(job_id)],
+            [self.keys.events_channel(job_id), self.worker_id if fenced else "",
              event.seq, encode_event(event), self.settings.log_max_len,
              1 if terminal else 0, self.ended_ttl_s, self.live_ttl_s, keep_from],
         )
@@ -225,7 +226,7 @@ class JobStore:
         """
         for _ in range(16):
             last: list[tuple[bytes, Any]] = self.redis.xrevrange(  # type: ignore[assignment]
-                keys.event_log(job_id), count=1)
+                self.keys.event_log(job_id), count=1)
             event.seq = event_log.seq_of_entry_id(last[0][0]) + 1 if last else 0
             result = int(self.append_event(job_id, event, fenced=False))
             if result != AppendResult.NOT_NEXT:
@@ -236,9 +237,9 @@ class JobStore:
         """Report a job that never ran (bad payload, deadline, cancelled) and end it."""
         seq = self.append_unowned(job_id, Failed(seq=0, code=code, message=message))
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(keys.job_record(job_id), "state", "done")
-        pipe.hdel(keys.job_record(job_id), "payload")
-        pipe.expire(keys.job_record(job_id), self.ended_ttl_s)
+        pipe.hset(self.keys.job_record(job_id), "state", "done")
+        pipe.hdel(self.keys.job_record(job_id), "payload")
+        pipe.expire(self.keys.job_record(job_id), self.ended_ttl_s)
         pipe.execute()
         return seq
 
@@ -250,7 +251,7 @@ class JobStore:
             return {}
         now = now_ms()
         results = self._pipelined([
-            (self._refresh, [keys.lease(job_id), self.running_key],
+            (self._refresh, [self.keys.lease(job_id), self.running_key],
              [job_id, self.worker_id, self.lease_ms, now])
             for job_id in job_ids
         ])
@@ -264,7 +265,7 @@ class JobStore:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.exists(keys.abort_flag(job_id))
+            pipe.exists(self.keys.abort_flag(job_id))
         return [j for j, hit in zip(job_ids, pipe.execute(), strict=True) if hit]
 
     def expired_candidates(self, limit: int = 100) -> list[str]:
@@ -274,8 +275,8 @@ class JobStore:
 
     def check_expired(self, job_id: str) -> tuple[str, str | None]:
         result = self._check_expired(
-            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key,
-                  keys.requeue_marker(job_id)],
+            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+                  self.keys.requeue_marker(job_id)],
             args=[job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000),
                   self.ended_ttl_s],
         )
@@ -285,7 +286,7 @@ class JobStore:
 
     def commit_requeue(self, job_id: str) -> None:
         self._commit_requeue(
-            keys=[keys.job_record(job_id), keys.lease(job_id), self.running_key],
+            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
             args=[job_id],
         )
 

@@ -1,6 +1,6 @@
 """Lua scripts that make each job-state transition atomic in Redis.
 
-Every key a script touches is built by ``kvrelay.keys`` and passed in ``KEYS``; the event
+Every key a script touches is built by ``kvrelay.keys.Keyspace`` and passed in ``KEYS``; the event
 log's names and result codes come from ``kvrelay.event_log``. The
 job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload``,
 ``attempts`` (claims so far), ``lost`` (attempts that died with their worker),
@@ -25,8 +25,13 @@ _CONSTANTS: dict[str, object] = {
 
 
 def supports_flags(client: redis.Redis) -> bool:
-    """Script flags (a ``#!lua`` first line) came with Redis 7; 6.2 cannot parse them."""
-    version = str(client.info("server").get("redis_version", "0"))
+    """Script flags (a ``#!lua`` first line) came with Redis 7; 6.2 cannot parse them.
+
+    The version comes from ``HELLO`` (no arguments: the protocol stays as it is), not
+    ``INFO``, which a tenant's ACL user may not run (it describes the whole server)."""
+    reply = client.execute_command("HELLO")
+    raw = reply.get(b"version", reply.get("version", b"0")) if isinstance(reply, dict) else b"0"
+    version = raw.decode() if isinstance(raw, bytes) else str(raw)
     return int(version.split(".", 1)[0]) >= 7
 
 

@@ -77,7 +77,8 @@ class WorkerRuntime:
         self.leases = LeaseKeeper(self.store, settings, self.jobs)
         self.heartbeat = Heartbeat(self.redis, settings, self.worker_info)
         self.failover = Failover(self.store, settings, requeue)
-        self.control = ControlListener(self.redis, on_abort=self.jobs.abort)
+        self.control = ControlListener(self.redis, settings.keys.control_channel,
+                                       on_abort=self.jobs.abort)
         self.draining = False
         self.metrics_port: int | None = None
 
@@ -131,6 +132,7 @@ class WorkerRuntime:
             concurrency=self.settings.concurrency, started_at=self.started_at,
             updated_at=time.time(), jobs_running=len(self.jobs), draining=self.draining,
             stats=self.service.stats(), metrics_port=self.metrics_port,
+            max_payload_bytes=self.settings.max_payload_bytes,
         )
 
     # ------------------------------------------------------------------- jobs
@@ -142,6 +144,15 @@ class WorkerRuntime:
             self.metrics.jobs.labels(outcome="rejected").inc()
             return "rejected"
         return self._end_unclaimed(job_id, ErrorCode.INVALID_REQUEST, message, "rejected")
+
+    def refuse_oversized(self, job_id: str | None, size: int) -> str:
+        """Fail a job whose message was too large to parse (seen by ``payload_gate``)."""
+        if not job_id:
+            return "rejected"
+        return self._end_unclaimed(
+            job_id, ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the job's message is {size} bytes; this worker accepts payloads of at most "
+            f"{self.settings.max_payload_bytes}", "rejected")
 
     def _end_unclaimed(self, job_id: str, code: str, message: str, outcome: str) -> str:
         """Fail a job this worker did not claim (it never ran) and count the outcome."""
@@ -210,7 +221,8 @@ class WorkerRuntime:
             return self._fail_claimed(job_id, prior, rejected.code, rejected.message, "rejected")
         job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
-                        next_seq=prior.next_seq)
+                        next_seq=prior.next_seq,
+                        cache_salt=self.settings.keys.cache_salt(request.cache_salt))
         with self.jobs.hold(job):
             if attempt == 1 and request.enqueued_at:
                 self.metrics.queue_time.observe(max(0.0, job.claimed_at - request.enqueued_at))

@@ -18,6 +18,8 @@ from pathlib import Path
 from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.event_log import LIVE_LOG_TTL_S
+from kvrelay.keys import Keyspace, NamespaceError
+from kvrelay.tls import TlsConfigError, celery_ssl_options
 
 
 class SettingsError(ValueError):
@@ -33,6 +35,8 @@ class WorkerSettings:
     """Everything one worker process needs to know (see the README's configuration table)."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    # The tenant: every key, channel and queue this worker uses starts with its prefix.
+    namespace: str = ""
     # What to load: a known name, a Hugging Face folder or a .gguf file.
     model: str = "smollm2-135m-instruct"
     # The name clients ask for (and the queue's name); defaults to ``model``, or the
@@ -133,6 +137,14 @@ class WorkerSettings:
                 f"KVRELAY_REDIS_URL must start with redis://, rediss:// or unix://, "
                 f"got {self.redis_url!r}"
             )
+        try:
+            celery_ssl_options(self.redis_url)
+        except TlsConfigError as exc:
+            raise SettingsError(f"KVRELAY_REDIS_URL: {exc}") from None
+        try:
+            Keyspace(self.namespace)
+        except NamespaceError as exc:
+            raise SettingsError(f"KVRELAY_NAMESPACE: {exc}") from None
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise SettingsError(f"KVRELAY_METRICS_PORT must be a port number, got {self.metrics_port}")
         if any(c in self.served_model for c in "{} \t\n"):
@@ -153,6 +165,11 @@ class WorkerSettings:
             name = path.resolve().name
             return name[: -len(".gguf")] if name.endswith(".gguf") else name
         return self.model
+
+    @cached_property
+    def keys(self) -> Keyspace:
+        """Every Redis name of this worker's namespace."""
+        return Keyspace(self.namespace)
 
     @property
     def host(self) -> str:

@@ -19,8 +19,9 @@ from typing import Any, Final, Literal
 
 from kvrelay.cli.errors import CliError
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
+from kvrelay.keys import NAMESPACE_PATTERN
 
-Kind = Literal["url", "str", "path", "int", "float", "bool", "choice", "port"]
+Kind = Literal["url", "str", "path", "int", "float", "bool", "choice", "port", "namespace"]
 # Who reads a variable: the SDK (``kvrelay`` without the CLI), the ``kvrelay`` command,
 # worker processes, ``compose.yaml`` (on the host running ``docker compose``), the tests.
 USERS: Final = ("SDK", "CLI", "gateway", "worker", "compose", "tests")
@@ -96,6 +97,10 @@ def check_value(variable: Variable, raw: str) -> str | None:
     if variable.kind == "url":
         if not value.startswith(("redis://", "rediss://", "unix://")):
             return f"{name} must be a redis://, rediss:// or unix:// URL, got {raw!r}"
+        return None
+    if variable.kind == "namespace":
+        if NAMESPACE_PATTERN.fullmatch(value) is None:
+            return f"{name} must be 1-64 letters, digits, '-' or '_', got {raw!r}"
         return None
     if variable.kind == "bool":
         if value.lower() not in _TRUE + _FALSE:

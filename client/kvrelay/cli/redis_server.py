@@ -18,8 +18,20 @@ import redis
 
 from kvrelay.cli import processes
 from kvrelay.cli.errors import CliError
+from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES
 
 INSTALL_HINT = "install redis-server, or `pip install 'kvrelay[server]'` for a bundled one"
+
+
+def proto_max_bulk_len(max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> int:
+    """Redis's ``proto-max-bulk-len`` for workers accepting ``max_payload_bytes``.
+
+    The largest string Redis accepts in a command (512 MiB by default): Celery's message
+    is the payload in base64 (4/3) plus headers, so 4x the payload bounds every honest
+    message with room to spare, and Redis refuses anything larger before storing it
+    (Redis's own floor is 1 MiB). compose.yaml sets the same value for the default.
+    """
+    return max(1 << 20, 4 * max_payload_bytes)
 
 
 def find_redis_server() -> str | None:
@@ -53,9 +65,13 @@ def ping(url: str, timeout: float = 2.0) -> None:
 
 
 class PrivateRedis:
-    """One ``redis-server`` process bound to 127.0.0.1; ``extra_args`` go to the server."""
+    """One ``redis-server`` process bound to 127.0.0.1; ``extra_args`` go to the server.
 
-    def __init__(self, workdir: Path, port: int = 0, extra_args: Sequence[str] = ()) -> None:
+    Its ``proto-max-bulk-len`` is sized for workers accepting ``max_payload_bytes``.
+    """
+
+    def __init__(self, workdir: Path, port: int = 0, extra_args: Sequence[str] = (),
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         binary = find_redis_server()
         if binary is None:
             raise CliError(f"no Redis server found: {INSTALL_HINT}")
@@ -63,6 +79,7 @@ class PrivateRedis:
         self.workdir = workdir
         self.port = port or free_port()
         self.extra_args = tuple(extra_args)
+        self.max_bulk_len = proto_max_bulk_len(max_payload_bytes)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -85,6 +102,8 @@ class PrivateRedis:
             "no",
             "--maxmemory-policy",
             "noeviction",
+            "--proto-max-bulk-len",
+            str(self.max_bulk_len),
             "--loglevel",
             "warning",
             "--logfile",
@@ -93,7 +112,7 @@ class PrivateRedis:
         ]
         self.process = processes.spawn(argv, log=self.workdir / "redis.out")
         deadline = time.monotonic() + timeout
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        client = self.probe_client()
         try:
             while True:
                 try:
@@ -111,6 +130,10 @@ class PrivateRedis:
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def probe_client(self) -> redis.Redis:
+        """The client ``start`` pings until the server answers."""
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
 
     def stop(self) -> None:
         process, self.process = self.process, None

@@ -24,6 +24,7 @@ from kvrelay.cli.errors import CliError, one_line
 from kvrelay.cli.progress import Spinner
 from kvrelay.cli.redis_server import PrivateRedis, ping
 from kvrelay.cli.worker_launch import WorkerPlan
+from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES
 
 # Extra seconds the worker gets, beyond its drain grace, before it is killed.
 _STOP_MARGIN_S = 10.0
@@ -48,7 +49,12 @@ class LocalStack:
             ping(external_url)
             self.redis_url = external_url
         else:
-            self.redis = PrivateRedis(self.workdir / "redis", port)
+            payload = self.plan.env.get("KVRELAY_MAX_PAYLOAD_BYTES")
+            self.redis = PrivateRedis(
+                self.workdir / "redis",
+                port,
+                max_payload_bytes=int(payload) if payload else DEFAULT_MAX_PAYLOAD_BYTES,
+            )
             self.redis.start()
             self.redis_url = self.redis.url
         return self.redis_url

@@ -29,13 +29,18 @@ def redis_url_for(flag: str | None) -> tuple[str, stack_file.StackRecord | None]
     return DEFAULT_REDIS_URL, None
 
 
+def namespace() -> str:
+    """The tenant the CLI's clients use: ``KVRELAY_NAMESPACE`` (empty: the default)."""
+    return env_value("NAMESPACE") or ""
+
+
 @contextmanager
 def connected(flag_url: str | None, flag_model: str | None) -> Iterator[tuple[Client, str]]:
     """A client of the Redis to use and the model to ask; an unreachable Redis is one line
     that says how to start a stack."""
     url, record = redis_url_for(flag_url)
     try:
-        with Client(url) as client:
+        with Client(url, namespace=namespace()) as client:
             yield client, model_for(flag_model, record, client)
     except BrokerUnavailable as exc:
         raise CliError(f"{exc}; {CONNECT_HINT}") from None

@@ -32,6 +32,7 @@ from kvrelay.cli.options import (
 from kvrelay.cli.signals import interrupts_held, stop_signals_interrupt
 from kvrelay.cli.stack import LocalStack
 from kvrelay.cli.streaming import job_options, print_summary, stream_to_stdout, with_system
+from kvrelay.cli.target import namespace
 from kvrelay.cli.worker_launch import plan_worker, prepare_if_needed, worker_environment
 
 DEFAULT_PROMPT = "In two sentences, why do language models generate text one token at a time?"
@@ -125,7 +126,7 @@ def _run(
     url = stack.start_redis(redis_url, params["redis_port"])
     click.echo(f"Redis: {url}" + ("" if redis_url else " (private)"), err=True)
     stack.start_worker()
-    with Client(url, model=stack.plan.served_model) as client:
+    with Client(url, model=stack.plan.served_model, namespace=namespace()) as client:
         stack.wait_ready(client, params["startup_timeout"])
         if question is not None:
             click.secho(f"> {question}", err=True, bold=True)

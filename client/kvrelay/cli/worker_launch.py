@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvrelay import keys
 from kvrelay.cli.errors import CliError, require_worker_package
 
 
@@ -77,7 +76,7 @@ def plan_worker(
         "--concurrency",
         str(settings.concurrency),
         "--queues",
-        keys.queue(served),
+        settings.keys.celery_queue(served),
         "--hostname",
         hostname or f"kvrelay-{served}-{os.getpid()}@%h",
         "--loglevel",

@@ -1,0 +1,58 @@
+"""Servers of their own for the reliability tests: TLS, ACL users, small bulk limits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from tls_setup import TlsRedis, TlsUnavailable, make_certificates
+
+from kvrelay.acl import tenant_acl_rules
+from kvrelay.cli.errors import CliError
+from kvrelay.cli.redis_server import PrivateRedis
+from kvrelay.keys import Keyspace
+
+TENANTS = ("alpha", "beta")
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
+    """A TLS-only redis-server whose certificate a CA made for this module signed.
+
+    Skipped, with the reason, where openssl is missing or redis-server lacks TLS.
+    """
+    folder: Path = tmp_path_factory.mktemp("tls")
+    try:
+        server = TlsRedis(folder / "redis", make_certificates(folder / "certs"))
+        server.start()
+    except TlsUnavailable as exc:
+        pytest.skip(f"TLS tests need openssl and a TLS-enabled redis-server: {exc}")
+    except CliError as exc:
+        pytest.skip(f"the installed redis-server does not start with TLS "
+                    f"(built without it?): {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A redis-server with one ACL user per tenant, made from ``tenant_acl_rules``.
+
+    Yields the admin URL (the default user) and each tenant's URL (its user, its password).
+    """
+    server = PrivateRedis(tmp_path_factory.mktemp("acl-redis")).start()
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        urls = {}
+        for tenant in TENANTS:
+            admin.execute_command("ACL", "SETUSER", tenant, "reset", "on", f">{tenant}-secret",
+                                  *tenant_acl_rules(Keyspace(tenant)))
+            urls[tenant] = f"redis://{tenant}:{tenant}-secret@127.0.0.1:{server.port}/0"
+        yield f"redis://127.0.0.1:{server.port}/0", urls
+    finally:
+        admin.close()
+        server.stop()
