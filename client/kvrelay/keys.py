@@ -13,8 +13,9 @@ job's log, lease, abort flag and record still share one Redis Cluster slot.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, overload
 
 __all__ = ["NAMESPACE_PATTERN", "Keyspace", "NamespaceError"]
 
@@ -25,6 +26,28 @@ NAMESPACE_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 class NamespaceError(ValueError):
     """A namespace that could not be a safe key prefix."""
+
+
+class _PerJobKey:
+    """A family of per-job names: ``keyspace.<family>(job_id)`` is
+    ``<prefix><kind>:{<job_id>}``, the job id in a hash tag so that a job's keys share one
+    Redis Cluster slot."""
+
+    def __init__(self, kind: str, doc: str) -> None:
+        self.kind = kind
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, keyspace: None, owner: type) -> _PerJobKey: ...
+
+    @overload
+    def __get__(self, keyspace: Keyspace, owner: type) -> Callable[[str], str]: ...
+
+    def __get__(self, keyspace: Keyspace | None, owner: type) -> _PerJobKey | Callable[[str], str]:
+        if keyspace is None:
+            return self
+        head = f"{keyspace.prefix}{self.kind}:"
+        return lambda job_id: f"{head}{{{job_id}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,32 +133,12 @@ class Keyspace:
 
     # ---------------------------------------------------------------- per job
 
-    def _job_key(self, kind: str, job_id: str) -> str:
-        return f"{self.prefix}{kind}:{{{job_id}}}"
-
-    def events_channel(self, job_id: str) -> str:
-        """Pub/sub channel carrying a job's live events."""
-        return self._job_key("ev", job_id)
-
-    def event_log(self, job_id: str) -> str:
-        """Stream holding every event of a job, for replay after a gap or a reconnect."""
-        return self._job_key("log", job_id)
-
-    def abort_flag(self, job_id: str) -> str:
-        """Set by a client to cancel a job; checked at pickup and on control messages."""
-        return self._job_key("abort", job_id)
-
-    def job_record(self, job_id: str) -> str:
-        """Hash with the job's payload, state, owner and attempt count (for failover)."""
-        return self._job_key("job", job_id)
-
-    def lease(self, job_id: str) -> str:
-        """Short-lived key naming the worker that currently runs the job."""
-        return self._job_key("lease", job_id)
-
-    def requeue_marker(self, job_id: str) -> str:
-        """Short-lived marker: one live worker is requeueing this job after its owner died."""
-        return self._job_key("requeue", job_id)
+    events_channel = _PerJobKey("ev", "Pub/sub channel carrying a job's live events.")
+    event_log = _PerJobKey("log", "Stream holding every event of a job, for replay after a gap or a reconnect.")
+    abort_flag = _PerJobKey("abort", "Set by a client to cancel a job; checked at pickup and on control messages.")
+    job_record = _PerJobKey("job", "Hash with the job's payload, state, owner and attempt count (for failover).")
+    lease = _PerJobKey("lease", "Short-lived key naming the worker that currently runs the job.")
+    requeue_marker = _PerJobKey("requeue", "Short-lived marker: one live worker is requeueing this job after its owner died.")
 
     # ---------------------------------------------------------------- engine
 

@@ -45,6 +45,7 @@ from kvrelay.errors import (
     StreamTimeout,
     error_for_code,
 )
+from kvrelay.event_filter import ImpossibleEvents
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
     AnyEvent,
@@ -67,14 +68,6 @@ log = logging.getLogger("kvrelay.stream")
 _LOG_PAGE: Final = 256
 # Events one stream may deliver back to back before it yields to the event loop.
 _MAX_BURST: Final = 64
-# A live event further ahead of the next expected seq than this is not buffered: pub/sub
-# delivers in order and every earlier event is in the log, so no worker sent it (a real
-# one lost with a dropped connection is read back from the log when the gap is noticed).
-MAX_SEQ_AHEAD: Final = 10_000
-# The choice indexes a resumed stream accepts (it does not know the request's ``n``).
-_MAX_CHOICES_UNKNOWN_N: Final = 1024
-# Impossible events logged per stream (the rest are only counted).
-_IGNORED_LOGGED: Final = 3
 # How long past its queue deadline a stream still waits for the first event (a worker
 # that picked the job up just in time needs a moment to say so).
 _PICKUP_GRACE_S: Final = 5.0
@@ -182,8 +175,7 @@ class AsyncStream(AsyncResource):
         self._mailbox: Mailbox | None = None
         # A resume delivers from ``after_seq + 1`` on; earlier events only feed ``final()``.
         self._next_seq = 0 if request is not None else after_seq + 1
-        self._max_choices = n if request is not None else _MAX_CHOICES_UNKNOWN_N
-        self.ignored_events = 0
+        self._filter = ImpossibleEvents(job_id, n if request is not None else None)
         self._pending: dict[int, _Event] = {}
         # Client-side clocks (loop time): the job's deadline, the last event.
         self._deadline: float | None = None
@@ -483,19 +475,13 @@ class AsyncStream(AsyncResource):
                 # resync us or fail us; do not blame the worker for the outage.
                 self._last_progress = now
 
+    @property
+    def ignored_events(self) -> int:
+        """Events dropped as impossible (see ``kvrelay.event_filter``)."""
+        return self._filter.count
+
     def _impossible(self, event: _Event, *, live: bool) -> bool:
-        """True for an event no worker of this job sent (a choice index >= n, a live seq
-        far ahead): it is dropped instead of being buffered, waited for or looped on."""
-        if live and event.seq > self._next_seq + MAX_SEQ_AHEAD:
-            reason = f"seq {event.seq} is far ahead of the next expected, {self._next_seq}"
-        elif type(event) is Tokens and not 0 <= event.index < self._max_choices:
-            reason = f"choice index {event.index} of a job with {self._max_choices} choices"
-        else:
-            return False
-        self.ignored_events += 1
-        if self.ignored_events <= _IGNORED_LOGGED:
-            log.warning("ignoring an impossible event of job %s: %s", self._job_id, reason)
-        return True
+        return self._filter.rejects(event, next_seq=self._next_seq, live=live)
 
     def _waiting_for_pickup(self) -> bool:
         """A new job with its own queue-wait limit that no worker has reported on yet."""
