@@ -286,7 +286,8 @@ class JobStore:
 
     def commit_requeue(self, job_id: str) -> None:
         self._commit_requeue(
-            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
+            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+                  self.keys.requeue_marker(job_id)],
             args=[job_id],
         )
 

@@ -183,9 +183,13 @@ if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', ARGV[3]) then return {'busy'}
 return {'requeue', redis.call('HGET', KEYS[1], 'payload')}
 """
 
-# After the requeued copy was sent. KEYS: job record, lease, running zset -- ARGV: job id
+# After the requeued copy was sent. The marker goes too: it only guards the moment
+# between CHECK_EXPIRED and here, and left in place it would stop the next takeover if the
+# new owner dies within its lifetime (a second death then waited for the marker, ~10 s).
+# KEYS: job record, lease, running zset, requeue marker -- ARGV: job id
 COMMIT_REQUEUE = """
 redis.call('HINCRBY', KEYS[1], 'lost', 1)
+redis.call('DEL', KEYS[4])
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('HSET', KEYS[1], 'state', 'queued')
   redis.call('ZREM', KEYS[3], ARGV[1])
