@@ -5,7 +5,10 @@ model costs little and what differs is the door:
 - TTFT added: idle machine, one request at a time, alternating SDK and gateway
   (``httpx`` streaming, first SSE event), p50 of each and the difference;
 - throughput: ``--concurrency`` streams at once, output tokens/s through each, the ratio;
-- the gateway process's CPU time per streamed token (from its rusage, via psutil).
+- the gateway process's CPU time per streamed token (from its rusage, via psutil);
+- throughput on the serving workload (``benchmarks/serve.py``'s: SmolLM2, 64 requests of
+  32-256 prompt and 32-128 output tokens, all at once), after an uncounted warm-up pass SDK
+  and gateway alternated twice, the mean of each and the ratio (``--serving-requests 0`` skips it).
 
     python benchmarks/gateway.py --redis redis://127.0.0.1:6379/15
 
@@ -130,21 +133,105 @@ async def measure(args: argparse.Namespace, url: str, model: str, gateway_pid: i
     }
 
 
+async def serving_side(side: str, url: str, base: str, model: str, workload: Any
+                       ) -> float:
+    """Output tokens/s of the whole workload at once, through the SDK or the gateway."""
+    limits = httpx.Limits(max_connections=len(workload.prompts) * 2)
+    async with AsyncClient(url, model=model, stream_timeout=300) as client, \
+            httpx.AsyncClient(limits=limits, timeout=300) as http:
+        await sdk_ttft(client, [3, 4], 2)
+        await http_ttft(http, base, model, [3, 4], 2)
+
+        async def by_sdk(i: int) -> int:
+            done = await client.generate(prompt_token_ids=workload.prompts[i],
+                                         max_tokens=workload.output_lens[i], temperature=0.0,
+                                         ignore_eos=True)
+            return len(done.token_ids)
+
+        async def by_gateway(i: int) -> int:
+            body = {"model": model, "prompt": workload.prompts[i],
+                    "max_tokens": workload.output_lens[i], "temperature": 0,
+                    "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            last = ""
+            async with http.stream("POST", f"{base}/v1/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        last = line
+            count: int = json.loads(last[6:])["usage"]["completion_tokens"]
+            return count
+
+        one = by_sdk if side == "sdk" else by_gateway
+        start = time.perf_counter()
+        count = sum(await asyncio.gather(*(one(i) for i in range(len(workload.prompts)))))
+        return count / (time.perf_counter() - start)
+
+
+def serving(args: argparse.Namespace) -> dict[str, Any]:
+    """SDK against gateway on serve.py's workload, one worker serving SmolLM2."""
+    import os
+
+    from offline import make_workload
+    from serve import DEFAULT_MODEL, engine_options
+
+    from kvrelay import Client
+    from kvrelay.cli.stack import LocalStack
+    from kvrelay.cli.worker_launch import plan_worker, worker_environment
+    from kvrelay_worker.loading import load_model_source
+
+    vocab = load_model_source(DEFAULT_MODEL).config.vocab_size
+    workload = make_workload(args.serving_requests, 0, (32, 256), (32, 128), vocab)
+    options = engine_options(workload, argparse.Namespace(max_num_batched_tokens=512))
+    settings = {"model": DEFAULT_MODEL, "device": "cpu", "dtype": "float32",
+                "concurrency": len(workload.prompts), "redis_url": args.redis, **options}
+    plan = plan_worker(worker_environment(os.environ, settings), loglevel="WARNING")
+    rates: dict[str, list[float]] = {"sdk": [], "gateway": []}
+    with tempfile.TemporaryDirectory(prefix="kvrelay-gateway-serving-") as tmp:
+        (Path(tmp) / "stack").mkdir()
+        stack = LocalStack(plan, Path(tmp) / "stack")
+        try:
+            stack.start_redis(args.redis)
+            stack.start_worker()
+            with Client(args.redis, model=plan.served_model) as client:
+                stack.wait_ready(client, timeout=300)
+            base = stack.start_gateway(args.port + 1).removesuffix("/v1")
+            wait_healthy(base)
+            # A first, uncounted pass: the worker's first full batch runs slower (memory
+            # first touched, allocator growth), which would favour whichever side ran second.
+            for side in ("warm-up", "sdk", "gateway", "gateway", "sdk"):
+                rate = asyncio.run(serving_side(side, args.redis, base, plan.served_model,
+                                                workload))
+                print(f"serving workload, {side}: {rate:.1f} output tok/s", file=sys.stderr)
+                if side in rates:
+                    rates[side].append(rate)
+        finally:
+            stack.stop()
+    sdk, gateway = statistics.fmean(rates["sdk"]), statistics.fmean(rates["gateway"])
+    return {"serving_requests": len(workload.prompts),
+            "serving_sdk_output_tok_s": [round(r, 1) for r in rates["sdk"]],
+            "serving_gateway_output_tok_s": [round(r, 1) for r in rates["gateway"]],
+            "serving_throughput_ratio": round(gateway / sdk, 3)}
+
+
+def wait_healthy(base: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{base}/health", timeout=1).raise_for_status()
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tiny_model import tiny_worker_stack
 
     with tempfile.TemporaryDirectory(prefix="kvrelay-gateway-bench-") as tmp, \
             tiny_worker_stack(args.redis, args.concurrency * 2, Path(tmp)) as stack:
         base = stack.start_gateway(args.port).removesuffix("/v1")
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{base}/health", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_healthy(base)
         assert stack.gateway is not None
         return asyncio.run(measure(args, base, stack.plan.served_model, stack.gateway.pid))
 
@@ -157,10 +244,15 @@ def main() -> None:
     parser.add_argument("--ttft-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--serving-requests", type=int, default=64,
+                        help="requests of the serving-workload phase (0: skip it)")
     parser.add_argument("--out", default="benchmarks/results/gateway.json")
     args = parser.parse_args()
     flush_db(args.redis)
     result = run(args)
+    if args.serving_requests:
+        flush_db(args.redis)
+        result.update(serving(args))
     report(result, args.out)
 
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from cli_support import (
     STACK_DB,
@@ -18,6 +19,7 @@ from cli_support import (
     run_cli,
     wait_no_leftovers,
 )
+from helpers.gateway_process import free_port
 from helpers.redis_db import fresh_db_url
 
 from kvrelay.cli import stack_file
@@ -78,6 +80,35 @@ def test_serve_generate_then_ctrl_c(tmp_path: Path, tiny_model: Callable[[str], 
         assert "Stopped." in up.stderr
     assert not record.exists()
     assert_clean(env, tmp_path)
+
+
+def test_serve_http_answers_openai_requests_then_ctrl_c(
+        tmp_path: Path, tiny_model: Callable[[str], Path]) -> None:
+    env = cli_env(tmp_path)
+    port = free_port()
+    args = ["up", "--serve", "--http", str(port), *tiny_args(tiny_model)]
+    with background_cli(args, env, tmp_path / "up") as up:
+        up.wait_for(lambda: "KVRELAY_REDIS_URL=redis://127.0.0.1:" in up.stdout, 240, "the URL")
+        base = f"http://127.0.0.1:{port}/v1"
+        up.wait_for(lambda: _answers(f"{base}/models"), 60, "the gateway")
+        models = httpx.get(f"{base}/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == [TINY]
+        answer = httpx.post(f"{base}/completions", timeout=60,
+                            json={"model": TINY, "prompt": [5, 6], "max_tokens": 3,
+                                  "ignore_eos": True})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 3
+        up.send(signal.SIGINT)
+        assert up.wait(60) == 0, up.stderr
+    assert not _answers(f"http://127.0.0.1:{port}/v1/models")  # the gateway went too
+    assert_clean(env, tmp_path)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -21,3 +21,14 @@ def test_unset_timeouts_keep_their_defaults_and_set_ones_are_read() -> None:
     read = GatewaySettings.from_env({"KVRELAY_GATEWAY_JOB_TIMEOUT": "12.5",
                                      "KVRELAY_GATEWAY_STREAM_TIMEOUT": "7"})
     assert (read.job_timeout, read.stream_timeout) == (12.5, 7.0)
+
+
+def test_tenant_namespaces_are_read_and_unsafe_ones_refused() -> None:
+    settings = GatewaySettings.from_env({"KVRELAY_NAMESPACE": "shared",
+                                         "KVRELAY_GATEWAY_TENANT_NAMESPACES": "a=team-a,b=team-b"})
+    assert settings.namespace_of("a") == "team-a"
+    assert settings.namespace_of("someone-else") == "shared"
+    assert settings.namespaces == ["shared", "team-a", "team-b"]
+    for bad in ("a=team:a", "a=", "a={x}"):
+        with pytest.raises(ValueError, match="KVRELAY_GATEWAY_TENANT_NAMESPACES|namespace"):
+            GatewaySettings.from_env({"KVRELAY_GATEWAY_TENANT_NAMESPACES": bad})

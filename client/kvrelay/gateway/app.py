@@ -1,4 +1,5 @@
-"""``create_app(settings)``: the ASGI application (Starlette), one SDK client per process."""
+"""``create_app(settings)``: the ASGI application (Starlette), one SDK client per namespace
+the gateway serves (most run one: the default namespace)."""
 
 from __future__ import annotations
 
@@ -24,20 +25,24 @@ log = logging.getLogger("kvrelay.gateway")
 def create_app(settings: GatewaySettings | None = None) -> Starlette:
     """The gateway app; its SDK client connects when the server starts (lifespan)."""
     settings = settings or GatewaySettings.from_env()
-    client = AsyncClient(settings.redis_url, stream_timeout=settings.stream_timeout,
-                         max_queue=settings.max_queue)
-    gateway = Gateway(client, settings, GatewayMetrics())
+    clients = {namespace: AsyncClient(settings.redis_url, namespace=namespace,
+                                      stream_timeout=settings.stream_timeout,
+                                      max_queue=settings.max_queue)
+               for namespace in settings.namespaces}
+    gateway = Gateway(clients, settings, GatewayMetrics())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        try:
-            await client.connect()
-        except KvrelayError as exc:  # serve anyway: requests get 503 until Redis is back
-            log.warning("gateway: %s", exc)
+        for client in clients.values():
+            try:
+                await client.connect()
+            except KvrelayError as exc:  # serve anyway: requests get 503 until Redis is back
+                log.warning("gateway: %s", exc)
         try:
             yield
         finally:
-            await client.aclose()
+            for client in clients.values():
+                await client.aclose()
 
     routes = [
         Route("/v1/models", gateway.models, methods=["GET"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -25,22 +26,27 @@ from kvrelay.stream import AsyncStream
 
 
 class Gateway:
-    """What every endpoint shares: the SDK client, settings, keys and metrics."""
+    """What every endpoint shares: the SDK clients (one per namespace), settings, keys and
+    metrics."""
 
-    def __init__(self, client: AsyncClient, settings: GatewaySettings,
+    def __init__(self, clients: Mapping[str, AsyncClient], settings: GatewaySettings,
                  metrics: GatewayMetrics) -> None:
-        self.client = client
+        self.clients = clients
         self.settings = settings
         self.metrics = metrics
         self.auth = auth.Authenticator(settings.api_keys)
 
     # ------------------------------------------------------------------ helpers
 
-    async def sdk_error(self, exc: KvrelayError) -> GatewayError:
+    def client_of(self, tenant: str) -> AsyncClient:
+        """The SDK client of the tenant's namespace: its jobs, logs and workers only."""
+        return self.clients[self.settings.namespace_of(tenant)]
+
+    async def sdk_error(self, exc: KvrelayError, client: AsyncClient) -> GatewayError:
         any_worker = True
         if exc.code == "unknown_model":
             with contextlib.suppress(KvrelayError):
-                any_worker = bool(await self.client.workers())
+                any_worker = bool(await client.workers())
         return from_kvrelay(exc, retry_after=self.settings.retry_after, any_worker=any_worker)
 
     def answer(self, route: str, response: Response) -> Response:
@@ -56,12 +62,12 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         try:
-            self.auth.tenant(request.headers.get("authorization"))
-            workers = await self.client.workers()
+            client = self.client_of(self.auth.tenant(request.headers.get("authorization")))
+            workers = await client.workers()
         except GatewayError as exc:
             return self.refuse("models", exc)
         except KvrelayError as exc:
-            return self.refuse("models", await self.sdk_error(exc))
+            return self.refuse("models", await self.sdk_error(exc, client))
         names = sorted({w.model for w in workers})
         created = {w.model: int(w.started_at) for w in workers}
         data = [{"id": n, "object": "model", "created": created[n], "owned_by": "kvrelay"}
@@ -80,16 +86,17 @@ class Gateway:
             tenant = self.auth.tenant(request.headers.get("authorization"))
             if not auth.owns(tenant, job_id):
                 raise GatewayError(404, f"no job {job_id!r}", code="job_not_found")
-            await self.client.cancel(job_id)
+            client = self.client_of(tenant)
+            await client.cancel(job_id)
         except GatewayError as exc:
             return self.refuse("cancel", exc)
         except KvrelayError as exc:
-            return self.refuse("cancel", await self.sdk_error(exc))
+            return self.refuse("cancel", await self.sdk_error(exc, client))
         return self.answer("cancel", JSONResponse({"id": job_id, "cancelled": True}))
 
     async def health(self, request: Request) -> Response:
         try:
-            workers = await self.client.workers()
+            workers = [w for client in self.clients.values() for w in await client.workers()]
         except KvrelayError as exc:
             return JSONResponse({"status": "unavailable", "error": str(exc)}, status_code=503)
         return JSONResponse({"status": "ok", "workers": len(workers)})
@@ -102,46 +109,49 @@ class Gateway:
     async def _generate(self, request: Request, kind: str) -> Response:
         route = "chat" if kind == CHAT else "completions"
         received = time.perf_counter()
+        client = self.clients[self.settings.namespace]
         try:
             tenant = self.auth.tenant(request.headers.get("authorization"))
+            client = self.client_of(tenant)
             body: Any = decode(await request.body(), ChatRequest if kind == CHAT
                                else CompletionRequest)
             maker = ChunkMaker(kind, "", body.model, int(time.time()), body.include_usage)
             resume_from = request.headers.get("last-event-id")
             if resume_from:
-                stream = await self._resume(tenant, resume_from)
+                stream = await self._resume(client, tenant, resume_from)
             else:
                 options = body.options()
                 options.update(model=body.model, job_id=auth.new_job_id(tenant),
                                cache_salt=auth.cache_salt(tenant),
                                timeout=self.settings.job_timeout)
-                stream = self.client.stream(**options)
+                stream = client.stream(**options)
                 if body.stream:
                     await stream.start()
         except GatewayError as exc:
             return self.refuse(route, exc)
         except KvrelayError as exc:
-            return self.refuse(route, await self.sdk_error(exc))
+            return self.refuse(route, await self.sdk_error(exc, client))
         maker = ChunkMaker(kind, stream.job_id, body.model, maker.created, body.include_usage)
         if body.stream or resume_from:
             self.metrics.count(route, 200)
             return EventStreamResponse(
-                lambda send: self._pump(stream, maker, send, body.resumable, received))
+                lambda send: self._pump(client, stream, maker, send, body.resumable, received))
         try:
             done = await self._until_disconnected(request, stream, body.resumable)
         except KvrelayError as exc:
-            return self.refuse(route, await self.sdk_error(exc))
+            return self.refuse(route, await self.sdk_error(exc, client))
         if done is None:
             return self.answer(route, Response(status_code=499))
         return self.answer(route, JSONResponse(whole(kind, done, body.model, maker.created)))
 
-    async def _resume(self, tenant: str, last_event_id: str) -> AsyncStream:
+    async def _resume(self, client: AsyncClient, tenant: str,
+                      last_event_id: str) -> AsyncStream:
         job_id, seq = parse_last_event_id(last_event_id)
         if not auth.owns(tenant, job_id):
             raise GatewayError(404, f"no job {job_id!r} to resume", code="job_not_found")
         # The gateway owns the caller's job either way: leaving aborts it unless the
         # request is resumable (then ``_pump`` detaches the stream first).
-        return await self.client.resume(job_id, after_seq=seq, abort_on_exit=True,
+        return await client.resume(job_id, after_seq=seq, abort_on_exit=True,
                                         stream_timeout=self.settings.stream_timeout)
 
     async def _until_disconnected(self, request: Request, stream: AsyncStream,
@@ -162,8 +172,8 @@ class Gateway:
             return None
         return job.result()
 
-    async def _pump(self, stream: AsyncStream, maker: ChunkMaker, send: Send, keep: bool,
-                    received: float) -> None:
+    async def _pump(self, client: AsyncClient, stream: AsyncStream, maker: ChunkMaker,
+                    send: Send, keep: bool, received: float) -> None:
         """Write a job's events as SSE until it ends, fails, or the caller leaves."""
         job_id = stream.job_id
         metrics = self.metrics
@@ -184,7 +194,7 @@ class Gateway:
                         stream.detach()
                     raise
                 except KvrelayError as exc:
-                    error = await self.sdk_error(exc)
+                    error = await self.sdk_error(exc, client)
                     await send(frame(error.body(), job_id=job_id, seq=stream.last_seq))
                     return
             await send(frame(maker.finish(done), job_id=job_id, seq=stream.last_seq))

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvrelay.keys import Keyspace
+
 
 def _positive(name: str, value: float | None) -> None:
     if value is not None and (not math.isfinite(value) or value <= 0):
@@ -19,6 +21,11 @@ class GatewaySettings:
     """Args:
     redis_url: the Redis shared with the workers.
     api_keys: key -> tenant; empty means no keys are asked for.
+    namespace: the namespace of tenants not in ``tenant_namespaces`` (and of a gateway
+        without keys); empty is the default ``kvrelay:`` one.
+    tenant_namespaces: tenant -> namespace: that tenant's jobs go to the workers of its
+        own namespace (``KVRELAY_NAMESPACE`` on those workers), and its queues, logs and
+        workers are invisible to every other tenant's requests.
     max_queue: a model's queue longer than this answers 429; None for no limit.
     retry_after: seconds a 429 tells the caller to wait (``Retry-After``).
     job_timeout: a job still unfinished after this many seconds answers 504.
@@ -27,6 +34,8 @@ class GatewaySettings:
 
     redis_url: str = "redis://localhost:6379/0"
     api_keys: Mapping[str, str] = field(default_factory=dict)
+    namespace: str = ""
+    tenant_namespaces: Mapping[str, str] = field(default_factory=dict)
     max_queue: int | None = None
     retry_after: int = 1
     job_timeout: float | None = 600.0
@@ -39,11 +48,23 @@ class GatewaySettings:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.retry_after < 0:
             raise ValueError(f"retry_after must be >= 0, got {self.retry_after}")
+        for namespace in {self.namespace, *self.tenant_namespaces.values()}:
+            Keyspace(namespace)  # raises NamespaceError (a ValueError) for an unsafe one
+
+    def namespace_of(self, tenant: str) -> str:
+        return self.tenant_namespaces.get(tenant, self.namespace)
+
+    @property
+    def namespaces(self) -> list[str]:
+        """Every namespace this gateway sends jobs to (one SDK client each)."""
+        return sorted({self.namespace, *self.tenant_namespaces.values()})
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:
         """Read ``KVRELAY_REDIS_URL``, ``KVRELAY_GATEWAY_API_KEYS`` (``key=tenant,...``),
-        ``KVRELAY_GATEWAY_API_KEYS_FILE``, ``KVRELAY_GATEWAY_MAX_QUEUE``,
+        ``KVRELAY_GATEWAY_API_KEYS_FILE``, ``KVRELAY_NAMESPACE``,
+        ``KVRELAY_GATEWAY_TENANT_NAMESPACES`` (``tenant=namespace,...``),
+        ``KVRELAY_GATEWAY_MAX_QUEUE``,
         ``KVRELAY_GATEWAY_JOB_TIMEOUT`` and ``KVRELAY_GATEWAY_STREAM_TIMEOUT``."""
         environ = os.environ if env is None else env
         keys: dict[str, str] = {}
@@ -53,11 +74,16 @@ class GatewaySettings:
         inline = environ.get("KVRELAY_GATEWAY_API_KEYS")
         if inline:
             keys.update(parse_api_keys(inline.replace(",", "\n"), where="KVRELAY_GATEWAY_API_KEYS"))
+        namespaces = parse_pairs(environ.get("KVRELAY_GATEWAY_TENANT_NAMESPACES", "")
+                                 .replace(",", "\n"), where="KVRELAY_GATEWAY_TENANT_NAMESPACES",
+                                 shape="tenant=namespace")
         max_queue = environ.get("KVRELAY_GATEWAY_MAX_QUEUE")
         job_timeout = environ.get("KVRELAY_GATEWAY_JOB_TIMEOUT")
         return cls(
             redis_url=environ.get("KVRELAY_REDIS_URL", cls.redis_url),
             api_keys=keys,
+            namespace=environ.get("KVRELAY_NAMESPACE", ""),
+            tenant_namespaces=namespaces,
             max_queue=int(max_queue) if max_queue else None,
             job_timeout=_seconds("KVRELAY_GATEWAY_JOB_TIMEOUT", job_timeout) or cls.job_timeout,
             stream_timeout=_seconds("KVRELAY_GATEWAY_STREAM_TIMEOUT",
@@ -82,14 +108,19 @@ def _seconds(name: str, text: str | None) -> float | None:
 
 def parse_api_keys(text: str, *, where: str) -> dict[str, str]:
     """``key=tenant`` (or ``key tenant``) per line; blank lines and ``#`` comments skipped."""
-    keys: dict[str, str] = {}
+    return parse_pairs(text, where=where, shape="key=tenant")
+
+
+def parse_pairs(text: str, *, where: str, shape: str) -> dict[str, str]:
+    """``left=right`` (or ``left right``) per line; blank lines and ``#`` comments skipped."""
+    pairs: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        key, sep, tenant = line.replace("=", " ", 1).partition(" ")
-        key, tenant = key.strip(), tenant.strip()
-        if not sep or not key or not tenant:
-            raise ValueError(f"{where}:{number}: expected 'key=tenant'")
-        keys[key] = tenant
-    return keys
+        left, sep, right = line.replace("=", " ", 1).partition(" ")
+        left, right = left.strip(), right.strip()
+        if not sep or not left or not right:
+            raise ValueError(f"{where}:{number}: expected '{shape}'")
+        pairs[left] = right
+    return pairs
