@@ -30,5 +30,5 @@ def test_tenant_namespaces_are_read_and_unsafe_ones_refused() -> None:
     assert settings.namespace_of("someone-else") == "shared"
     assert settings.namespaces == ["shared", "team-a", "team-b"]
     for bad in ("a=team:a", "a=", "a={x}"):
-        with pytest.raises(ValueError, match="KVRELAY_GATEWAY_TENANT_NAMESPACES|namespace"):
+        with pytest.raises(ValueError, match=r"KVRELAY_GATEWAY_TENANT_NAMESPACES|namespace"):
             GatewaySettings.from_env({"KVRELAY_GATEWAY_TENANT_NAMESPACES": bad})
