@@ -152,7 +152,7 @@ class Gateway:
         # The gateway owns the caller's job either way: leaving aborts it unless the
         # request is resumable (then ``_pump`` detaches the stream first).
         return await client.resume(job_id, after_seq=seq, abort_on_exit=True,
-                                        stream_timeout=self.settings.stream_timeout)
+                                   stream_timeout=self.settings.stream_timeout)
 
     async def _until_disconnected(self, request: Request, stream: AsyncStream,
                                   keep: bool) -> Completion | None:
