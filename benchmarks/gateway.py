@@ -74,20 +74,23 @@ async def sdk_load(client: AsyncClient, n: int, tokens: int) -> int:
     return sum(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-async def http_load(http: httpx.AsyncClient, url: str, model: str, n: int, tokens: int) -> int:
-    async def one(i: int) -> int:
-        body = {"model": model, "prompt": [5 + i % 300, 6, 7], "max_tokens": tokens,
-                "temperature": 0, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
-        last = ""
-        async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: {"):
-                    last = line
-        count: int = json.loads(last[6:])["usage"]["completion_tokens"]
-        return count
+async def streamed_tokens(http: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                          tokens: int) -> int:
+    """One greedy streamed completion through the gateway; its output token count."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    last = ""
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                last = line
+    count: int = json.loads(last[6:])["usage"]["completion_tokens"]
+    return count
 
-    return sum(await asyncio.gather(*(one(i) for i in range(n))))
+
+async def http_load(http: httpx.AsyncClient, url: str, model: str, n: int, tokens: int) -> int:
+    return sum(await asyncio.gather(*(streamed_tokens(http, url, model, [5 + i % 300, 6, 7],
+                                                      tokens) for i in range(n))))
 
 
 async def measure(args: argparse.Namespace, url: str, model: str, gateway_pid: int
@@ -149,17 +152,8 @@ async def serving_side(side: str, url: str, base: str, model: str, workload: Any
             return len(done.token_ids)
 
         async def by_gateway(i: int) -> int:
-            body = {"model": model, "prompt": workload.prompts[i],
-                    "max_tokens": workload.output_lens[i], "temperature": 0,
-                    "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True}}
-            last = ""
-            async with http.stream("POST", f"{base}/v1/completions", json=body) as response:
-                async for line in response.aiter_lines():
-                    if line.startswith("data: {"):
-                        last = line
-            count: int = json.loads(last[6:])["usage"]["completion_tokens"]
-            return count
+            return await streamed_tokens(http, base, model, workload.prompts[i],
+                                         workload.output_lens[i])
 
         one = by_sdk if side == "sdk" else by_gateway
         start = time.perf_counter()
