@@ -167,13 +167,14 @@ class JobStore:
     # -------------------------------------------------------------------- events
 
     def _append_call(self, job_id: str, event: AnyEvent, fenced: bool,
-                     keep_from: int = 0) -> _ScriptCall:
+                     keep_from: int = 0, data: bytes | None = None) -> _ScriptCall:
         terminal = isinstance(event, TERMINAL_EVENTS)
         return (
             self._append,
             [self.keys.event_log(job_id), self.keys.lease(job_id)],
             [self.keys.events_channel(job_id), self.worker_id if fenced else "",
-             event.seq, encode_event(event), self.settings.log_max_len,
+             event.seq, encode_event(event) if data is None else data,
+             self.settings.log_max_len,
              1 if terminal else 0, self.ended_ttl_s, self.live_ttl_s, keep_from],
         )
 
@@ -187,13 +188,17 @@ class JobStore:
         return script(keys=key_list, args=args)
 
     def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool,
-                      keep_from: Sequence[int] | None = None) -> list[Any]:
+                      keep_from: Sequence[int] | None = None,
+                      encoded: Sequence[bytes] | None = None) -> list[Any]:
         """``append_event`` for many (job id, event) pairs in one round trip; each result
         in place (an exception object for a write Redis refused). ``keep_from``: per
-        event, the oldest seq its log keeps (0: all)."""
+        event, the oldest seq its log keeps (0: all); ``encoded``: the events already
+        encoded (``encode_event``), so a caller that needed the bytes encodes only once."""
         starts = keep_from or [0] * len(events)
-        return self._pipelined([self._append_call(job_id, e, fenced, start)
-                                for (job_id, e), start in zip(events, starts, strict=True)])
+        datas: Sequence[bytes | None] = encoded or [None] * len(events)
+        return self._pipelined([
+            self._append_call(job_id, e, fenced, start, data)
+            for (job_id, e), start, data in zip(events, starts, datas, strict=True)])
 
     def _pipelined(self, calls: list[_ScriptCall]) -> list[Any]:
         """Run script calls in one pipelined round trip, by their SHA alone.

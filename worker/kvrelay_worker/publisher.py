@@ -102,6 +102,7 @@ class Publisher:
     def _process(self, items: list[Item]) -> None:
         events = [i for i in items if isinstance(i, EventItem)]
         keep_from: list[int] = []
+        encoded: list[bytes] = []  # once per event: its size for the window, then the write
         for item in events:
             job = item.job
             item.event.seq = job.next_seq
@@ -109,8 +110,10 @@ class Publisher:
             if job.log_window is None:
                 job.log_window = LogWindow(self.store.settings.log_max_bytes,
                                            job.prior.entry_sizes)
-            keep_from.append(job.log_window.add(item.event.seq, len(encode_event(item.event))))
-        results = self._send(events, keep_from)
+            data = encode_event(item.event)
+            encoded.append(data)
+            keep_from.append(job.log_window.add(item.event.seq, len(data)))
+        results = self._send(events, keep_from, encoded)
         now = time.time()
         for item, result in zip(events, results, strict=True):
             self._after_write(item, result, now)
@@ -120,7 +123,8 @@ class Publisher:
             elif isinstance(other, DoneItem):
                 other.job.finish(other.outcome)
 
-    def _send(self, events: list[EventItem], keep_from: list[int]) -> list[object]:
+    def _send(self, events: list[EventItem], keep_from: list[int],
+              encoded: list[bytes]) -> list[object]:
         """One pipelined round trip; retried while Redis is unreachable, and the writes
         it refuses for want of memory retried (in order) until they are written: an
         event is never taken for written, nor its job for finished, before it is."""
@@ -131,7 +135,7 @@ class Publisher:
             try:
                 sent = self.store.append_events(
                     [(events[i].job.job_id, events[i].event) for i in todo], fenced=True,
-                    keep_from=[keep_from[i] for i in todo])
+                    keep_from=[keep_from[i] for i in todo], encoded=[encoded[i] for i in todo])
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
             else:
