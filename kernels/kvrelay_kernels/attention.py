@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kvrelay_kernels.backend import select_backend
@@ -66,6 +68,31 @@ def check_paged_attention_args(
         check_last_dim_contiguous("out", out)
 
 
+def check_attention_options(sliding_window: object, softcap: object) -> None:
+    """Reject a window or softcap the kernels would misread.
+
+    Both are host values on purpose: the Triton path turns them into launch arguments, so
+    they must not live on the device (reading one back would synchronise and break CUDA
+    graph capture). ``bool`` is refused although it is an ``int`` (``True`` as a window of
+    one token is surely a mistake), as are a non-positive window and a softcap that is not
+    a positive finite number (``tanh(s / c)`` is undefined at 0 and meaningless at inf).
+    """
+    if sliding_window is not None and (
+        not isinstance(sliding_window, int) or isinstance(sliding_window, bool)
+        or sliding_window < 1
+    ):
+        raise KernelArgumentError(
+            f"sliding_window must be a positive int or None, got {sliding_window!r}"
+        )
+    if softcap is not None and (
+        not isinstance(softcap, (int, float)) or isinstance(softcap, bool)
+        or not math.isfinite(softcap) or softcap <= 0
+    ):
+        raise KernelArgumentError(
+            f"softcap must be a positive finite float or None, got {softcap!r}"
+        )
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -78,6 +105,8 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged context.
 
@@ -91,11 +120,21 @@ def paged_attention(
       ``seq_len - q + j`` and sees keys ``0..seq_len - q + j``.
     - ``max_query_len``/``max_seq_len``: host-side upper bounds, so the GPU path needs no
       device-to-host sync (and can run inside a CUDA graph); computed when omitted.
+    - ``sliding_window`` W (Gemma 2/3, Mistral with a window, Phi-3): the token at position
+      ``p`` sees only keys ``p - W < k <= p``, its last W tokens (transformers' rule). The
+      engine may then free every block lying wholly before all of a sequence's windows and
+      point its table entries at a placeholder block (any valid id, contents garbage, even
+      NaN): such blocks are never read, so nothing outside a window reaches the result.
+    - ``softcap`` c (Gemma 2): each score ``s = scale * q.k`` becomes ``c * tanh(s / c)``
+      before the mask and softmax.
 
-    Returns ``out`` (allocated when not given), shaped like ``query``.
+    Both default to None (plain causal attention, unchanged), and both are host values,
+    like the bounds. Returns ``out`` (allocated when not given), shaped like ``query``.
     """
     check_paged_attention_args(query, key_cache, value_cache, block_tables, query_start_loc,
                                seq_lens, out)
+    check_attention_options(sliding_window, softcap)
+    softcap = None if softcap is None else float(softcap)
     if query.shape[0] == 0:
         return out if out is not None else torch.empty_like(query)
     if select_backend(query.device) == "triton":
@@ -109,7 +148,9 @@ def paged_attention(
         return paged_attention_triton(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
             max_query_len=max_query_len, max_seq_len=max_seq_len, out=out,
+            sliding_window=sliding_window, softcap=softcap,
         )
     return paged_attention_reference(
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, out=out
+        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, out=out,
+        sliding_window=sliding_window, softcap=softcap,
     )

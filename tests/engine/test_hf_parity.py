@@ -2,7 +2,9 @@
 
 One ``generate`` call of 8 prompts (lengths 1 to 300, 32 new tokens each) per engine
 configuration: prefix caching on, off, chunked prefill forced by a 64-token budget, and a
-KV pool so small that sequences get preempted and recomputed.
+KV pool so small that sequences get preempted and recomputed. Every model family runs it.
+Greedy tokens cannot see a monotone change of the logits (Gemma 2's final soft-cap), so
+the log-probabilities of the chosen tokens are compared too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.hf_reference import hf_greedy, load_hf_model, random_prompts
+from helpers.hf_reference import hf_greedy, hf_greedy_logprobs, load_hf_model, random_prompts
 
 from kvrelay_worker import SamplingParams
 from kvrelay_worker.engine import LLM, EngineConfig, LLMEngine
@@ -31,7 +33,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "preemption": {"num_kv_blocks": 32, "max_model_len": 512},
 }
 
-MODELS = ["smollm2", "llama-mha-untied", "qwen2-gqa-bias-tied", "llama-mqa", "llama3-rope"]
+# Mistral's window releases blocks as sequences advance, so the shared "preemption" pool
+# never runs out for it; a pool of 12 blocks (less than one sequence's length, enough for
+# the window plus a 32-token chunk) does.
+WINDOWED_PREEMPTION = {"num_kv_blocks": 12, "max_num_batched_tokens": 32}
+
+MODELS = ["smollm2", "llama-mha-untied", "qwen2-gqa-bias-tied", "llama-mqa", "llama3-rope",
+          # One tiny model per further family (helpers/tiny_models.py says what each tests);
+          # the Gemma and Mistral ones window some or all layers to 32-40 tokens.
+          "qwen3-qk-norm", "phi3-fused", "gemma2-softcap-window", "gemma3-local-global",
+          "mistral-window", "mixtral-moe", "qwen3-moe"]
 
 _cache: dict[str, tuple[Any, list[list[int]], list[list[int]]]] = {}
 
@@ -61,6 +72,8 @@ def test_greedy_matches_transformers(model_folder: tuple[str, Path], config_name
     name, folder = model_folder
     (model, tokenizer), prompts, reference = _model_and_reference(name, folder)
     options = CONFIGS[config_name]
+    if config_name == "preemption" and name == "mistral-window":
+        options = WINDOWED_PREEMPTION
     config = EngineConfig(model=name, device="cpu", dtype="float32", **options)
     engine = LLMEngine.from_model(config, model, tokenizer, model_id=name)
     llm = LLM.from_engine(engine)
@@ -77,3 +90,25 @@ def test_greedy_matches_transformers(model_folder: tuple[str, Path], config_name
     if config_name == "chunked-prefill-64":
         # The 300-token prompt cannot fit one step: it must have been chunked.
         assert stats["steps"] >= 300 // 64 + NEW_TOKENS
+
+
+LOGPROB_MODELS = ["llama-mqa", "qwen3-qk-norm", "phi3-fused", "gemma2-softcap-window",
+                  "gemma3-local-global", "mistral-window", "mixtral-moe", "qwen3-moe"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOGPROB_MODELS)
+def test_logprobs_match_transformers(name: str, tiny_model: Callable[[str], Path]) -> None:
+    folder = tiny_model(name)
+    (model, tokenizer), prompts, _reference = _model_and_reference(name, folder)
+    prompts = prompts[-3:]  # the longest: past every window
+    expected = hf_greedy_logprobs(load_hf_model(folder), prompts, 8)
+    config = EngineConfig(model=name, device="cpu", dtype="float32")
+    llm = LLM.from_engine(LLMEngine.from_model(config, model, tokenizer, model_id=name))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+    for out, want in zip(llm.generate(prompts, params), expected, strict=True):
+        assert out.logprobs is not None
+        assert [entry.token_id for entry in out.logprobs] == [token for token, _ in want]
+        got = torch.tensor([entry.logprob for entry in out.logprobs])
+        torch.testing.assert_close(got, torch.tensor([lp for _, lp in want]),
+                                   atol=2e-3, rtol=0)

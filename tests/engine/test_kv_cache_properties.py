@@ -15,7 +15,9 @@ each block and are never negative; a block is free exactly when nobody holds it;
 held by two sequences is a cached, full, computed block at the same position of both;
 running block tables cover the computed tokens; waiting sequences hold nothing; the step
 respects the token budget and the sequence limit and admits by priority; when nothing is
-left, every block is free. At the end every request is driven to completion in a
+left, every block is free. With a sliding window (some runs draw one), only the window's
+context is read, the released leading entries are exactly those behind it, and they are
+held by nobody through that table. At the end every request is driven to completion in a
 bounded number of steps (nothing livelocks) and no block leaks.
 """
 
@@ -69,16 +71,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         budget=st.integers(1, 24),
         chunked=st.booleans(),
         caching=st.booleans(),
+        window=st.sampled_from([None, None, 5, 9]),
     )
     def setup(self, num_blocks: int, max_num_seqs: int, budget: int, chunked: bool,
-              caching: bool) -> None:
+              caching: bool, window: int | None) -> None:
         # As the engine guarantees: one sequence of max_model_len fits the pool, and
         # without chunked prefill one step's budget fits a whole sequence.
         self.max_len = min(num_blocks * BLOCK_SIZE, 40)
         if not chunked:
             budget = max(budget, self.max_len)
         self.caching = caching
-        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, caching, model_id="m")
+        self.window = window
+        self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, caching, model_id="m",
+                                 sliding_window=window)
         self.sched = Scheduler(self.kv, max_num_seqs, budget, enable_chunked_prefill=chunked,
                                stop=StopConditions(max_model_len=self.max_len))
 
@@ -155,7 +160,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             assert len(seq.block_table) * BLOCK_SIZE >= start + item.num_new_tokens
-            for position in range(start):  # the context attention reads
+            first = 0 if self.window is None else max(0, start - self.window + 1)
+            for position in range(first, start):  # the context attention reads
                 assert self.kv_content.get(self._slot(seq, position)) == self._identity(
                     seq, position), f"seq {seq.seq_id} reads wrong KV at position {position}"
             for position in range(start, start + item.num_new_tokens):
@@ -229,11 +235,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         holders: dict[int, list[tuple[Sequence, int]]] = {}
         for seq in self.sched.running:
             assert seq.status is SequenceStatus.RUNNING
-            table = seq.block_table
+            released = self.kv.num_released(seq)
+            if self.window is None:
+                assert released == 0
+            else:  # exactly the blocks wholly behind the next token's window
+                behind = max(0, seq.num_computed_tokens - self.window + 1) // BLOCK_SIZE
+                assert released == min(behind, len(seq.block_table)), "window release"
+            table = seq.block_table[released:]
             assert len(set(table)) == len(table), "a block twice in one table"
-            assert len(table) * BLOCK_SIZE >= seq.num_computed_tokens
+            assert (released + len(table)) * BLOCK_SIZE >= seq.num_computed_tokens
             assert self.kv.num_blocks_held(seq) == len(table)
-            for index, block_id in enumerate(table):
+            for index, block_id in enumerate(table, start=released):
                 holders.setdefault(block_id, []).append((seq, index))
         for seq in self.sched.waiting_sequences():
             assert seq.status is SequenceStatus.WAITING

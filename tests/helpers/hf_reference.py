@@ -28,6 +28,23 @@ def hf_greedy(model: PreTrainedModel, prompts: list[list[int]], max_new_tokens: 
     return outputs
 
 
+@torch.no_grad()
+def hf_greedy_logprobs(model: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int
+                       ) -> list[list[tuple[int, float]]]:
+    """Greedy continuation with each chosen token's log-probability (from the raw logits)."""
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], dtype=torch.long, device=model.device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, output_logits=True,
+                             return_dict_in_generate=True)
+        tokens = out.sequences[0, len(prompt):].tolist()
+        steps = [logits[0].float().log_softmax(-1) for logits in out.logits]
+        outputs.append([(t, float(step[t])) for t, step in zip(tokens, steps, strict=True)])
+    return outputs
+
+
 def random_prompts(lengths: list[int], seed: int, low: int = 100, high: int = 20000
                    ) -> list[list[int]]:
     """Prompts of random ordinary token ids (no special tokens), reproducible by seed."""

@@ -1,7 +1,10 @@
 """Tiny random-weight Hugging Face models, written to a folder like a real checkpoint.
 
 Each configuration exercises one shape the decoder must get right (MHA, GQA with q/k/v
-bias and tied embeddings, MQA, Llama 3 rope scaling). ``initializer_range`` is large (0.2)
+bias and tied embeddings, MQA, Llama 3 rope scaling), and one per further family (Qwen3's
+q/k norms, Phi-3's fused checkpoint, Gemma 2's soft-capping and alternating windows,
+Gemma 3's local/global RoPE, Mistral's window on every layer, Mixtral's and Qwen3-MoE's
+experts). Windows are a few dozen tokens, so the parity prompts run far past them. ``initializer_range`` is large (0.2)
 and norms and biases are randomised too, so logits are well separated: tiny models with
 the default 0.02 init produce near-ties that make greedy comparisons flaky, and zero
 biases would leave the bias path untested. Everything is seeded, so a name always builds
@@ -16,12 +19,40 @@ from typing import Any
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
+
+# arch -> (config class, model class)
+ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "phi3": (Phi3Config, Phi3ForCausalLM),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+}
 
 # SmolLM2's tokenizer: 49152 tokens; <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2.
 SMOLLM2_VOCAB_SIZE = 49152
@@ -78,6 +109,100 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 64,
         },
     },
+    # Qwen3: RMSNorm on every head's q and k before RoPE.
+    "qwen3-qk-norm": {
+        "arch": "qwen3",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 512,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
+    },
+    # Phi-3: the checkpoint stores qkv_proj and gate_up_proj already fused.
+    "phi3-fused": {
+        "arch": "phi3",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 512,
+        "tie_word_embeddings": False,
+    },
+    # Gemma 2: sandwich norms, GELU, both soft-caps, even layers windowed to 40 tokens.
+    # Untied embeddings and a low attention cap: with Gemma's scaled tied embeddings a
+    # tiny model's argmax is the input token's own row whatever attention does, and a cap
+    # of 50 never bends this model's scores, so greedy parity could not catch a bug there.
+    "gemma2-softcap-window": {
+        "arch": "gemma2",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 4,
+        "intermediate_size": 512,
+        "tie_word_embeddings": False,
+        "query_pre_attn_scalar": 64,
+        "sliding_window": 40,
+        "attn_logit_softcapping": 5.0,
+        "final_logit_softcapping": 30.0,
+    },
+    # Gemma 3: q/k norms; windowed layers rotate with their own base, the global one
+    # with linear scaling (embeddings untied, as for Gemma 2).
+    "gemma3-local-global": {
+        "arch": "gemma3",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 3,
+        "intermediate_size": 512,
+        "tie_word_embeddings": False,
+        "query_pre_attn_scalar": 64,
+        "sliding_window": 36,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    },
+    # Mistral with a 32-token window on every layer: blocks behind it can be freed.
+    "mistral-window": {
+        "arch": "mistral",
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 2,
+        "intermediate_size": 256,
+        "tie_word_embeddings": False,
+        "sliding_window": 32,
+    },
+    # Mixtral: 4 experts, top 2, renormalised.
+    "mixtral-moe": {
+        "arch": "mixtral",
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 2,
+        "intermediate_size": 256,
+        "tie_word_embeddings": False,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    # Qwen3-MoE: 8 experts, top 2, not renormalised; layer 0 keeps a dense MLP.
+    "qwen3-moe": {
+        "arch": "qwen3_moe",
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 2,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 128,
+        "tie_word_embeddings": True,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": False,
+        "mlp_only_layers": [0],
+    },
 }
 TINY_MODEL_NAMES = tuple(TINY_MODELS)
 
@@ -97,12 +222,12 @@ TOKENIZER_FILES = (
 
 def tiny_hf_config(
     name: str, vocab_size: int = SMOLLM2_VOCAB_SIZE, **overrides: Any
-) -> LlamaConfig | Qwen2Config:
+) -> PretrainedConfig:
     """The transformers config of a tiny model (head_dim 64, float32, init std 0.2)."""
     spec = dict(TINY_MODELS[name])
     arch = spec.pop("arch")
-    rope_theta = spec.pop("rope_theta", 10000.0)
-    rope_scaling = spec.pop("rope_scaling", None)
+    if "rope_parameters" not in spec:
+        spec["rope_theta"] = spec.get("rope_theta", 10000.0)
     kwargs: dict[str, Any] = {
         **spec,
         **SPECIAL_IDS,
@@ -111,15 +236,17 @@ def tiny_hf_config(
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
         "initializer_range": 0.2,
-        "rope_theta": rope_theta,
         **overrides,
     }
-    if rope_scaling is not None:
-        kwargs["rope_scaling"] = dict(rope_scaling)
     if arch == "qwen2":
         kwargs.pop("head_dim")  # Qwen2 derives it: hidden / heads = 64
-        return Qwen2Config(use_sliding_window=False, **kwargs)
-    return LlamaConfig(**kwargs)
+        kwargs["use_sliding_window"] = False
+    if arch == "phi3":
+        kwargs.pop("head_dim")  # Phi-3 derives it too
+    if arch in ("mistral", "mixtral"):
+        kwargs.setdefault("sliding_window", None)
+    config_class = ARCHITECTURES[arch][0]
+    return config_class(**kwargs)
 
 
 def build_tiny_hf_model(
@@ -128,8 +255,8 @@ def build_tiny_hf_model(
     """The model in memory, deterministic for ``(name, vocab_size, seed)``."""
     config = tiny_hf_config(name, vocab_size)
     torch.manual_seed(seed)
-    model_cls = Qwen2ForCausalLM if config.model_type == "qwen2" else LlamaForCausalLM
-    model = model_cls(config).to(torch.float32).eval()
+    model_class = ARCHITECTURES[TINY_MODELS[name]["arch"]][1]
+    model = model_class(config).to(torch.float32).eval()
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for param_name, param in model.named_parameters():

@@ -114,3 +114,13 @@ def test_forced_triton_path_matches_reference(monkeypatch, device):
                                                           key_cache=torch.zeros(3, 16, 2, 32),
                                                           value_cache=torch.zeros(3, 16, 2, 32)),
                                         scale=0.125)
+
+
+def test_forced_triton_path_passes_window_and_softcap(monkeypatch, device):
+    args = {name: t.to(device) for name, t in _attention_args().items()}
+    options = {"sliding_window": 3, "softcap": 2.0}
+    expected = paged_attention_reference(*args.values(), 0.125, **options)
+    assert not torch.allclose(expected, paged_attention_reference(*args.values(), 0.125))
+    monkeypatch.setenv("KVRELAY_KERNELS", "triton")
+    got = kvrelay_kernels.paged_attention(**args, scale=0.125, **options)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)

@@ -43,13 +43,20 @@ def _load(static: PagedBatch, batch: PagedBatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("query_lens", "seq_lens_a", "seq_lens_b", "max_query_len"),
+    ("query_lens", "seq_lens_a", "seq_lens_b", "max_query_len", "options"),
     [
-        ([1, 1, 1, 1], [1, 17, 300, 5000], [4100, 64, 2, 33], 1),  # decode graph
-        ([1, 12, 1, 30], [30, 200, 4000, 30], [7, 12, 900, 1000], 32),  # mixed graph
+        ([1, 1, 1, 1], [1, 17, 300, 5000], [4100, 64, 2, 33], 1, {}),  # decode graph
+        ([1, 12, 1, 30], [30, 200, 4000, 30], [7, 12, 900, 1000], 32, {}),  # mixed graph
+        # Gemma-2-like layers: window and softcap are host values, fixed at capture.
+        ([1, 1, 1, 1], [1, 17, 300, 5000], [4100, 64, 2, 33], 1,
+         {"sliding_window": 1000, "softcap": 50.0}),
+        ([1, 12, 1, 30], [30, 200, 4000, 30], [7, 12, 900, 1000], 32,
+         {"sliding_window": 100, "softcap": 50.0}),
     ],
+    ids=["decode", "mixed", "decode-window-softcap", "mixed-window-softcap"],
 )
-def test_attention_replays_with_new_lengths(query_lens, seq_lens_a, seq_lens_b, max_query_len):
+def test_attention_replays_with_new_lengths(query_lens, seq_lens_a, seq_lens_b, max_query_len,
+                                            options):
     block_size = 16
     sizes = {"num_blocks": 2 * MAX_MODEL_LEN // block_size,
              "table_width": MAX_MODEL_LEN // block_size}
@@ -60,14 +67,14 @@ def test_attention_replays_with_new_lengths(query_lens, seq_lens_a, seq_lens_b, 
 
     def step() -> None:
         kvrelay_kernels.paged_attention(*static.args(), 128**-0.5, max_query_len=max_query_len,
-                                        max_seq_len=MAX_MODEL_LEN, out=out)
+                                        max_seq_len=MAX_MODEL_LEN, out=out, **options)
 
     graph = _capture(step)
     for lens in (seq_lens_a, seq_lens_b):
         clean, poisoned = make_batch(query_lens, lens, **shape, **sizes)
         _load(static, poisoned)
         graph.replay()
-        expected = paged_attention_reference(*clean.args(), 128**-0.5)
+        expected = paged_attention_reference(*clean.args(), 128**-0.5, **options)
         atol, rtol = TOLERANCES[torch.bfloat16]
         torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
 

@@ -1,4 +1,9 @@
-"""The Triton paged-attention kernels against the plain-PyTorch reference."""
+"""The Triton paged-attention kernels against the plain-PyTorch reference.
+
+Sliding-window cases also free, as the engine does, every block no window reaches (NaN,
+their table entries at a shared NaN placeholder), on top of the usual poisoning: a kernel
+that loads such a block, even to mask it, returns NaN.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import random
 
 import pytest
 import torch
-from attention_cases import TOLERANCES, make_batch
+from attention_cases import TOLERANCES, free_outside_window, make_batch
 
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 from kvrelay_kernels.triton_kernels import launch_config
@@ -25,14 +30,20 @@ def _check(
     device: str,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
 ) -> None:
     clean, poisoned = make_batch(query_lens, seq_lens, num_heads=num_heads,
                                  num_kv_heads=num_kv_heads, head_size=head_size,
                                  block_size=block_size, dtype=dtype, device=device)
-    scale = head_size**-0.5
-    expected = paged_attention_reference(*clean.args(), scale)
+    if sliding_window is not None:
+        poisoned, _ = free_outside_window(poisoned, sliding_window)
+    scale = head_size**-0.5 if scale is None else scale
+    options = {"sliding_window": sliding_window, "softcap": softcap}
+    expected = paged_attention_reference(*clean.args(), scale, **options)
     got = paged_attention_triton(*poisoned.args(), scale, max_query_len=max_query_len,
-                                 max_seq_len=max_seq_len)
+                                 max_seq_len=max_seq_len, **options)
     assert got.dtype == dtype
     assert not got.isnan().any(), "the kernel read a slot or block it must not read"
     atol, rtol = TOLERANCES[dtype]
@@ -181,3 +192,84 @@ def test_random_batches(seed, device):
            dtype=rng.choice([torch.float32, torch.float16, torch.bfloat16]), device=device,
            max_query_len=rng.choice([None, max(query_lens) + 3]),
            max_seq_len=rng.choice([None, 4096]))
+
+
+# Windows of one token, below a block, not a multiple of the block or tile size, and at or
+# beyond the longest context (nothing to cut); contexts span several tiles and splits.
+WINDOW_SHAPES = [
+    pytest.param(8, 2, 64, 16, torch.float32, id="gqa4-d64-b16-fp32"),
+    pytest.param(9, 3, 64, 16, torch.float32, id="gqa3-d64-b16-fp32"),
+    pytest.param(8, 1, 80, 32, torch.bfloat16, id="gqa8-d80-b32-bf16"),
+    pytest.param(4, 4, 96, 16, torch.float16, id="mha-d96-b16-fp16"),
+]
+
+
+@pytest.mark.parametrize("window", [1, 5, 37, 150, 1000])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_size", "block_size", "dtype"),
+                         WINDOW_SHAPES[:2])
+def test_decode_batch_with_window(num_heads, num_kv_heads, head_size, block_size, dtype,
+                                  window, device):
+    _check([1] * 5, [1, block_size + 3, 37, 150, 301], num_heads=num_heads,
+           num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
+           dtype=dtype, device=device, sliding_window=window)
+
+
+@pytest.mark.parametrize(("shape", "window"), [
+    (WINDOW_SHAPES[0], 5), (WINDOW_SHAPES[1], 37), (WINDOW_SHAPES[0], 150),
+], ids=["gqa4-5", "gqa3-37", "gqa4-150"])
+def test_mixed_batch_with_window(shape, window, device):
+    num_heads, num_kv_heads, head_size, block_size, dtype = shape.values
+    _check([1, 19, 37, 1, 1, 5], [70, 19 + 45, 37, 1, 150, 5 + 3], num_heads=num_heads,
+           num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
+           dtype=dtype, device=device, sliding_window=window)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_size", "block_size", "dtype"),
+                         WINDOW_SHAPES[2:])
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 20, 1]], ids=["decode", "mixed"])
+def test_window_and_softcap_in_16_bit(num_heads, num_kv_heads, head_size, block_size, dtype,
+                                      query_lens, device):
+    _check(query_lens, [130, 20 + 77, 9], num_heads=num_heads, num_kv_heads=num_kv_heads,
+           head_size=head_size, block_size=block_size, dtype=dtype, device=device,
+           sliding_window=21, softcap=2.0, scale=0.3)
+
+
+@pytest.mark.parametrize("window", [3, 40])
+def test_prefill_with_window_across_query_and_context_tiles(window, device):
+    # MHA: 64 query tokens per program and 32-token context tiles (float32), so later
+    # programs start past key 0 and, under the small window, a row can see no key of a
+    # whole context tile (the -inf running max must not become NaN).
+    _check([150, 3], [200, 3], num_heads=2, num_kv_heads=2, head_size=64, block_size=16,
+           dtype=torch.float32, device=device, sliding_window=window)
+
+
+def test_decode_window_over_several_splits(device):
+    # The splits cut the window span [seq_len - window, seq_len), not the whole context;
+    # the split count comes from the window (host side), the span per sequence on device.
+    window = 200
+    splits = launch_config.choose_num_splits(2, 2, window, 64,
+                                             launch_config.sm_count(torch.device(device)))
+    assert splits > 1
+    _check([1, 1, 1], [700, 1000, 90], num_heads=8, num_kv_heads=2, head_size=64,
+           block_size=16, dtype=torch.bfloat16, device=device, sliding_window=window)
+
+
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 9, 1]], ids=["decode", "mixed"])
+def test_window_with_cuda_graph_style_bounds(query_lens, device):
+    _check(query_lens, [1, 40 + 9, 130], num_heads=8, num_kv_heads=2, head_size=64,
+           block_size=16, dtype=torch.float32, device=device, max_query_len=64,
+           max_seq_len=8192, sliding_window=17, softcap=3.0)
+
+
+@pytest.mark.parametrize(("query_lens", "num_heads", "num_kv_heads", "window"), [
+    ([1, 1, 1, 1], 9, 3, None),
+    ([1, 1, 1, 1], 8, 1, 13),
+    ([1, 19, 37, 1], 9, 3, 13),
+    ([1, 19, 37, 1], 8, 1, None),
+], ids=["decode-gqa3", "decode-gqa8-window", "mixed-gqa3-window", "mixed-gqa8"])
+def test_softcap(query_lens, num_heads, num_kv_heads, window, device):
+    # (MHA: test_window_and_softcap_in_16_bit.)
+    # A low cap and a large scale so that tanh bends most scores.
+    _check(query_lens, [70, 19 + 45, 37, 1], num_heads=num_heads, num_kv_heads=num_kv_heads,
+           head_size=64, block_size=16, dtype=torch.float32, device=device,
+           sliding_window=window, softcap=1.5, scale=0.3)

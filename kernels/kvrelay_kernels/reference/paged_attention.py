@@ -5,6 +5,18 @@ prompt chunk or a prefill after a prefix-cache hit) attend causally to everythin
 them, read through the sequence's block table. Sequences with a single new token are
 computed together in one padded batch; longer queries one sequence at a time, so the
 Python loop runs per sequence, never per token.
+
+Two options serve the Gemma 2/3, windowed-Mistral and Phi-3 families:
+
+- ``sliding_window`` W: the token at position ``p`` sees only keys ``p - W < k <= p``
+  (transformers' rule). The engine frees blocks lying wholly before every query's window
+  and points their table entries at a placeholder block whose contents may be NaN, so
+  under a window nothing before a query's window is read at all (not even to be masked:
+  ``0 * NaN`` is NaN): decode gathers each sequence's window token by token, prefill
+  gathers from its first query's window start.
+- ``softcap`` c: scores ``s = scale * q.k`` become ``c * tanh(s / c)`` before the mask
+  and softmax. SDPA cannot do that, so only then an explicit float32 path runs (as
+  transformers' eager Gemma 2 attention); without it SDPA stays the fast path.
 """
 
 from __future__ import annotations
@@ -25,6 +37,37 @@ def _gather_context(
     return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
 
 
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Masked attention with GQA: ``query`` ``[..., H, Lq, D]``, ``keys``/``values``
+    ``[..., KVH, N, D]``, ``mask`` (True: visible) ``[..., 1, Lq, N]``; every row must see
+    at least one key. Query head ``h`` reads KV head ``h // (H // KVH)``.
+
+    Without ``softcap`` this is SDPA; with it, scores are capped with ``tanh`` and the
+    whole computation runs in float32 (SDPA has no hook for that).
+    """
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    *batch, num_heads, query_len, head_size = query.shape
+    num_kv_heads = keys.shape[-3]
+    grouped = query.float().reshape(*batch, num_kv_heads, num_heads // num_kv_heads,
+                                    query_len, head_size)
+    scores = grouped @ keys.float().unsqueeze(-3).transpose(-1, -2) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask.unsqueeze(-3), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = probs @ values.float().unsqueeze(-3)
+    return out.reshape(*batch, num_heads, query_len, head_size).to(query.dtype)
+
+
 def _decode_batch(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -32,6 +75,7 @@ def _decode_batch(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: ``query`` is ``[batch, num_heads, head_size]``.
 
@@ -49,13 +93,55 @@ def _decode_batch(
     values = value_cache.index_select(0, index).view(batch, padded, num_kv_heads, head_size)
     positions = torch.arange(padded, device=query.device)
     mask = positions[None, :] < seq_lens.to(query.device)[:, None]
-    out = F.scaled_dot_product_attention(
+    out = _attend(
         query[:, :, None, :],
         keys.transpose(1, 2).to(query.dtype),
         values.transpose(1, 2).to(query.dtype),
-        attn_mask=mask[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
+        mask[:, None, None, :],
+        scale,
+        softcap,
+    )
+    return out[:, :, 0, :]
+
+
+def _decode_window_batch(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int,
+    softcap: float | None,
+) -> torch.Tensor:
+    """``_decode_batch`` under a sliding window: each sequence gathers only its own last
+    ``window`` tokens, slot by slot through its block table.
+
+    Blocks before a window may be freed placeholders full of NaN, so a padded gather from
+    the batch's earliest window start (masked per row) would still poison rows through
+    ``0 * NaN``. Here every gathered slot holds a real key: a row shorter than the widest
+    window repeats its last token (masked out) instead of reading past its context.
+    """
+    batch, head_size = query.shape[0], query.shape[2]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    lens = seq_lens.to(device=block_tables.device, dtype=torch.int64)
+    width = min(window, int(lens.max()))
+    first = (lens - window).clamp(min=0)
+    positions = first[:, None] + torch.arange(width, device=lens.device)
+    visible = positions < lens[:, None]
+    positions = torch.minimum(positions, lens[:, None] - 1)
+    blocks = block_tables.to(torch.int64).gather(1, positions // block_size)
+    slots = (blocks * block_size + positions % block_size).reshape(-1)
+    shape = (batch, width, num_kv_heads, head_size)
+    keys = key_cache.view(-1, num_kv_heads, head_size).index_select(0, slots).view(shape)
+    values = value_cache.view(-1, num_kv_heads, head_size).index_select(0, slots).view(shape)
+    out = _attend(
+        query[:, :, None, :],
+        keys.transpose(1, 2).to(query.dtype),
+        values.transpose(1, 2).to(query.dtype),
+        visible.to(query.device)[:, None, None, :],
+        scale,
+        softcap,
     )
     return out[:, :, 0, :]
 
@@ -67,21 +153,33 @@ def _prefill_one(
     block_table: torch.Tensor,
     seq_len: int,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Many new tokens of one sequence: causal among themselves, full over the prefix."""
-    query_len = query.shape[0]
-    keys = _gather_context(key_cache, block_table, seq_len).to(query.dtype)
-    values = _gather_context(value_cache, block_table, seq_len).to(query.dtype)
-    key_pos = torch.arange(seq_len, device=query.device)
+    """Many new tokens of one sequence: causal among themselves, full over the prefix.
+
+    Under a ``window`` the gather starts at the first query's window start (blocks before
+    it may be freed placeholders), and each query also masks keys before its own window.
+    """
+    query_len, block_size = query.shape[0], key_cache.shape[1]
+    first = 0 if window is None else max(0, seq_len - query_len - window + 1)
+    skip = first // block_size  # whole blocks before the first window: never read
+    offset = skip * block_size
+    table = block_table[skip:]
+    keys = _gather_context(key_cache, table, seq_len - offset)[first - offset :]
+    values = _gather_context(value_cache, table, seq_len - offset)[first - offset :]
+    key_pos = torch.arange(first, seq_len, device=query.device)
     query_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
     mask = key_pos[None, :] <= query_pos[:, None]
-    out = F.scaled_dot_product_attention(
+    if window is not None:
+        mask &= key_pos[None, :] > query_pos[:, None] - window
+    out = _attend(
         query.transpose(0, 1),
-        keys.transpose(0, 1),
-        values.transpose(0, 1),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=True,
+        keys.transpose(0, 1).to(query.dtype),
+        values.transpose(0, 1).to(query.dtype),
+        mask[None],
+        scale,
+        softcap,
     )
     return out.transpose(0, 1)
 
@@ -95,6 +193,9 @@ def paged_attention_reference(
     seq_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole context.
 
@@ -103,6 +204,7 @@ def paged_attention_reference(
     ``[num_seqs, max_blocks]``; ``query_start_loc`` ``[num_seqs + 1]`` (offsets of each
     sequence's new tokens in ``query``); ``seq_lens`` ``[num_seqs]`` (context length
     including the new tokens). The new tokens' K/V must already be in the cache.
+    ``sliding_window``/``softcap``: see the module docstring (already validated).
     """
     if out is None:
         out = torch.empty_like(query)
@@ -113,13 +215,23 @@ def paged_attention_reference(
     if decode:
         index = torch.tensor([starts[i] for i in decode], device=query.device)
         rows = torch.tensor(decode, device=block_tables.device)
-        out[index] = _decode_batch(
-            query[index], key_cache, value_cache, block_tables[rows], seq_lens[rows], scale
-        ).to(out.dtype)
+        longest = max(lengths[i] for i in decode)
+        if sliding_window is not None and sliding_window < longest:
+            result = _decode_window_batch(
+                query[index], key_cache, value_cache, block_tables[rows], seq_lens[rows],
+                scale, sliding_window, softcap,
+            )
+        else:  # no window, or one that covers every context: nothing before it to skip
+            result = _decode_batch(
+                query[index], key_cache, value_cache, block_tables[rows], seq_lens[rows],
+                scale, softcap,
+            )
+        out[index] = result.to(out.dtype)
     for i, n in enumerate(query_lens):
         if n > 1:
             start = starts[i]
             out[start : start + n] = _prefill_one(
-                query[start : start + n], key_cache, value_cache, block_tables[i], lengths[i], scale
+                query[start : start + n], key_cache, value_cache, block_tables[i], lengths[i],
+                scale, sliding_window, softcap,
             ).to(out.dtype)
     return out

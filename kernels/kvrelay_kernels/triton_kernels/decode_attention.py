@@ -16,6 +16,12 @@ byte once and keeping every SM busy:
   output directly.
 
 Scores live in the log2 domain (scaled by ``log2(e)``) so the softmax uses ``exp2``.
+
+Under a sliding window (``WINDOWED``) a sequence's context is only its last ``window``
+tokens, ``[seq_len - window, seq_len)``: the splits cut that span instead of the whole
+context, so blocks before it (which the engine may have freed, leaving a NaN placeholder
+in the table) are never loaded, and no key needs masking. ``SOFTCAP`` caps the scores
+(see ``online_softmax``). Both are constexprs: without them the kernels compile as before.
 """
 
 from __future__ import annotations
@@ -39,10 +45,19 @@ def _split_tokens(seq_len, num_splits, TILE_N: tl.constexpr):
 
 
 @triton.jit
+def _first_key(seq_len, window, WINDOWED: tl.constexpr):
+    """The first context token the (single) new token sees: 0, or its window's start."""
+    first = 0
+    if WINDOWED:
+        first = tl.maximum(seq_len - window, 0)
+    return first
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr,
-    qk_scale_log2,
+    qk_scale_log2, window, softcap_log2,
     stride_qt, stride_qh,
     stride_cache_block, stride_cache_slot, stride_cache_head,
     stride_bt,
@@ -52,6 +67,7 @@ def _decode_split_kernel(
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_WIDEN: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -59,8 +75,9 @@ def _decode_split_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_tokens = _split_tokens(seq_len, num_splits, TILE_N)
-    kv_start = split * split_tokens
+    first_key = _first_key(seq_len, window, WINDOWED)
+    split_tokens = _split_tokens(seq_len - first_key, num_splits, TILE_N)
+    kv_start = first_key + split * split_tokens
     # Not a decode sequence (padding), or a split past this context: nothing to do. Split
     # 0 always runs so an empty context still yields a defined (zero) result.
     if (q_len != 1) | ((split > 0) & (kv_start >= seq_len)):
@@ -88,8 +105,9 @@ def _decode_split_kernel(
             q, acc, row_max, row_sum, row_max,  # q_pos unused: every key is visible
             k_cache_ptr, v_cache_ptr, table, head_offset,
             tile_start, kv_end, offs_n, offs_d, d_mask,
-            stride_cache_block, stride_cache_slot, qk_scale_log2,
+            stride_cache_block, stride_cache_slot, qk_scale_log2, window, softcap_log2,
             BLOCK_SIZE, False, DOT_PRECISION, DOT_WIDEN,
+            False, SOFTCAP,  # the split range is the window already: no window mask
         )
 
     if DIRECT:
@@ -110,10 +128,11 @@ def _decode_split_kernel(
 @triton.jit
 def _decode_reduce_kernel(
     out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr, query_start_loc_ptr, seq_lens_ptr,
+    window,
     stride_ot, stride_oh,
     num_heads, num_splits,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, TILE_N: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, TILE_N: tl.constexpr, WINDOWED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -122,9 +141,10 @@ def _decode_reduce_kernel(
     if q_len != 1:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_tokens = _split_tokens(seq_len, num_splits, TILE_N)
+    span = seq_len - _first_key(seq_len, window, WINDOWED)
+    split_tokens = _split_tokens(span, num_splits, TILE_N)
     # The same split arithmetic as the first kernel: splits at or past the end are empty.
-    num_valid = (seq_len + split_tokens - 1) // tl.maximum(split_tokens, 1)
+    num_valid = (span + split_tokens - 1) // tl.maximum(split_tokens, 1)
 
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_PAD)
@@ -153,11 +173,16 @@ def decode_attention(
     scale: float,
     out: torch.Tensor,
     config: DecodeConfig,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Launch the split kernel (and the reduce when ``config.num_splits > 1``) into ``out``.
 
     Sequences whose query length is not exactly 1 are left untouched. No device value is
-    read on the host, so this is safe inside CUDA graph capture.
+    read on the host, so this is safe inside CUDA graph capture. ``sliding_window`` and
+    ``softcap`` (host values, None when unused) become runtime arguments plus constexpr
+    switches: one compiled variant per combination in use, whatever the values.
     """
     num_seqs = seq_lens.shape[0]
     num_heads, head_size = query.shape[1], query.shape[2]
@@ -175,7 +200,8 @@ def decode_attention(
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
         out, part_max, part_sum, part_acc,
-        scale * math.log2(math.e),
+        scale * math.log2(math.e), sliding_window or 0,
+        (softcap or 0.0) * math.log2(math.e),
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
@@ -186,15 +212,18 @@ def decode_attention(
         BLOCK_SIZE=block_size, TILE_N=config.tile_n,
         DIRECT=direct,
         DOT_PRECISION=mma_precision(query.dtype), DOT_WIDEN=mma_widen(query.dtype),
+        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if direct:
         return
     _decode_reduce_kernel[(num_seqs, num_heads)](
         out, part_max, part_sum, part_acc, query_start_loc, seq_lens,
+        sliding_window or 0,
         out.stride(0), out.stride(1),
         num_heads, num_splits,
         HEAD=head_size, HEAD_PAD=config.head_pad,
         SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), TILE_N=config.tile_n,
+        WINDOWED=sliding_window is not None,
         num_warps=4,
     )

@@ -7,6 +7,20 @@ gather the tile's K and V through the block table, score the program's query row
 against K, and fold the scores into the running max, sum and (unnormalised) output. Only
 which keys a row may see differs: every key before ``kv_end`` for decode, and causally
 (``pos <= q_pos``) for prefill, chosen by ``CAUSAL``. Scores are in the log2 domain.
+
+Two constexpr options, off by default so the plain kernels compile exactly as before:
+
+- ``WINDOWED`` (sliding window, with ``CAUSAL``): a row also hides keys at or before
+  ``q_pos - window``. The callers start their loops at the first key a window can reach,
+  so freed blocks are never loaded; this mask handles the rows of a tile whose windows
+  start later. A row may then see no key of a whole tile: its max stays -inf, and
+  ``exp2(-inf - -inf)`` would be NaN, so that row's exponentials are shifted by 0 instead
+  (giving 0, its sums stay 0; the max itself stays -inf).
+- ``SOFTCAP``: scores ``s`` become ``c * tanh(s / c)`` (Gemma 2), with ``softcap_log2``
+  the cap ``c`` in the log2 domain (``c * log2(e)``, since scores are already scaled by
+  ``log2(e)`` and ``tanh`` commutes with that scaling as ``k * tanh(x / k)``). Triton has
+  no ``tanh`` in every version; ``(1 - e) / (1 + e)`` with ``e = exp(-2|y|)`` in ``(0, 1]``
+  never overflows.
 """
 
 from __future__ import annotations
@@ -18,15 +32,27 @@ from kvrelay_kernels.triton_kernels.dot import mma
 
 
 @triton.jit
+def _tanh(y):
+    """``tanh`` from ``exp2`` alone, for any finite ``y`` (no overflow: ``e`` is in (0, 1])."""
+    e = tl.exp2(-2.8853900817779268 * tl.abs(y))  # exp(-2|y|); the constant is 2 * log2(e)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(y < 0, -t, t)
+
+
+@triton.jit
 def attend_tile(
     q, acc, row_max, row_sum, q_pos,
     k_cache_ptr, v_cache_ptr, table, head_offset,
     tile_start, kv_end, offs_n, offs_d, d_mask,
-    stride_cache_block, stride_cache_slot, qk_scale_log2,
+    stride_cache_block, stride_cache_slot, qk_scale_log2, window, softcap_log2,
     BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_WIDEN: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
-    """Fold context tokens ``tile_start + offs_n`` into ``(acc, row_max, row_sum)``."""
+    """Fold context tokens ``tile_start + offs_n`` into ``(acc, row_max, row_sum)``.
+
+    ``window`` is read only when ``WINDOWED``, ``softcap_log2`` only when ``SOFTCAP``.
+    """
     pos = tile_start + offs_n
     n_mask = pos < kv_end
     block = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -36,13 +62,20 @@ def attend_tile(
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
     scores = mma(q, tl.trans(k), DOT_PRECISION, DOT_WIDEN) * qk_scale_log2
+    if SOFTCAP:  # constexprs below too: resolved when the kernel is compiled
+        scores = softcap_log2 * _tanh(scores * (1.0 / softcap_log2))
     visible = n_mask[None, :]
-    if CAUSAL:  # a constexpr: resolved when the kernel is compiled
+    if CAUSAL:
         visible = visible & (pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
     scores = tl.where(visible, scores, float("-inf"))
     new_max = tl.maximum(row_max, tl.max(scores, 1))
-    alpha = tl.exp2(row_max - new_max)
-    probs = tl.exp2(scores - new_max[:, None])
+    shift = new_max
+    if WINDOWED:  # a row that has seen nothing yet: keep its sums at 0, not NaN
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    alpha = tl.exp2(row_max - shift)
+    probs = tl.exp2(scores - shift[:, None])
     row_sum = row_sum * alpha + tl.sum(probs, 1)
     v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
     acc = acc * alpha[:, None] + mma(probs.to(q.dtype), v, DOT_PRECISION, DOT_WIDEN)

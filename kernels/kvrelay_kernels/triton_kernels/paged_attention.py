@@ -4,7 +4,7 @@ An all-decode batch (``max_query_len == 1``) takes the split-KV decode kernel, b
 stream the KV cache at memory bandwidth; anything with a longer query (prefill, chunked
 prefill, prefix-cache hits, or a mix with decodes) takes the variable-length kernel.
 Given ``max_query_len`` and ``max_seq_len`` nothing here reads the device, so the call
-can be captured in a CUDA graph.
+can be captured in a CUDA graph; ``sliding_window`` and ``softcap`` are host values too.
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ def paged_attention_triton(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged context.
 
     Same contract as ``kvrelay_kernels.paged_attention`` (arguments already checked).
+    Under a window no decode split needs to cover more than ``sliding_window`` tokens, so
+    the split count is planned from ``min(max_seq_len, sliding_window)``.
     ``max_query_len``/``max_seq_len`` are host upper bounds; when omitted they are read
     from the device, which synchronises and cannot be captured in a CUDA graph.
     """
@@ -54,18 +58,22 @@ def paged_attention_triton(
     if max_query_len <= 1:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
+        if sliding_window is not None:
+            max_seq_len = min(max_seq_len, sliding_window)
         config = decode_config(
             num_seqs=num_seqs, num_heads=num_heads, num_kv_heads=num_kv_heads,
             head_size=head_size, block_size=block_size, max_seq_len=max_seq_len,
             dtype=query.dtype, device=query.device,
         )
         decode_attention(query, key_cache, value_cache, block_tables, query_start_loc,
-                         seq_lens, scale, out, config)
+                         seq_lens, scale, out, config, sliding_window=sliding_window,
+                         softcap=softcap)
     else:
         config_p = prefill_config(
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
             block_size=block_size, dtype=query.dtype, device=query.device,
         )
         prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc,
-                          seq_lens, scale, out, config_p)
+                          seq_lens, scale, out, config_p, sliding_window=sliding_window,
+                          softcap=softcap)
     return out

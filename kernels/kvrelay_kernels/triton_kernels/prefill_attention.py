@@ -13,6 +13,12 @@ The grid is flat over query tiles without reading query lengths on the host: seq
 a range at least as long as the ``ceil(len_i / BLOCK_Q)`` tiles it needs, so
 ``num_tokens // BLOCK_Q + num_seqs`` programs always suffice; each program finds its
 sequence by binary search over ``query_start_loc`` and surplus programs exit.
+
+Under a sliding window (``WINDOWED``) a program's walk starts at its first row's window
+start, ``max(0, q_pos - window + 1)``, not at 0: blocks wholly before that (which the
+engine may have freed, leaving a NaN placeholder in the table) are never loaded, and the
+later rows mask the keys before their own windows. ``SOFTCAP`` caps the scores (see
+``online_softmax``). Both are constexprs: without them the kernel compiles as before.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def _find_sequence(query_start_loc_ptr, virtual_tile, num_seqs, BLOCK_Q: tl.cons
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr,
-    qk_scale_log2,
+    qk_scale_log2, window, softcap_log2,
     stride_qt, stride_qh,
     stride_cache_block, stride_cache_slot, stride_cache_head,
     stride_bt,
@@ -55,6 +61,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_WIDEN: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     virtual_tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -79,23 +86,29 @@ def _prefill_kernel(
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     # Padding rows get real positions too: key 0 is then visible to every row, so no row's
     # running max stays -inf (which would turn into NaN); their results are not stored.
+    # (Under a window a row may see nothing for a while; attend_tile guards that case.)
     q_pos = context_len + token
     kv_end = tl.minimum(seq_len, context_len + (tile + 1) * BLOCK_Q)
+    kv_begin = 0
+    if WINDOWED:  # the first row's window start: no row sees anything before it
+        kv_begin = tl.maximum(context_len + tile * BLOCK_Q - window + 1, 0)
 
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     head_offset = kv_head.to(tl.int64) * stride_cache_head
-    for tile_start in range(0, kv_end, TILE_N):
+    for tile_start in range(kv_begin, kv_end, TILE_N):
         acc, row_max, row_sum = attend_tile(
             q, acc, row_max, row_sum, q_pos,
             k_cache_ptr, v_cache_ptr, table, head_offset,
             tile_start, kv_end, offs_n, offs_d, d_mask,
-            stride_cache_block, stride_cache_slot, qk_scale_log2,
-            BLOCK_SIZE, True, DOT_PRECISION, DOT_WIDEN,
+            stride_cache_block, stride_cache_slot, qk_scale_log2, window, softcap_log2,
+            BLOCK_SIZE, True, DOT_PRECISION, DOT_WIDEN, WINDOWED, SOFTCAP,
         )
 
+    if WINDOWED:  # padding rows may have seen no key at all: 0 / 0 (never stored)
+        row_sum = tl.where(row_sum > 0, row_sum, 1.0)
     result = acc / row_sum[:, None]
     o_rows = (q_start + token).to(tl.int64)
     tl.store(out_ptr + o_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -112,11 +125,15 @@ def prefill_attention(
     scale: float,
     out: torch.Tensor,
     config: PrefillConfig,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Launch the variable-length kernel over every sequence of the batch into ``out``.
 
     The grid depends only on ``query.shape[0]`` and the number of sequences, so this is
-    safe inside CUDA graph capture.
+    safe inside CUDA graph capture. ``sliding_window`` and ``softcap`` (host values, None
+    when unused) become runtime arguments plus constexpr switches, as in the decode path.
     """
     num_tokens, num_heads, head_size = query.shape
     num_seqs = seq_lens.shape[0]
@@ -124,7 +141,8 @@ def prefill_attention(
     grid = (num_tokens // config.block_q + num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * math.log2(math.e),
+        scale * math.log2(math.e), sliding_window or 0,
+        (softcap or 0.0) * math.log2(math.e),
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_tables.stride(0),
@@ -134,5 +152,6 @@ def prefill_attention(
         BLOCK_SIZE=block_size, BLOCK_M=config.block_m, BLOCK_Q=config.block_q,
         TILE_N=config.tile_n,
         DOT_PRECISION=mma_precision(query.dtype), DOT_WIDEN=mma_widen(query.dtype),
+        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -27,7 +27,7 @@ from kvrelay_worker.engine.host_batch import HostBatch
 from kvrelay_worker.engine.staging import Fence, StagingBuffer
 from kvrelay_worker.engine.transfer import host_to_device
 from kvrelay_worker.models.attention import AttentionMetadata
-from kvrelay_worker.models.llama import LlamaForCausalLM
+from kvrelay_worker.models.decoder import CausalLM
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeRunner:
-    def __init__(self, model: LlamaForCausalLM, max_batch: int, max_model_len: int,
+    def __init__(self, model: CausalLM, max_batch: int, max_model_len: int,
                  block_size: int, device: torch.device,
                  new_fence: Callable[[], Fence] | None = None) -> None:
         self.model = model

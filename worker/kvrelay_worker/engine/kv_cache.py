@@ -5,6 +5,12 @@ prefix cache, and is there room for its next tokens (allocating the blocks if so
 Block identity for the prefix cache is a chained hash: each full block's hash covers the
 model, the request's cache salt, every earlier token and its own tokens, so equal hashes
 mean equal KV content.
+
+With a sliding window on every layer, a block whose tokens all lie before the window of
+the next token to compute is never read again: it goes back to the pool (still in the
+prefix cache if published, so a later request with the same prefix can take it), and its
+block-table entry points at ``RELEASED_BLOCK``, which the attention kernels never read
+because it is outside every window. A long sequence then holds O(window) blocks.
 """
 
 from __future__ import annotations
@@ -26,17 +32,25 @@ def hash_block(parent: bytes, tokens: list[int]) -> bytes:
     return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()[:16]
 
 
+# What a released block's block-table entry holds: any valid id does, since it is never read.
+RELEASED_BLOCK = 0
+
+
 class KVCacheManager:
     """Allocates and frees each sequence's blocks; publishes full blocks to the cache."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 model_id: str) -> None:
+                 model_id: str, sliding_window: int | None = None) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.model_id = model_id
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks, enable_caching)
         self._blocks: dict[int, list[KVBlock]] = {}
         self._num_published: dict[int, int] = {}
+        # Leading blocks already given back because they fell out of the window.
+        self._num_released: dict[int, int] = {}
+        self.num_released_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -124,12 +138,41 @@ class KVCacheManager:
             self.pool.cache_block(blocks[i], seq.block_hashes[i])
         self._num_published[seq.seq_id] = full
 
+    def release_out_of_window(self, seq: Sequence) -> None:
+        """Give back the leading blocks no future token's window reaches.
+
+        The next token computed sits at position ``num_computed_tokens`` and sees positions
+        from ``num_computed_tokens - window + 1`` on; every block ending before that is
+        done. Call after ``publish_computed_blocks`` so released blocks stay cached.
+        """
+        if self.sliding_window is None:
+            return
+        blocks = self._blocks.get(seq.seq_id)
+        if not blocks:
+            return
+        first_needed = max(0, seq.num_computed_tokens - self.sliding_window + 1)
+        done = min(first_needed // self.block_size, len(blocks))
+        start = self._num_released.get(seq.seq_id, 0)
+        if done <= start:
+            return
+        # Released last-first, like ``free``: the later block is evicted first.
+        self.pool.free(reversed(blocks[start:done]))
+        for i in range(start, done):
+            seq.block_table[i] = RELEASED_BLOCK
+        self._num_released[seq.seq_id] = done
+        self.num_released_blocks += done - start
+
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks, last block first, and clear its block table."""
         blocks = self._blocks.pop(seq.seq_id, [])
         self._num_published.pop(seq.seq_id, None)
-        self.pool.free(reversed(blocks))
+        released = self._num_released.pop(seq.seq_id, 0)
+        self.pool.free(reversed(blocks[released:]))
         del seq.block_table[:]
 
+    def num_released(self, seq: Sequence) -> int:
+        """How many leading block-table entries were given back (behind the window)."""
+        return self._num_released.get(seq.seq_id, 0)
+
     def num_blocks_held(self, seq: Sequence) -> int:
-        return len(self._blocks.get(seq.seq_id, ()))
+        return len(self._blocks.get(seq.seq_id, ())) - self._num_released.get(seq.seq_id, 0)

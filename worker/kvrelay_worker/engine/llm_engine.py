@@ -37,13 +37,13 @@ from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.stop_conditions import StopConditions
+from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
-from kvrelay_worker.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
 
-def eos_token_ids_of(model: LlamaForCausalLM, tokenizer: Any) -> tuple[int, ...]:
+def eos_token_ids_of(model: CausalLM, tokenizer: Any) -> tuple[int, ...]:
     ids = set(model.config.eos_token_ids)
     tok_eos = getattr(tokenizer, "eos_token_id", None)
     if isinstance(tok_eos, int):
@@ -65,7 +65,7 @@ class LLMEngine:
         self._setup(config, model, files.tokenizer, model_id=files.name)
 
     @classmethod
-    def from_model(cls, config: EngineConfig, model: LlamaForCausalLM, tokenizer: Any,
+    def from_model(cls, config: EngineConfig, model: CausalLM, tokenizer: Any,
                    model_id: str = "custom") -> LLMEngine:
         """An engine around an already built model (random-weight benchmarks, tests)."""
         engine = cls.__new__(cls)
@@ -81,7 +81,21 @@ class LLMEngine:
             )
         return config.max_model_len or model_max
 
-    def _setup(self, config: EngineConfig, model: LlamaForCausalLM, tokenizer: Any,
+    @staticmethod
+    def _tokens_held(config: EngineConfig, max_len: int, window: int | None) -> int:
+        """The most KV slots one sequence can hold at once: the pool must fit that.
+
+        Normally its whole length; when every layer has a window and prompts are
+        chunked, only the window plus one step's chunk (and a block of slack on each
+        side), since blocks behind the window are released as it advances.
+        """
+        if window is None or not config.enable_chunked_prefill:
+            return max_len
+        bs = config.block_size
+        windowed = (-(-(window - 1 + config.max_num_batched_tokens) // bs) + 1) * bs
+        return min(max_len, windowed)
+
+    def _setup(self, config: EngineConfig, model: CausalLM, tokenizer: Any,
                model_id: str) -> None:
         bind_device(config.torch_device)
         self.config = config
@@ -95,7 +109,7 @@ class LLMEngine:
         num_blocks = decide_num_blocks(config, self.runner)
         capacity = num_blocks * config.block_size
         max_len = self._default_max_len(config, model.config.max_position_embeddings)
-        if capacity < max_len:
+        if capacity < self._tokens_held(config, max_len, model.config.kv_window):
             if config.max_model_len is not None:
                 raise EngineConfigError(
                     f"the KV pool holds {capacity} tokens ({num_blocks} blocks), fewer than "
@@ -121,7 +135,7 @@ class LLMEngine:
         self.runner.prepare_decode(min(config.max_num_seqs, config.cuda_graph_max_batch),
                                    max_len, config.enable_cuda_graphs)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 model_id)
+                                 model_id, sliding_window=model.config.kv_window)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    StopConditions(frozenset(self.eos_token_ids), max_len))

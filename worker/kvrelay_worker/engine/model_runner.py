@@ -21,7 +21,7 @@ from kvrelay_worker.engine.host_batch import HostBatch
 from kvrelay_worker.engine.scheduler import ScheduledSequence
 from kvrelay_worker.engine.transfer import host_to_device
 from kvrelay_worker.models.attention import AttentionMetadata
-from kvrelay_worker.models.llama import LlamaForCausalLM
+from kvrelay_worker.models.decoder import CausalLM
 
 
 @dataclass
@@ -32,7 +32,7 @@ class ModelInputs:
     logits_indices: torch.Tensor
 
 
-def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
     cfg = model.config
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
     return per_token * block_size * torch.empty((), dtype=dtype).element_size()
@@ -41,7 +41,7 @@ def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dt
 class ModelRunner:
     """Runs one step of the model over a flattened batch, reading and writing the KV cache."""
 
-    def __init__(self, model: LlamaForCausalLM, block_size: int, device: torch.device,
+    def __init__(self, model: CausalLM, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.model = model
         self.block_size = block_size
@@ -170,7 +170,7 @@ class ModelRunner:
         from kvrelay_worker.engine.sequence import Sequence
 
         cfg = self.model.config
-        per_seq = max(1, min(num_tokens, self.model.cos_sin_cache.shape[0]))
+        per_seq = max(1, min(num_tokens, self.model.max_position))
         num_dummy = max(1, -(-num_tokens // per_seq))
         blocks_per_seq = -(-per_seq // self.block_size)
         saved = (self.kv_caches, self.num_blocks)

@@ -121,8 +121,8 @@ class Scheduler:
                            stop_string: StopStringCheck | None = None) -> list[Sequence]:
         """Apply what a step did for ``scheduled``: the one place sequences advance.
 
-        Every item's computed tokens advance and its newly full blocks go to the prefix
-        cache; then each item that sampled (``sampled`` holds their tokens, in order)
+        Every item's computed tokens advance, its newly full blocks go to the prefix
+        cache and blocks behind a sliding window go back to the pool; then each item that sampled (``sampled`` holds their tokens, in order)
         gets its token appended, ``stop_string`` is asked about it, and a sequence that
         is done is finished and its blocks freed. Returns the sequences that got a token.
         """
@@ -132,6 +132,7 @@ class Scheduler:
         for item in scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.kv.publish_computed_blocks(item.seq)
+            self.kv.release_out_of_window(item.seq)
         for seq, token in zip(sampling, sampled, strict=True):
             seq.append_token(token)
             stopped = stop_string(seq, token) if stop_string is not None else False

@@ -16,23 +16,19 @@ import torch
 from safetensors import safe_open
 
 from kvrelay_worker.models.errors import UnsupportedModelError
+from kvrelay_worker.models.families import family_of_hf_config
+from kvrelay_worker.models.family import rope_from_hf
+from kvrelay_worker.models.layers import activation
 from kvrelay_worker.models.model_config import ModelConfig
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 
-# Hugging Face architecture class -> the model_type we keep in ModelConfig.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
-_ARCHITECTURE_BY_TYPE = {model_type: arch for arch, model_type in SUPPORTED_ARCHITECTURES.items()}
-
-# transformers' class defaults for keys a config.json may leave out.
-_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
-_DEFAULT_RMS_EPS = {"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6}
+# The families the GGUF converter writes a config.json for, and their architecture class.
+_WRITABLE_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                           "qwen2": "Qwen2ForCausalLM"}
+_DEFAULT_RMS_EPS = 1e-6
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -58,58 +54,56 @@ def read_hf_config(folder: Path) -> ModelConfig:
 
 
 def config_from_hf_dict(raw: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
-    """Map a ``config.json`` dict to ModelConfig, refusing what the decoder cannot run."""
-    model_type = _model_type(raw, source)
+    """Map a ``config.json`` dict to ModelConfig, refusing what the decoder cannot run.
+
+    The keys every family shares are read here; the family's module reads its own
+    (biases, windows, norms, experts) and may override these.
+    """
+    family = family_of_hf_config(list(raw.get("architectures") or []), raw.get("model_type"),
+                                 source)
     if raw.get("quantization_config"):
         method = raw["quantization_config"].get("quant_method", "?")
         raise UnsupportedModelError(
             f"{source}: pre-quantized checkpoints ({method}) are not supported; "
             "use float16/bfloat16/float32 safetensors or a GGUF file"
         )
-    activation = raw.get("hidden_act", "silu")
-    if activation != "silu":
-        raise UnsupportedModelError(
-            f"{source}: hidden_act {activation!r} is not supported (silu only)"
-        )
-
     hidden = _required_int(raw, "hidden_size", source)
     heads = _required_int(raw, "num_attention_heads", source)
     layers = _required_int(raw, "num_hidden_layers", source)
     kv_heads = int(raw.get("num_key_value_heads") or heads)
     head_dim = int(raw.get("head_dim") or hidden // heads)
-    max_positions = int(raw.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[model_type])
-    rope_theta, rope_scaling = _rope(raw, source)
-    _refuse_sliding_window(raw, model_type, layers, max_positions, source)
-
-    # Qwen2 always biases q/k/v (never o); Llama's single switch covers q/k/v/o.
-    llama_bias = model_type == "llama" and bool(raw.get("attention_bias", False))
+    max_positions = int(raw.get("max_position_embeddings") or family.default_max_positions)
+    rope_theta, rope_scaling = rope_from_hf(raw, source)
     extra: dict[str, Any] = {}
     declared_dtype = raw.get("dtype") or raw.get("torch_dtype")
     if declared_dtype is not None:
         extra["dtype"] = str(declared_dtype)
-    return ModelConfig(
-        vocab_size=_required_int(raw, "vocab_size", source),
-        hidden_size=hidden,
-        intermediate_size=_required_int(raw, "intermediate_size", source),
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(raw.get("rms_norm_eps") or _DEFAULT_RMS_EPS[model_type]),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=model_type == "qwen2" or llama_bias,
-        attention_output_bias=llama_bias,
-        mlp_bias=model_type == "llama" and bool(raw.get("mlp_bias", False)),
-        bos_token_id=_optional_int(raw.get("bos_token_id")),
-        eos_token_ids=_as_id_tuple(raw.get("eos_token_id")),
-        pad_token_id=_optional_int(raw.get("pad_token_id")),
-        model_type=model_type,
-        sliding_window=None,
-        extra=extra,
-    )
+    fields: dict[str, Any] = {
+        "vocab_size": _required_int(raw, "vocab_size", source),
+        "hidden_size": hidden,
+        "intermediate_size": _required_int(raw, "intermediate_size", source),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "rms_norm_eps": float(raw.get("rms_norm_eps") or _DEFAULT_RMS_EPS),
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        "hidden_act": str(raw.get("hidden_act") or "silu"),
+        "bos_token_id": _optional_int(raw.get("bos_token_id")),
+        "eos_token_ids": _as_id_tuple(raw.get("eos_token_id")),
+        "pad_token_id": _optional_int(raw.get("pad_token_id")),
+        "model_type": family.name,
+        "extra": extra,
+    }
+    fields.update(family.read_fields(raw, layers, source))
+    activation(fields["hidden_act"])  # refuse an unknown activation now, not at build
+    try:
+        return ModelConfig(**fields)
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{source}: {exc}") from exc
 
 
 def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
@@ -118,7 +112,7 @@ def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str
     Uses the legacy ``rope_theta``/``rope_scaling`` keys, which transformers 4.x reads
     natively and 5.x converts into ``rope_parameters``.
     """
-    if config.model_type not in _ARCHITECTURE_BY_TYPE:
+    if config.model_type not in _WRITABLE_ARCHITECTURES or config.sliding_layers:
         raise UnsupportedModelError(
             f"cannot write a config.json for model_type {config.model_type!r}"
         )
@@ -136,7 +130,7 @@ def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str
     else:
         eos = list(config.eos_token_ids)
     out: dict[str, Any] = {
-        "architectures": [_ARCHITECTURE_BY_TYPE[config.model_type]],
+        "architectures": [_WRITABLE_ARCHITECTURES[config.model_type]],
         "model_type": config.model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
@@ -214,92 +208,13 @@ def iter_safetensors_weights(
 
 
 def _normalise_name(key: str) -> str | None:
-    """Map a stored key to the ``LlamaForCausalLM`` name, or None for a key to skip."""
+    """Map a stored key to its Hugging Face ``model.``-prefixed name, or None for a key to skip."""
     if key.endswith("rotary_emb.inv_freq"):
         return None
     if key.startswith("model.") or key == "lm_head.weight":
         return key
     # A bare LlamaModel/Qwen2Model export has no "model." prefix.
     return f"model.{key}"
-
-
-def _model_type(raw: Mapping[str, Any], source: str) -> str:
-    architectures = raw.get("architectures") or []
-    supported = ", ".join(SUPPORTED_ARCHITECTURES)
-    if architectures:
-        arch = architectures[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"{source}: architecture {arch} is not supported (supported: {supported})"
-            )
-        return SUPPORTED_ARCHITECTURES[arch]
-    model_type = raw.get("model_type")
-    if model_type not in _ARCHITECTURE_BY_TYPE:
-        raise UnsupportedModelError(
-            f"{source}: model_type {model_type!r} is not supported (supported: {supported})"
-        )
-    return str(model_type)
-
-
-def _rope(raw: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
-    """``(rope_theta, rope_scaling)`` from either transformers 4 or 5 spelling.
-
-    transformers 5 writes ``rope_parameters`` (holding ``rope_theta`` and ``rope_type``,
-    ``"default"`` for plain RoPE); 4.x writes ``rope_theta`` and ``rope_scaling`` (whose
-    type key was once ``type``). Plain RoPE comes back as ``None``.
-    """
-    scaling: dict[str, Any] | None = None
-    for key in ("rope_parameters", "rope_scaling"):
-        value = raw.get(key)
-        if isinstance(value, Mapping) and value:
-            scaling = dict(value)
-            break
-    theta = float(raw.get("rope_theta") or 10000.0)
-    if scaling is None:
-        return theta, None
-    if scaling.get("rope_theta") is not None:
-        theta = float(scaling["rope_theta"])
-    scaling.pop("rope_theta", None)
-    legacy_type = scaling.pop("type", None)
-    rope_type = scaling.pop("rope_type", None) or legacy_type or "default"
-    partial = scaling.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial is not None and float(partial) != 1.0:
-        raise UnsupportedModelError(f"{source}: partial rotary embeddings are not supported")
-    if rope_type == "default":
-        return theta, None
-    if "original_max_position_embeddings" not in scaling and raw.get(
-        "original_max_position_embeddings"
-    ):
-        scaling["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
-    return theta, {"rope_type": rope_type, **scaling}
-
-
-def _refuse_sliding_window(
-    raw: Mapping[str, Any], model_type: str, layers: int, max_positions: int, source: str
-) -> None:
-    """Raise when some layer would attend through a window shorter than the context.
-
-    A window at least as long as ``max_position_embeddings`` never drops a token, and Qwen2
-    only windows when ``use_sliding_window`` is on, and then only layers from
-    ``max_window_layers`` on (or those ``layer_types`` marks as sliding).
-    """
-    window = raw.get("sliding_window")
-    if model_type == "llama" or window is None or int(window) >= max_positions:
-        return
-    if model_type == "qwen2":
-        if not raw.get("use_sliding_window", False):
-            return
-        layer_types = raw.get("layer_types")
-        if layer_types is not None:
-            windowed = "sliding_attention" in layer_types
-        else:
-            windowed = int(raw.get("max_window_layers", 28)) < layers
-        if not windowed:
-            return
-    raise UnsupportedModelError(
-        f"{source}: sliding-window attention (window {window} < {max_positions} positions) "
-        "is not supported"
-    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from kvrelay_worker.models.model_config import ModelConfig
 class LoadedModelFiles:
     """A model ready to build: its config now, its weights and tokenizer on demand.
 
-    ``weights()`` streams ``(name, tensor)`` pairs named as in Hugging Face's
-    ``LlamaForCausalLM`` (q/k in rotate-half order; no ``lm_head.weight`` when embeddings
+    ``weights()`` streams ``(name, tensor)`` pairs named as in the Hugging Face
+    checkpoint (q/k in rotate-half order; no ``lm_head.weight`` when embeddings
     are tied), in the dtype stored on disk (float32 for converted GGUF files). Each call
     starts a fresh pass over the files.
     """

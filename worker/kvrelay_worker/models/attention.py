@@ -38,12 +38,17 @@ class AttentionMetadata:
 class Attention(nn.Module):
     """Paged multi-head attention (MHA, GQA or MQA, decided by the head counts)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None, softcap: float | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        # The layer sees only the last ``sliding_window`` tokens (None: all of them).
+        self.sliding_window = sliding_window
+        # Gemma 2's tanh soft-capping of attention scores (None: plain scores).
+        self.softcap = softcap
         # [2, num_blocks, block_size, num_kv_heads, head_dim], bound by the model runner.
         self.kv_cache: torch.Tensor | None = None
 
@@ -70,5 +75,7 @@ class Attention(nn.Module):
             self.scale,
             max_query_len=meta.max_query_len,
             max_seq_len=meta.max_seq_len,
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
         )
         return out.view(num_tokens, self.num_heads * self.head_dim)
