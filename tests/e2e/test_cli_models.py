@@ -23,6 +23,24 @@ def test_lists_the_default_model() -> None:
     assert "(default)" in result.output
 
 
+def test_lists_the_supported_families() -> None:
+    from kvrelay_worker.models.families import FAMILIES
+
+    result = CliRunner().invoke(cli, ["models"])
+    assert result.exit_code == 0, result.output
+    for title, arch in [("Qwen3", "Qwen3ForCausalLM"), ("Gemma 2", "Gemma2ForCausalLM"),
+                        ("Gemma 3 (text)", "Gemma3ForCausalLM"), ("Phi-3", "Phi3ForCausalLM"),
+                        ("Mixtral", "MixtralForCausalLM"), ("Qwen3-MoE", "Qwen3MoeForCausalLM"),
+                        ("Llama 2/3", "LlamaForCausalLM")]:
+        (line,) = [row for row in result.output.splitlines() if f" {title} " in row]
+        assert arch in line
+    assert len([row for row in result.output.splitlines() if "HF folder" in row]) == len(FAMILIES)
+    gguf = [row for row in result.output.splitlines() if "ForCausalLM" in row and "GGUF" in row]
+    assert len(gguf) == 2
+    assert "Llama 2/3" in gguf[0]
+    assert "Qwen2/2.5" in gguf[1]
+
+
 def test_lists_as_json() -> None:
     result = CliRunner().invoke(cli, ["models", "--json"])
     assert result.exit_code == 0, result.output

@@ -13,6 +13,7 @@ the same weights.
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,7 @@ def tiny_hf_config(
     name: str, vocab_size: int = SMOLLM2_VOCAB_SIZE, **overrides: Any
 ) -> PretrainedConfig:
     """The transformers config of a tiny model (head_dim 64, float32, init std 0.2)."""
-    spec = dict(TINY_MODELS[name])
+    spec = copy.deepcopy(TINY_MODELS[name])  # transformers' configs mutate dicts they get
     arch = spec.pop("arch")
     if "rope_parameters" not in spec:
         spec["rope_theta"] = spec.get("rope_theta", 10000.0)

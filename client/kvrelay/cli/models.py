@@ -50,7 +50,20 @@ def list_models(as_json: bool) -> None:
         default = " (default)" if info.name == DEFAULT_MODEL else ""
         click.echo(f"{info.name:<{width}}  {status}{default}")
         click.echo(f"{'':<{width}}  {info.description}")
-    click.echo("Any Hugging Face folder or .gguf file of a Llama-family model works too.", err=True)
+    list_families()
+
+
+def list_families() -> None:
+    """The families a Hugging Face folder (or GGUF file) given as a path may hold."""
+    from kvrelay_worker.models.families import FAMILIES
+
+    click.echo("")
+    click.echo("Model families (any Hugging Face folder or file of these loads by path):")
+    width = max(len(family.title) for family in FAMILIES)
+    for family in FAMILIES:
+        formats = "HF folder (safetensors)" + (", GGUF" if "gguf" in family.formats else "")
+        click.echo(f"  {family.title:<{width}}  {', '.join(family.architectures)}; {formats}"
+                   f"; e.g. {family.examples}")
 
 
 @models.command("prepare")
