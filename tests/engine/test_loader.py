@@ -318,7 +318,7 @@ def test_written_config_round_trips_through_transformers(
     from transformers import AutoConfig
 
     config = load_model_source(tiny_model(name)).config
-    if config.model_type not in ("llama", "qwen2"):
+    if config.model_type not in ("llama", "qwen2", "qwen3"):
         # Only the families GGUF files convert into are written back; others refuse.
         with pytest.raises(UnsupportedModelError, match=r"cannot write a config\.json"):
             hf_dict_from_config(config)
@@ -349,6 +349,7 @@ GGUF_CASES = [
     ("llama-mqa", gguf.GGMLQuantizationType.Q8_0),
     ("qwen2-gqa-bias-tied", gguf.GGMLQuantizationType.F16),
     ("llama3-rope", gguf.GGMLQuantizationType.F32),
+    ("qwen3-qk-norm", gguf.GGMLQuantizationType.Q8_0),
 ]
 
 
@@ -397,7 +398,7 @@ def test_tiny_gguf_matches_hf_model(
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("héllo the world")) == "héllo the world"
 
 
-@pytest.mark.parametrize("name", ["llama-mha-untied", "llama3-rope"])
+@pytest.mark.parametrize("name", ["llama-mha-untied", "llama3-rope", "qwen3-qk-norm"])
 def test_converted_folder_runs_like_the_original_in_transformers(
     name: str, tiny_gguf, temp_cache: Path
 ) -> None:

@@ -33,6 +33,8 @@ _BLOCK_NAMES = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
@@ -90,7 +92,8 @@ def write_gguf_from_hf(
     2-D weights are stored as ``qtype``; norms and biases stay F32 as llama.cpp keeps them.
     """
     config = json.loads((hf_folder / "config.json").read_text())
-    arch = architecture or {"llama": "llama", "qwen2": "qwen2"}[config["model_type"]]
+    arch = architecture or {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[
+        config["model_type"]]
     state = load_file(str(hf_folder / "model.safetensors"))
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads

@@ -6,7 +6,8 @@ transformers' GGUF loader):
 - Shapes are stored fastest-dimension first, the reverse of torch's order.
 - For architecture ``llama`` the converter permutes the rows of q/k (weights and biases)
   so each head's rotary pairs sit side by side (GPT-J style rotation); Hugging Face
-  rotates halves. ``qwen2`` files are written unpermuted (llama.cpp runs them NEOX style).
+  rotates halves. ``qwen2`` and ``qwen3`` files are written unpermuted (llama.cpp runs
+  them NEOX style).
 - Llama 3.1/3.2 rope scaling is not stored as metadata but as a ``rope_freqs`` tensor of
   per-frequency divisors; we recover Hugging Face's ``llama3`` parameters from it.
 - Tied embeddings are implied by the absence of ``output.weight``.
@@ -29,7 +30,7 @@ from gguf.quants import dequantize
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.model_config import ModelConfig
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -43,6 +44,8 @@ _BLOCK_TENSORS = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3's per-head q/k RMSNorm
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -213,6 +216,7 @@ class GGUFCheckpoint:
             eos_token_ids=self._eos_ids(),
             pad_token_id=_optional_int(self.metadata("tokenizer.ggml.padding_token_id")),
             model_type=self.architecture,
+            qk_norm="model.layers.0.self_attn.q_norm.weight" in names,
             extra={
                 "gguf_name": self.metadata("general.name"),
                 "gguf_file_type": self.metadata("general.file_type"),

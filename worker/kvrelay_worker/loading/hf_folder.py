@@ -27,7 +27,7 @@ SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 
 # The families the GGUF converter writes a config.json for, and their architecture class.
 _WRITABLE_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                           "qwen2": "Qwen2ForCausalLM"}
+                           "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DEFAULT_RMS_EPS = 1e-6
 
 
@@ -118,10 +118,15 @@ def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str
         )
     if config.model_type == "qwen2" and (config.attention_output_bias or config.mlp_bias):
         raise UnsupportedModelError("Qwen2 has no o_proj or MLP bias")
-    if config.model_type == "llama" and config.attention_bias != config.attention_output_bias:
+    if config.model_type in ("llama", "qwen3") and (
+        config.attention_bias != config.attention_output_bias
+    ):
         raise UnsupportedModelError(
-            "Llama's attention_bias switches q/k/v and o biases together; this model has only some"
+            f"{config.model_type}'s attention_bias switches q/k/v and o biases together; "
+            "this model has only some"
         )
+    if config.qk_norm != (config.model_type == "qwen3"):
+        raise UnsupportedModelError(f"a {config.model_type} model with qk_norm={config.qk_norm}")
     eos: int | list[int] | None
     if not config.eos_token_ids:
         eos = None
@@ -154,6 +159,9 @@ def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str
     if config.model_type == "llama":
         out["attention_bias"] = config.attention_bias
         out["mlp_bias"] = config.mlp_bias
+    elif config.model_type == "qwen3":
+        out.update(attention_bias=config.attention_bias, use_sliding_window=False,
+                   sliding_window=None, max_window_layers=config.num_hidden_layers)
     elif config.model_type == "qwen2":
         out.update(use_sliding_window=False, sliding_window=None)
         out["max_window_layers"] = config.num_hidden_layers

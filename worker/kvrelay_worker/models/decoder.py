@@ -124,6 +124,10 @@ class CausalLM(nn.Module):
             layers.append(layer)
         return layers
 
+    @property
+    def has_experts(self) -> bool:
+        return any(self.config.moe_layers)
+
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.decoder_layers()]
 

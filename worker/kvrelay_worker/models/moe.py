@@ -49,7 +49,9 @@ class SparseMoE(nn.Module):
         order = flat_experts.argsort(stable=True)
         token_of_row = order // self.top_k
         rows = x.index_select(0, token_of_row)
-        counts = torch.bincount(flat_experts, minlength=self.num_experts)
+        # Not bincount: on CUDA it reads the largest id back to size its output.
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=x.device)
+        counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts))
         if self.grouped and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
             # CUDA's grouped_mm takes bfloat16 only; other GPU dtypes take the loop.
             out = self._grouped(rows, counts)

@@ -15,4 +15,5 @@ def _fields(raw: Mapping[str, Any], layers: int, source: str) -> dict[str, Any]:
 
 
 QWEN3 = ModelFamily("qwen3", "Qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _fields,
-                    default_max_positions=32768, examples="Qwen3-0.6B")
+                    default_max_positions=32768, formats=("safetensors", "gguf"),
+                    examples="Qwen3-0.6B")
