@@ -21,7 +21,7 @@ from kvrelay_kernels.checks import (
 )
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 
-SUPPORTED_HEAD_SIZES = (64, 80, 96, 128)
+SUPPORTED_HEAD_SIZES = (64, 80, 96, 128, 256)
 
 
 def check_paged_attention_args(

@@ -58,6 +58,8 @@ SHAPES = [
     pytest.param(4, 4, 96, 16, torch.float16, id="mha-d96-b16-fp16"),
     pytest.param(16, 2, 128, 32, torch.bfloat16, id="gqa8-d128-b32-bf16"),
     pytest.param(4, 1, 128, 16, torch.float16, id="mqa4-d128-b16-fp16"),
+    # Gemma 2/3's head size, under a window and soft-cap as Gemma runs it.
+    pytest.param(4, 2, 256, 16, torch.bfloat16, id="gqa2-d256-b16-bf16"),
     # SmolLM2-135M (the default model): 9 query heads over 3 KV heads, a group of 3.
     pytest.param(9, 3, 64, 16, torch.float32, id="gqa3-d64-b16-fp32"),
     pytest.param(14, 2, 64, 32, torch.bfloat16, id="gqa7-d64-b32-bf16"),
@@ -201,6 +203,7 @@ WINDOW_SHAPES = [
     pytest.param(9, 3, 64, 16, torch.float32, id="gqa3-d64-b16-fp32"),
     pytest.param(8, 1, 80, 32, torch.bfloat16, id="gqa8-d80-b32-bf16"),
     pytest.param(4, 4, 96, 16, torch.float16, id="mha-d96-b16-fp16"),
+    pytest.param(4, 2, 256, 16, torch.bfloat16, id="gqa2-d256-b16-bf16"),  # Gemma's
 ]
 
 
