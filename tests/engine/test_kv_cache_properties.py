@@ -19,6 +19,15 @@ left, every block is free. With a sliding window (some runs draw one), only the 
 context is read, the released leading entries are exactly those behind it, and they are
 held by nobody through that table. At the end every request is driven to completion in a
 bounded number of steps (nothing livelocks) and no block leaks.
+
+Each run draws a preemption mode (recompute, swap or auto with a drawn cost model) and a
+small host pool. The scheduler's swap-out and swap-in block pairs move the identities
+between the fake device cache and a fake host cache exactly as the engine's copies do
+(swap-outs first, before the step writes anything), so a wrong copy, a block freed before
+it was copied or a wrong block table after swap-in reads a wrong identity. A swapped
+sequence holds no device block and exactly its host blocks, resumes with the computed
+tokens it had, and host reference counts are checked like device ones: no host block
+leaks, whatever is aborted.
 """
 
 from __future__ import annotations
@@ -36,10 +45,12 @@ from hypothesis.stateful import (
 )
 
 from kvrelay_worker.engine.kv_cache import KVCacheManager
+from kvrelay_worker.engine.preemption import PreemptionPolicy, SwapCostModel
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.stop_conditions import StopConditions
+from kvrelay_worker.engine.swap_space import SwapSpace
 
 BLOCK_SIZE = 4
 # Tokens come from a tiny alphabet so that equal prompts and equal generated tails are
@@ -61,6 +72,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.live: list[Sequence] = []
         self.finished: list[Sequence] = []
         self.kv_content: dict[int, Identity] = {}
+        self.host_content: dict[int, Identity] = {}
         self.arrivals = 0
         self.num_steps = 0
         self.num_requests = 0
@@ -72,9 +84,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         chunked=st.booleans(),
         caching=st.booleans(),
         window=st.sampled_from([None, None, 5, 9]),
+        mode=st.sampled_from(["recompute", "swap", "auto"]),
+        host_blocks=st.integers(1, 8),
+        # With one token/s and one byte/s, swapping a block out and back costs twice its
+        # bytes in seconds, recomputing it BLOCK_SIZE: auto swaps, recomputes, or mixes.
+        block_bytes=st.sampled_from([1, 2, 3, 4]),
     )
     def setup(self, num_blocks: int, max_num_seqs: int, budget: int, chunked: bool,
-              caching: bool, window: int | None) -> None:
+              caching: bool, window: int | None, mode: str, host_blocks: int,
+              block_bytes: int) -> None:
         # As the engine guarantees: one sequence of max_model_len fits the pool, and
         # without chunked prefill one step's budget fits a whole sequence.
         self.max_len = min(num_blocks * BLOCK_SIZE, 40)
@@ -84,8 +102,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.window = window
         self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, caching, model_id="m",
                                  sliding_window=window)
+        self.mode = mode
+        cost = SwapCostModel(bytes_per_block=block_bytes, prefill_tokens_per_s=1.0,
+                             copy_bytes_per_s=1.0)
+        policy = PreemptionPolicy("swap" if mode == "swap" else "auto", cost)
+        self.swap = SwapSpace(host_blocks) if mode != "recompute" else None
         self.sched = Scheduler(self.kv, max_num_seqs, budget, enable_chunked_prefill=chunked,
-                               stop=StopConditions(max_model_len=self.max_len))
+                               stop=StopConditions(max_model_len=self.max_len),
+                               swap=self.swap, preemption=policy)
 
     # ------------------------------------------------------------------ operations
 
@@ -142,6 +166,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.finish(seq, status)
         assert list(seq.block_table) == []
         assert self.kv.num_blocks_held(seq) == 0
+        assert self.swap is None or not self.swap.holds(seq), "host blocks kept"
         self.live.remove(seq)
         self.finished.append(seq)
 
@@ -151,11 +176,31 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
 
+    def _copy_blocks(self, src: dict[int, Identity], dst: dict[int, Identity],
+                     pairs: list[tuple[int, int]]) -> None:
+        """What the engine's swap copies do, slot by slot, to the fake caches."""
+        for src_block, dst_block in pairs:
+            for offset in range(BLOCK_SIZE):
+                identity = src.get(src_block * BLOCK_SIZE + offset)
+                if identity is None:
+                    dst.pop(dst_block * BLOCK_SIZE + offset, None)
+                else:
+                    dst[dst_block * BLOCK_SIZE + offset] = identity
+
     def _step(self, rng: random.Random, stop_chance: float) -> None:
         waiting_before = set(self.sched.waiting_sequences())
+        swapped_before = {seq: seq.num_computed_tokens for seq in waiting_before
+                          if seq.status is SequenceStatus.SWAPPED}
         out = self.sched.schedule()
         self.num_steps += 1
         self._check_schedule(out, waiting_before)
+        assert not (out.swap_out and out.swap_in), "swapped out and in in one step"
+        for item in out.scheduled:  # a resumed sequence is not prefilled again
+            if item.seq in swapped_before:
+                assert item.seq.num_computed_tokens == swapped_before[item.seq]
+        # Before the forward pass writes anything, as the engine does.
+        self._copy_blocks(self.kv_content, self.host_content, out.swap_out)
+        self._copy_blocks(self.host_content, self.kv_content, out.swap_in)
         pool = self.kv.pool
         for item in out.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
@@ -213,9 +258,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert seq.num_cached_tokens >= 0
             assert seq.num_cached_tokens % BLOCK_SIZE == 0
             assert seq.num_cached_tokens < seq.num_tokens
+        swapped_out = 0
         for seq in out.preempted:
             assert seq not in seqs
-            assert seq.status is SequenceStatus.WAITING
+            if seq.status is SequenceStatus.SWAPPED:
+                assert self.mode != "recompute"
+                assert self.swap is not None
+                assert self.swap.holds(seq)
+                swapped_out += len(self.swap.get(seq).host_blocks)
+            else:
+                assert seq.status is SequenceStatus.WAITING
+        assert len(out.swap_out) == swapped_out
         # Admission is by (priority, arrival): a sequence admitted this step outranks
         # every sequence left waiting, except siblings deferred until choice 0's prompt
         # is cached.
@@ -247,11 +300,35 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.kv.num_blocks_held(seq) == len(table)
             for index, block_id in enumerate(table, start=released):
                 holders.setdefault(block_id, []).append((seq, index))
+        host_holders: dict[int, int] = {}
         for seq in self.sched.waiting_sequences():
-            assert seq.status is SequenceStatus.WAITING
             assert list(seq.block_table) == []
-            assert seq.num_computed_tokens == 0
             assert self.kv.num_blocks_held(seq) == 0
+            if seq.status is SequenceStatus.SWAPPED:
+                assert self.swap is not None
+                assert self.swap.holds(seq)
+                record = self.swap.get(seq)
+                assert seq.num_computed_tokens > 0
+                # Exactly the blocks that were live: computed ones not behind the window.
+                blocks = -(-seq.num_computed_tokens // BLOCK_SIZE)
+                assert record.num_released + len(record.host_blocks) >= blocks
+                for block in record.host_blocks:
+                    host_holders[block.block_id] = host_holders.get(block.block_id, 0) + 1
+            else:
+                assert seq.status is SequenceStatus.WAITING
+                assert seq.num_computed_tokens == 0
+                assert self.swap is None or not self.swap.holds(seq)
+        for seq in self.sched.running:
+            assert self.swap is None or not self.swap.holds(seq)
+        if self.swap is not None:
+            host = self.swap.pool
+            assert self.swap.num_swapped == sum(
+                1 for s in self.sched.waiting_sequences() if s.status is SequenceStatus.SWAPPED)
+            for block in host.blocks:
+                assert block.ref_cnt == host_holders.get(block.block_id, 0), "host ref count"
+                assert (block in host.free_queue) == (block.ref_cnt == 0)
+                assert block.block_hash is None, "host blocks are never cached"
+            assert host.num_free_blocks == sum(1 for b in host.blocks if b.ref_cnt == 0)
         assert set(self.sched.running) | set(self.sched.waiting_sequences()) == set(self.live)
         assert len(self.sched.running) + self.sched.num_waiting == len(self.live)
         for block in pool.blocks:
@@ -277,6 +354,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _check_all_free(self) -> None:
         assert not self.sched.has_unfinished()
         assert self.kv.num_free_blocks == self.kv.num_blocks, "blocks leaked"
+        if self.swap is not None:
+            assert self.swap.num_free_blocks == self.swap.num_blocks, "host blocks leaked"
+            assert self.swap.num_swapped == 0
 
     def teardown(self) -> None:
         if not hasattr(self, "kv"):

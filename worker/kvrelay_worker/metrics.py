@@ -56,6 +56,11 @@ _ENGINE_GAUGES = (
     ("kvrelay_prefix_cache_hit_tokens", "prefix_cache_hits", "Prompt tokens served from cache"),
     ("kvrelay_prefix_cache_query_tokens", "prefix_cache_queries", "Prompt tokens looked up"),
     ("kvrelay_preemptions", "preemptions", "Sequences preempted since start"),
+    ("kvrelay_swaps_out", "swaps_out", "Preemptions by swap to host memory since start"),
+    ("kvrelay_swaps_in", "swaps_in", "Swapped sequences resumed from host memory since start"),
+    ("kvrelay_recomputes", "recomputes", "Preemptions by recompute since start"),
+    ("kvrelay_swapped_sequences", "swapped", "Sequences whose KV waits in host memory"),
+    ("kvrelay_swap_free_blocks", "free_swap_blocks", "Free blocks in the host swap pool"),
     ("kvrelay_max_batch_size", "max_batch_size", "Largest batch so far"),
     ("kvrelay_jobs_running", "jobs", "Jobs held by the engine"),
 )

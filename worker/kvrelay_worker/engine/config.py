@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine.preemption import PREEMPTION_MODES
 
 _DTYPES = {
     "float32": torch.float32,
@@ -31,8 +33,15 @@ class EngineConfig:
     ``kv_cache_memory`` (bytes) sizes the KV pool on CPU; on CUDA the pool takes
     ``gpu_memory_utilization`` of the device's memory minus weights and the measured peak
     of a forward pass. ``num_kv_blocks`` overrides both (tests use it to force preemption).
-    A preempted sequence is always recomputed (its blocks freed, its prefix usually found
-    again in the prefix cache); there is no swap space to choose instead.
+
+    ``preemption_mode`` says what happens to a sequence preempted because the pool is
+    full: ``"recompute"`` frees its blocks and prefills it again later (what the prefix
+    cache still holds is not recomputed); ``"swap"`` copies its blocks to a host pool and
+    back, keeping its computed tokens; ``"auto"`` (the default) picks per sequence by an
+    estimate of recompute time against copy time (``engine/preemption.py``). Swapping
+    falls back to recompute whenever the host pool is full. ``swap_space_gib`` sizes that
+    host pool, on the GPU (pinned memory) as on the CPU (a second set of CPU tensors);
+    ``num_swap_blocks`` overrides it, in blocks. The recompute mode allocates no host pool.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -52,6 +61,11 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     # Largest batch captured in a CUDA graph (clamped to max_num_seqs).
     cuda_graph_max_batch: int = 256
+    # "recompute", "swap" or "auto"; see the class docstring.
+    preemption_mode: str = "auto"
+    # Host memory for swapped-out KV blocks, in GiB (2**30 bytes); 0 means none.
+    swap_space_gib: float = 1.0
+    num_swap_blocks: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,6 +84,17 @@ class EngineConfig:
             (self.max_model_len is None or self.max_model_len >= 1,
              "max_model_len must be at least 1"),
             (self.cuda_graph_max_batch >= 1, "cuda_graph_max_batch must be at least 1"),
+            (self.preemption_mode in PREEMPTION_MODES,
+             f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
+             f"got {self.preemption_mode!r}"),
+            (math.isfinite(self.swap_space_gib) and self.swap_space_gib >= 0,
+             f"swap_space_gib must be a finite number of GiB, at least 0, "
+             f"got {self.swap_space_gib}"),
+            (self.num_swap_blocks is None or self.num_swap_blocks >= 0,
+             "num_swap_blocks must be at least 0"),
+            (self.preemption_mode != "swap" or self.has_swap_space,
+             "preemption_mode='swap' needs host memory: set swap_space_gib (or "
+             "num_swap_blocks) above 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -92,6 +117,12 @@ class EngineConfig:
             )
         if device.type not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
+
+    @property
+    def has_swap_space(self) -> bool:
+        if self.num_swap_blocks is not None:
+            return self.num_swap_blocks > 0
+        return self.swap_space_gib > 0
 
     @property
     def torch_device(self) -> torch.device:

@@ -11,6 +11,10 @@ the next token to compute is never read again: it goes back to the pool (still i
 prefix cache if published, so a later request with the same prefix can take it), and its
 block-table entry points at ``RELEASED_BLOCK``, which the attention kernels never read
 because it is outside every window. A long sequence then holds O(window) blocks.
+
+Swap preemption detaches a sequence's live blocks (the engine copies them to host memory
+before the next forward pass) and later attaches fresh blocks for the copy to come back
+into; the sequence keeps its computed tokens and block hashes in between.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ def hash_block(parent: bytes, tokens: list[int]) -> bytes:
 
 # What a released block's block-table entry holds: any valid id does, since it is never read.
 RELEASED_BLOCK = 0
+
+# Stands in for released entries of a swapped-in sequence's block list: outside the pool,
+# never freed, published or written (every use of the list skips the released prefix).
+_RELEASED_PLACEHOLDER = KVBlock(RELEASED_BLOCK)
 
 
 class KVCacheManager:
@@ -169,6 +177,67 @@ class KVCacheManager:
         released = self._num_released.pop(seq.seq_id, 0)
         self.pool.free(reversed(blocks[released:]))
         del seq.block_table[:]
+
+    # ------------------------------------------------------------------------ swap
+
+    def detach_for_swap(self, seq: Sequence) -> tuple[list[int], int]:
+        """Free ``seq``'s blocks for a swap-out; return its live block ids and released count.
+
+        The caller copies the live blocks out before any later forward pass can write
+        them. They return to the pool as on a recompute preemption, published ones still
+        in the prefix cache; ``num_computed_tokens`` and the block hashes are kept.
+        """
+        released = self._num_released.get(seq.seq_id, 0)
+        live = [b.block_id for b in self._blocks.get(seq.seq_id, [])[released:]]
+        self.free(seq)
+        return live, released
+
+    def blocks_to_resume(self, seq: Sequence, num_live: int, num_released: int,
+                         num_new_tokens: int) -> int:
+        """Free blocks a swap-in needs: the live blocks plus room for the next tokens."""
+        total = self.blocks_for_tokens(seq.num_computed_tokens + num_new_tokens)
+        return max(num_live, total - num_released)
+
+    def attach_swapped(self, seq: Sequence, num_live: int, num_released: int) -> list[int]:
+        """Fresh blocks for a swapped-in sequence's live entries; returns their ids.
+
+        Released entries come back as ``RELEASED_BLOCK``. The copies' full computed blocks
+        are offered to the prefix cache again (a hash another block still caches is kept
+        there, so nothing is published twice); the copy lands before any forward pass
+        that could read them.
+        """
+        if seq.seq_id in self._blocks:
+            raise ValueError(f"sequence {seq.seq_id} already holds blocks")
+        new = self.pool.get_new_blocks(num_live)
+        self._blocks[seq.seq_id] = [_RELEASED_PLACEHOLDER] * num_released + new
+        seq.block_table.extend([RELEASED_BLOCK] * num_released)
+        seq.block_table.extend(b.block_id for b in new)
+        if num_released:
+            self._num_released[seq.seq_id] = num_released
+        self._num_published[seq.seq_id] = num_released
+        self.publish_computed_blocks(seq)
+        return [b.block_id for b in new]
+
+    def num_prefix_blocks_kept(self, seq: Sequence) -> int:
+        """Leading cached blocks of ``seq`` that would survive its preemption.
+
+        Only those another sequence also holds: the victim's own freed blocks are the
+        ones the pressure that forced the preemption hands out next, so a recompute
+        estimate counts them as lost. Capped like ``find_cached_prefix``.
+        """
+        if not self.enable_caching:
+            return 0
+        blocks = self._blocks.get(seq.seq_id, [])
+        released = self._num_released.get(seq.seq_id, 0)
+        limit = min(self._num_published.get(seq.seq_id, 0), (seq.num_tokens - 1) // self.block_size)
+        kept = 0
+        for i in range(limit):
+            block = self.pool.get_cached_block(seq.block_hashes[i])
+            own = 1 if i >= released and i < len(blocks) and blocks[i] is block else 0
+            if block is None or block.ref_cnt - own <= 0:
+                break
+            kept += 1
+        return kept
 
     def num_released(self, seq: Sequence) -> int:
         """How many leading block-table entries were given back (behind the window)."""

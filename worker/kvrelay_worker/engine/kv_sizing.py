@@ -1,4 +1,4 @@
-"""How many KV blocks the pool gets.
+"""How many KV blocks the pool gets, and how many the host pool for swapped-out blocks.
 
 CPU: ``kv_cache_memory`` bytes. CUDA: what is left of ``gpu_memory_utilization`` of the
 device after the weights, everything else already resident, and the measured peak of a
@@ -65,3 +65,19 @@ def _cuda_blocks(config: EngineConfig, runner: ModelRunner, per_block: int) -> i
             f"{config.gpu_memory_utilization}: raise it or lower max_num_batched_tokens"
         )
     return int(blocks)
+
+
+def decide_num_swap_blocks(config: EngineConfig, runner: ModelRunner) -> int:
+    """Host blocks for swap preemption: ``swap_space_gib`` worth, none for recompute only."""
+    if config.preemption_mode == "recompute":
+        return 0
+    if config.num_swap_blocks is not None:
+        return config.num_swap_blocks
+    per_block = kv_bytes_per_block(runner.model, config.block_size, config.torch_dtype)
+    blocks = int(config.swap_space_gib * 2**30) // per_block
+    if blocks < 1 and config.preemption_mode == "swap":
+        raise EngineConfigError(
+            f"swap_space_gib={config.swap_space_gib} holds no KV block ({per_block} bytes "
+            "each); raise it or use preemption_mode='auto' or 'recompute'"
+        )
+    return blocks

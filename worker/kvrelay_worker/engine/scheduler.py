@@ -4,8 +4,17 @@ Every step, running sequences go first (a decode is one token; a prompt still be
 prefilled gets its next chunk), then waiting ones are admitted by priority and arrival
 while the token budget, the sequence limit and the KV pool allow. When the pool cannot
 hold a running sequence's next tokens, the lowest-priority, most recently admitted running
-sequence is preempted: its blocks are freed and it waits to be recomputed (its full
-blocks usually survive in the prefix cache, so recompute is cheap).
+sequence is preempted, by recompute (its blocks are freed and it is prefilled again; what
+the prefix cache still holds is not recomputed) or by swap (its live blocks are copied to
+a host pool, ``SchedulerOutput.swap_out``, and it keeps its computed tokens), as the
+``PreemptionPolicy`` says. Either way it goes back to the waiting queue under its own
+priority and arrival, so it resumes before anything that arrived after it; a swapped
+sequence resumes by swap-in (fresh blocks, ``SchedulerOutput.swap_in``), never as a new
+prompt, and blocks the queue behind it until its live blocks fit.
+
+A step never both swaps out and swaps in: preemptions happen while placing running
+sequences, resumes and admissions only in a step that preempted nothing. The engine
+performs a step's copies before its forward pass, swap-outs first.
 
 The scheduler is the only writer of a sequence's progress: ``schedule`` allocates and
 counts prefix-cache hits, ``update_from_output`` applies what a step computed and
@@ -22,8 +31,10 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from kvrelay_worker.engine.kv_cache import KVCacheManager
+from kvrelay_worker.engine.preemption import PreemptionPolicy
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.stop_conditions import StopConditions
+from kvrelay_worker.engine.swap_space import SwapSpace
 
 # Told each sampled token after it is appended; True when it completed a stop string.
 StopStringCheck = Callable[[Sequence, int], bool]
@@ -44,6 +55,10 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Block copies to make before this step's forward pass: (device id, host id) pairs
+    # out to the host pool, then (host id, device id) pairs back in.
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -56,7 +71,10 @@ class SchedulerOutput:
 
 @dataclass
 class SchedulerStats:
-    preemptions: int = 0
+    preemptions: int = 0  # swaps_out + recomputes
+    swaps_out: int = 0
+    swaps_in: int = 0
+    recomputes: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     max_batch_size: int = 0
@@ -65,8 +83,11 @@ class SchedulerStats:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True,
-                 stop: StopConditions | None = None) -> None:
+                 stop: StopConditions | None = None, swap: SwapSpace | None = None,
+                 preemption: PreemptionPolicy | None = None) -> None:
         self.kv = kv
+        self.swap = swap
+        self.preemption = preemption or PreemptionPolicy()
         self.stop = stop or StopConditions()
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -88,13 +109,17 @@ class Scheduler:
     def waiting_sequences(self) -> list[Sequence]:
         return [entry[3] for entry in sorted(self._waiting)]
 
-    def add(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
+    @property
+    def num_swapped(self) -> int:
+        return self.swap.num_swapped if self.swap is not None else 0
+
+    def add(self, seq: Sequence, status: SequenceStatus = SequenceStatus.WAITING) -> None:
+        seq.status = status
         # Higher priority first, then arrival order; the seq id breaks the last ties.
         heapq.heappush(self._waiting, (-seq.priority, seq.arrival_order, seq.seq_id, seq))
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
-        """Mark ``seq`` finished and free its blocks, wherever it is."""
+        """Mark ``seq`` finished and free its blocks (host ones too), wherever it is."""
         if seq.is_finished:
             return
         if seq in self.running:
@@ -103,6 +128,8 @@ class Scheduler:
             self._remove_waiting(seq)
         seq.status = status
         self.kv.free(seq)
+        if self.swap is not None:
+            self.swap.free(seq)
 
     def _remove_waiting(self, seq: Sequence) -> None:
         for i, entry in enumerate(self._waiting):
@@ -191,18 +218,66 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
-        self.kv.free(seq)
-        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.stats.preemptions += 1
         out.preempted.append(seq)
+        if self._should_swap(seq):
+            assert self.swap is not None
+            live, released = self.kv.detach_for_swap(seq)
+            host = self.swap.store(seq, len(live), released)
+            out.swap_out.extend(zip(live, host, strict=True))
+            self.stats.swaps_out += 1
+            self.add(seq, SequenceStatus.SWAPPED)
+            return
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        self.stats.recomputes += 1
         self.add(seq)
+
+    def _should_swap(self, seq: Sequence) -> bool:
+        """Swap when the policy prefers it and the host pool has room; else recompute."""
+        if self.swap is None or self.preemption.mode == "recompute":
+            return False
+        live = self.kv.num_blocks_held(seq)
+        if not self.swap.can_hold(live):
+            return False
+        kept = self.kv.num_prefix_blocks_kept(seq) * self.kv.block_size
+        return self.preemption.wants_swap(max(0, seq.num_computed_tokens - kept), live)
+
+    def _swap_in(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Resume a swapped sequence if its live blocks and next tokens fit the pool."""
+        assert self.swap is not None
+        record = self.swap.get(seq)
+        num_live = len(record.host_blocks)
+        needed = self.kv.blocks_to_resume(seq, num_live, record.num_released, num_new)
+        if needed > self.kv.num_free_blocks:
+            return False
+        device = self.kv.attach_swapped(seq, num_live, record.num_released)
+        out.swap_in.extend(zip(record.host_ids, device, strict=True))
+        self.swap.free(seq)
+        if not self.kv.allocate_slots(seq, num_new):
+            raise AssertionError("room for a swap-in was checked")
+        self.stats.swaps_in += 1
+        return True
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         deferred: list[tuple[int, int, int, Sequence]] = []
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             entry = self._waiting[0]
             seq = entry[3]
+            if seq.status is SequenceStatus.SWAPPED:
+                remaining = seq.num_tokens - seq.num_computed_tokens
+                if remaining > budget and not self.enable_chunked_prefill:
+                    break
+                num_new = min(remaining, budget)
+                if not self._swap_in(seq, num_new, out):
+                    break
+                heapq.heappop(self._waiting)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                out.scheduled.append(ScheduledSequence(seq, num_new))
+                budget -= num_new
+                continue
             if seq.waits_for is not None and not self._sibling_ready(seq):
                 # Choices 2..n wait for choice 1's prompt so they hit its cached blocks.
                 deferred.append(heapq.heappop(self._waiting))

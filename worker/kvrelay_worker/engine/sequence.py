@@ -15,6 +15,8 @@ _seq_counter = itertools.count()
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    # Preempted by swap: waiting to resume, its computed tokens' KV in the host pool.
+    SWAPPED = "swapped"
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
