@@ -43,6 +43,9 @@ class Choice(msgspec.Struct, kw_only=True):
     token_ids: list[int]
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    # Sum of the sampled tokens' log-probabilities, when the worker reports it (always with
+    # ``best_of``, and with ``logprobs``): what ``best_of`` ranks candidates by.
+    cumulative_logprob: float | None = None
 
 
 class Completion(msgspec.Struct, kw_only=True):
@@ -66,12 +69,13 @@ class Completion(msgspec.Struct, kw_only=True):
 class _ChoiceState:
     """Per-choice accumulation; text deltas are joined once, at the end."""
 
-    __slots__ = ("logprobs", "texts", "token_ids")
+    __slots__ = ("cumulative_logprob", "logprobs", "texts", "token_ids")
 
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] | None = None
+        self.cumulative_logprob: float | None = None
 
 
 class CompletionBuilder:
@@ -105,6 +109,8 @@ class CompletionBuilder:
             if choice.logprobs is None:
                 choice.logprobs = []
             choice.logprobs.extend(event.logprobs)
+        if event.cumulative_logprob is not None:
+            choice.cumulative_logprob = event.cumulative_logprob
 
     def text_of(self, index: int = 0) -> str:
         """The text of choice ``index`` so far (for partial results)."""
@@ -132,6 +138,7 @@ class CompletionBuilder:
                     token_ids=state.token_ids,
                     finish_reason=reason,
                     logprobs=state.logprobs,
+                    cumulative_logprob=state.cumulative_logprob,
                 )
             )
         usage = finished.usage

@@ -96,6 +96,10 @@ class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     ``temperature`` 0 is greedy; ``top_k`` 0 or -1 disables top-k; ``max_tokens=None``
     runs to a stop condition or the model's context limit. Every float is finite.
+    ``best_of`` > ``n`` samples ``best_of`` candidates and returns the ``n`` most likely
+    (their text arrives all at once, when every candidate is done: the winners are not
+    known before). With ``temperature`` 0 it is accepted, as OpenAI does, and means ``n``:
+    greedy candidates are all the same.
     """
 
     n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
@@ -120,13 +124,18 @@ class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     logit_bias: Annotated[dict[TokenId, LogitBias], Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] = (
         msgspec.field(default_factory=dict)
     )
+    # Candidates sampled (sharing the prompt's blocks) of which the ``n`` with the highest
+    # cumulative log-probability are returned; None means ``n``. Same cap as ``n``.
+    best_of: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
 
     def __post_init__(self) -> None:
-        # Runs on decode and convert too: the one rule that spans two fields.
+        # Runs on decode and convert too: the rules that span two fields.
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
 
 
 SAMPLING_FIELDS: Final = frozenset(SamplingOptions.__struct_fields__)
@@ -281,6 +290,9 @@ class Tokens(Event, tag="tokens", kw_only=True):
     logprobs: list[TokenLogprob] | None = None
     # Set on a choice's last Tokens event: why that choice ended ("stop", "length").
     finish_reason: str | None = None
+    # Also on a choice's last Tokens event, when the worker knows it: the sum of its
+    # sampled tokens' log-probabilities (always for best_of, and when logprobs was asked).
+    cumulative_logprob: float | None = None
 
 
 class Finished(Event, tag="finished", kw_only=True):

@@ -56,6 +56,7 @@ class GenerateOptions(TypedDict, total=False):
     ignore_eos: bool
     min_tokens: int
     logit_bias: Mapping[int, float] | None
+    best_of: int | None
     # Scheduling and client-side behaviour.
     priority: int
     timeout: float | None

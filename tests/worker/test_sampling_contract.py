@@ -74,6 +74,7 @@ TABLE: dict[str, list[tuple[Any, bool]]] = {
                    ({MAX_ID + 1: 1.0}, False), ({BIG: 1.0}, False), ({1: BIG}, False),
                    ({1: "x"}, False), ({t: 1.0 for t in range(300)}, True),
                    ({t: 1.0 for t in range(301)}, False), ([1], False)],
+    "best_of": [*ints(1, 128), (None, True)],
 }
 # Options a row needs beside its own: min_tokens must not exceed max_tokens.
 CONTEXT: dict[str, dict[str, Any]] = {"min_tokens": {"max_tokens": None}}
@@ -82,6 +83,11 @@ CROSS: list[tuple[dict[str, Any], bool]] = [
     ({"min_tokens": 5, "max_tokens": 5}, True),
     ({"min_tokens": 5, "max_tokens": 4}, False),
     ({"min_tokens": 2**24, "max_tokens": None}, True),
+    ({"n": 3, "best_of": 2}, False),
+    ({"n": 3, "best_of": 3}, True),
+    ({"n": 3, "best_of": 128}, True),
+    ({"n": 128, "best_of": 127}, False),
+    ({"n": 3, "best_of": None}, True),
 ]
 
 CASES = [({**CONTEXT.get(field, {}), field: value}, ok)

@@ -10,6 +10,7 @@ from kvrelay.protocol import GenerateRequest
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.job_store import PriorProgress
 from kvrelay_worker.log_window import LogWindow
+from kvrelay_worker.prior_replay import ReplayPlan
 
 
 class Outcome:
@@ -45,6 +46,7 @@ class ActiveJob:
     last_token_at: float | None = None
     outcome: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    _replay: ReplayPlan | None = field(default=None, init=False, repr=False)
 
     @property
     def deadline(self) -> float | None:
@@ -53,6 +55,13 @@ class ActiveJob:
     @property
     def enqueued_at(self) -> float:
         return self.request.enqueued_at or self.claimed_at
+
+    @property
+    def replay(self) -> ReplayPlan:
+        """What earlier attempts left: the engine's prior outputs, choices not to resend."""
+        if self._replay is None:
+            self._replay = ReplayPlan.of(self.params, self.prior)
+        return self._replay
 
     def finish(self, outcome: str) -> None:
         self.outcome = outcome

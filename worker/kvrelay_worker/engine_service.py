@@ -158,15 +158,13 @@ class EngineService:
                 return
 
     def _add(self, job: ActiveJob) -> None:
-        prior = job.prior
-        n = job.params.n
+        plan = job.replay
         try:
             self.engine.add_request(
                 job.job_id, job.prompt_ids, job.params,
                 priority=job.request.priority, cache_salt=job.cache_salt,
-                prior_outputs=prior.choice_tokens(n) if prior.has_tokens else None,
-                prior_texts=prior.choice_texts(n) if prior.has_tokens else None,
-                prior_finish_reasons=prior.choice_finish_reasons(n),
+                prior_outputs=plan.outputs, prior_texts=plan.texts,
+                prior_finish_reasons=plan.finish_reasons,
             )
         except EngineInputError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError)
@@ -223,6 +221,8 @@ class EngineService:
                 del self._jobs[job.job_id]
                 continue
             for delta in out.deltas:
+                if delta.index in job.replay.published:
+                    continue  # a best_of winner an earlier attempt published whole
                 if delta.token_ids or delta.text or (
                         delta.finish_reason and delta.finish_reason != "abort"):
                     items.append(EventItem(job, self._tokens_event(delta)))
@@ -248,11 +248,14 @@ class EngineService:
             seq=0, token_ids=list(delta.token_ids), text=delta.text, index=delta.index,
             logprobs=None if delta.logprobs is None else [_wire_logprob(lp) for lp in delta.logprobs],
             finish_reason=delta.finish_reason if delta.finish_reason != "abort" else None,
+            cumulative_logprob=delta.cumulative_logprob,
         )
 
     def _finished_event(self, job: ActiveJob, out: StepOutput) -> Finished:
         assert out.output is not None
-        reasons = [c.finish_reason or "stop" for c in out.output.choices]
+        published = job.replay.published
+        reasons = [published.get(c.index) or c.finish_reason or "stop"
+                   for c in out.output.choices]
         now = time.time()
         first = job.first_token_at or now
         return Finished(
@@ -260,7 +263,7 @@ class EngineService:
             finish_reason=reasons[0],
             finish_reasons=reasons,
             usage=Usage(prompt_tokens=out.num_prompt_tokens,
-                        completion_tokens=out.output.num_output_tokens,
+                        completion_tokens=out.output.num_generated_tokens,
                         cached_tokens=out.num_cached_tokens),
             timings=Timings(queue=max(0.0, job.claimed_at - job.enqueued_at),
                             ttft=max(0.0, first - job.enqueued_at),

@@ -27,7 +27,7 @@ WORKER_SETTING_FLAGS = (
     "metrics_port",
 )
 # The flags of ``sampling_options`` that are ``client.stream`` keywords of the same name.
-SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "seed")
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "seed", "best_of")
 
 
 def _apply(func: F, decorators: list[Callable[[F], F]]) -> F:
@@ -195,6 +195,14 @@ def sampling_options(temperature: float) -> Callable[[F], F]:
                     type=sampling_range("seed"),
                     default=None,
                     help="Seed for reproducible sampling.",
+                ),
+                click.option(
+                    "--best-of",
+                    type=sampling_range("best_of"),
+                    default=None,
+                    metavar="N",
+                    help="Sample N answers and show the most likely one (printed whole, "
+                    "once all N are done).",
                 ),
                 click.option(
                     "--system",

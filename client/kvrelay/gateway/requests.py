@@ -70,8 +70,13 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    # Not a chat parameter (OpenAI's legacy completions only): named to be refused, not
+    # silently ignored.
+    best_of: Any = None
 
     def options(self) -> dict[str, Any]:
+        if self.best_of is not None:
+            raise bad_request("best_of is only supported by /v1/completions", "best_of")
         options = self.sampling()
         options["messages"] = [{"role": m.role, "content": _text(m, i)}
                                for i, m in enumerate(self.messages)]
@@ -98,9 +103,9 @@ class CompletionRequest(_Common, kw_only=True):
             raise bad_request("echo is not supported", "echo")
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix")
-        if self.best_of not in (None, 1):
-            raise bad_request("best_of is not supported", "best_of")
         options = self.sampling()
+        if self.best_of is not None:
+            options["best_of"] = self.best_of  # bounded (>= n, <= MAX_N) by the SDK
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
             options["prompt_token_ids"] = prompt

@@ -25,9 +25,15 @@ from kvrelay_worker.engine.errors import (
     SamplingParamsError,
 )
 from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.kv_sizing import decide_num_blocks
-from kvrelay_worker.engine.model_runner import ModelRunner
+from kvrelay_worker.engine.kv_sizing import decide_num_blocks, decide_num_swap_blocks
+from kvrelay_worker.engine.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
+from kvrelay_worker.engine.model_runner import ModelRunner, kv_bytes_per_block
 from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
+from kvrelay_worker.engine.preemption import (
+    PreemptionPolicy,
+    SwapCostModel,
+    preemption_mode,
+)
 from kvrelay_worker.engine.prior_choices import PriorChoices
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
@@ -37,6 +43,7 @@ from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.stop_conditions import StopConditions
+from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
 
@@ -136,9 +143,11 @@ class LLMEngine:
                                    max_len, config.enable_cuda_graphs)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  model_id, sliding_window=model.config.kv_window)
+        swap, policy = self._swap_setup(config, model)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
-                                   StopConditions(frozenset(self.eos_token_ids), max_len))
+                                   StopConditions(frozenset(self.eos_token_ids), max_len),
+                                   swap=swap, preemption=policy)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
         self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
@@ -147,6 +156,20 @@ class LLMEngine:
         self._pending: list[StepOutput] = []
         self._arrivals = itertools.count()
         self.num_steps = 0
+
+    def _swap_setup(self, config: EngineConfig, model: CausalLM
+                    ) -> tuple[SwapSpace | None, PreemptionPolicy]:
+        """The host pool (bookkeeping and tensors) and the preemption policy."""
+        mode = preemption_mode(config.preemption_mode)
+        num_host_blocks = decide_num_swap_blocks(config, self.runner)
+        self.host_kv_caches: list[torch.Tensor] = []
+        if num_host_blocks < 1:
+            return None, PreemptionPolicy("recompute")
+        self.host_kv_caches = allocate_host_kv(self.runner.kv_caches, num_host_blocks)
+        per_block = kv_bytes_per_block(model, config.block_size, config.torch_dtype)
+        num_params = sum(p.numel() for p in model.parameters())
+        cost = SwapCostModel.estimate(num_params, per_block, self.device)
+        return SwapSpace(num_host_blocks), PreemptionPolicy(mode, cost)
 
     # ------------------------------------------------------------------ requests
 
@@ -171,6 +194,9 @@ class LLMEngine:
         self._check_sampling(params, prompt_ids)
         prior = PriorChoices.checked(prior_outputs, prior_texts, prior_finish_reasons,
                                       self.vocab_size)
+        if params.selects_best and not prior.is_empty:
+            raise InvalidPromptError("a best_of request cannot resume from prior outputs: "
+                                     "its candidates were never reported; restart it")
         state = self._new_request(request_id, prompt, prompt_ids, params, priority,
                                   cache_salt, prior)
         self._queue(state)
@@ -195,10 +221,11 @@ class LLMEngine:
     def _new_request(self, request_id: str, prompt: Prompt, prompt_ids: list[int],
                      params: SamplingParams, priority: int, cache_salt: str | None,
                      prior: PriorChoices) -> RequestState:
-        """The request's state: one sequence, detokenizer and finish per choice."""
+        """The request's state: one sequence, detokenizer and finish per choice (per
+        candidate with best_of; ``RequestState`` reports the winners)."""
         arrival = next(self._arrivals)
         choices: list[ChoiceState] = []
-        for index in range(params.n):
+        for index in range(params.num_candidates):
             tokens = prior.tokens(index)
             seq = Sequence(request_id=request_id, choice_index=index,
                            token_ids=prompt_ids + tokens, num_prompt_tokens=len(prompt_ids),
@@ -209,7 +236,9 @@ class LLMEngine:
             if tokens:
                 detok.resume(tokens, prior.text(index))
             choice = ChoiceState(seq=seq, detok=detok,
-                                 logprobs=[] if params.logprobs is not None else None)
+                                 logprobs=[] if params.logprobs is not None else None,
+                                 cumulative_logprob=(0.0 if params.needs_token_logprobs
+                                                     and not tokens else None))
             status = self.scheduler.stop.length_status(seq)
             reason = prior.finish_reason(index) or (status.value if status else None)
             if reason is not None:
@@ -218,7 +247,7 @@ class LLMEngine:
                 seq.status = SequenceStatus(reason)
             choices.append(choice)
         return RequestState(request_id, prompt if isinstance(prompt, str) else None,
-                            prompt_ids, choices)
+                            prompt_ids, choices, num_returned=params.n)
 
     def _queue(self, state: RequestState) -> None:
         """Hand the unfinished choices to the scheduler (or report a request already done).
@@ -265,6 +294,9 @@ class LLMEngine:
         """
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
+        # Before the forward pass, which may write the blocks a swap-out just freed.
+        copy_to_host(self.runner.kv_caches, self.host_kv_caches, sched.swap_out)
+        copy_to_device(self.host_kv_caches, self.runner.kv_caches, sched.swap_in)
         if sched.is_empty:
             return outputs
         self.num_steps += 1
@@ -359,6 +391,8 @@ class LLMEngine:
         seq = choice.seq
         token = result.token_ids[row]
         choice.new_ids.append(token)
+        if choice.cumulative_logprob is not None and result.token_logprobs is not None:
+            choice.cumulative_logprob += result.token_logprobs[row]
         if choice.logprobs is not None and result.token_logprobs is not None:
             k = seq.params.logprobs or 0
             assert result.top_ids is not None
@@ -377,6 +411,7 @@ class LLMEngine:
 
     def stats(self) -> dict[str, Any]:
         s = self.scheduler.stats
+        swap = self.scheduler.swap
         total = self.kv.num_blocks
         free = self.kv.num_free_blocks
         return {
@@ -392,6 +427,12 @@ class LLMEngine:
                 s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
             ),
             "preemptions": s.preemptions,
+            "swaps_out": s.swaps_out,
+            "swaps_in": s.swaps_in,
+            "recomputes": s.recomputes,
+            "swapped": self.scheduler.num_swapped,
+            "free_swap_blocks": swap.num_free_blocks if swap is not None else 0,
+            "total_swap_blocks": swap.num_blocks if swap is not None else 0,
             "max_batch_size": s.max_batch_size,
             "steps": self.num_steps,
             "max_model_len": self.max_model_len,

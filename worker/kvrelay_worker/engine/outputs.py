@@ -25,6 +25,11 @@ class CompletionChoice:
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None = None
+    # Sum of the sampled tokens' logprobs (``TokenLogprob.logprob``: log_softmax of the
+    # logits after bias, bans, penalties and temperature, before top-k/top-p/min-p; see
+    # ``sampler``). Set when the request asked for logprobs or ranks best_of candidates;
+    # None when unknown (a choice resumed after tokens this attempt never scored).
+    cumulative_logprob: float | None = None
 
 
 @dataclass
@@ -36,6 +41,8 @@ class RequestOutput:
     choices: list[CompletionChoice]
     num_cached_tokens: int = 0
     prompt: str | None = None
+    # Tokens generated for the request, best_of candidates that lost included.
+    num_generated_tokens: int = 0
 
     @property
     def text(self) -> str:
@@ -67,6 +74,8 @@ class ChoiceDelta:
     text: str
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    # On the last delta of a choice, when known (see ``CompletionChoice``).
+    cumulative_logprob: float | None = None
 
 
 @dataclass

@@ -38,6 +38,12 @@ class PriorChoices:
                     f"prior finish reason {reason!r} is not one of {sorted(_FINISH_REASONS)}")
         return prior
 
+    @property
+    def is_empty(self) -> bool:
+        """Nothing was reported before: no tokens, no text, no finished choice."""
+        return (not any(self.outputs) and not any(self.texts)
+                and all(r is None for r in self.finish_reasons))
+
     def tokens(self, index: int) -> list[int]:
         return self.outputs[index] if index < len(self.outputs) else []
 

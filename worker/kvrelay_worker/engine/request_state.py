@@ -1,9 +1,15 @@
-"""Bookkeeping for one request: its choices, their text, logprobs and unreported news."""
+"""Bookkeeping for one request: its choices, their text, logprobs and unreported news.
+
+A request with ``best_of`` > ``n`` holds ``best_of`` candidate choices and reports nothing
+until all of them are done (the winners are unknown before); then it reports the ``n``
+best as whole choices, renumbered 0..n-1 in rank order, as if they had been all along.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvrelay_worker.engine.best_of import best_candidates
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.errors import RequestFailedError
 from kvrelay_worker.engine.outputs import (
@@ -25,6 +31,9 @@ class ChoiceState:
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     reported_finish: bool = False
+    # Sum of the sampled tokens' logprobs; None when not tracked (not asked for, or the
+    # choice resumed with tokens whose logprobs this attempt never saw).
+    cumulative_logprob: float | None = None
 
     @property
     def has_news(self) -> bool:
@@ -40,11 +49,39 @@ class ChoiceState:
             text=self.detok.take_delta(finished),
             logprobs=self.new_logprobs if self.logprobs is not None else None,
             finish_reason=self.finish_reason,
+            cumulative_logprob=self.cumulative_logprob if finished else None,
         )
         self.new_ids = []
         self.new_logprobs = []
         self.reported_finish = finished
         return delta
+
+    def whole_delta(self, index: int) -> ChoiceDelta:
+        """The finished choice as one delta under ``index`` (a best_of winner's report)."""
+        self.detok.flush()
+        self.detok.take_delta(True)
+        self.new_ids = []
+        self.new_logprobs = []
+        self.reported_finish = True
+        return ChoiceDelta(
+            index=index,
+            token_ids=self.seq.output_token_ids,
+            text=self.detok.text,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            cumulative_logprob=self.cumulative_logprob,
+        )
+
+    def completion(self, index: int) -> CompletionChoice:
+        self.detok.flush()  # an unreported (best_of) choice may still hold text back
+        return CompletionChoice(
+            index=index,
+            text=self.detok.text,
+            token_ids=self.seq.output_token_ids,
+            finish_reason=self.finish_reason,
+            logprobs=self.logprobs,
+            cumulative_logprob=self.cumulative_logprob,
+        )
 
 
 @dataclass
@@ -54,6 +91,12 @@ class RequestState:
     prompt_token_ids: list[int]
     choices: list[ChoiceState]
     error: RequestFailedError | None = None
+    # Choices returned; fewer than ``choices`` when best_of candidates compete for them.
+    num_returned: int | None = None
+
+    @property
+    def selects(self) -> bool:
+        return self.num_returned is not None and self.num_returned < len(self.choices)
 
     @property
     def finished(self) -> bool:
@@ -63,9 +106,25 @@ class RequestState:
     def num_cached_tokens(self) -> int:
         return max(self.choices[0].seq.num_cached_tokens, 0)
 
+    def winners(self) -> list[ChoiceState]:
+        """The returned choices in their order: every choice, or the best candidates."""
+        if not self.selects:
+            return self.choices
+        assert self.num_returned is not None
+        scores = [c.cumulative_logprob for c in self.choices]
+        return [self.choices[i] for i in best_candidates(scores, self.num_returned)]
+
     def step_output(self) -> StepOutput:
-        deltas = [c.take_delta() for c in self.choices if c.has_news]
         finished = self.finished
+        if not self.selects:
+            deltas = [c.take_delta() for c in self.choices if c.has_news]
+        elif finished and not any(c.finish_reason == "abort" for c in self.choices):
+            deltas = [c.whole_delta(rank) for rank, c in enumerate(self.winners())]
+        else:
+            # Candidates stay unreported (an aborted or failed request reports none).
+            for c in self.choices:
+                c.new_ids, c.new_logprobs = [], []
+            deltas = []
         return StepOutput(
             request_id=self.request_id,
             deltas=deltas,
@@ -77,20 +136,14 @@ class RequestState:
         )
 
     def final_output(self) -> RequestOutput:
-        choices = [
-            CompletionChoice(
-                index=c.seq.choice_index,
-                text=c.detok.text,
-                token_ids=c.seq.output_token_ids,
-                finish_reason=c.finish_reason,
-                logprobs=c.logprobs,
-            )
-            for c in self.choices
-        ]
+        winners = self.winners()
+        choices = [c.completion(c.seq.choice_index if not self.selects else rank)
+                   for rank, c in enumerate(winners)]
         return RequestOutput(
             request_id=self.request_id,
             prompt_token_ids=self.prompt_token_ids,
             choices=choices,
             num_cached_tokens=self.num_cached_tokens,
             prompt=self.prompt,
+            num_generated_tokens=sum(c.seq.num_output_tokens for c in self.choices),
         )

@@ -105,7 +105,8 @@ class SamplingBatchBuilder:
         if any(p.needs_penalties for p in params):
             self._add_penalties(batch, seqs)
         self._add_bias_and_bans(batch, seqs)
-        asked = [p.logprobs for p in params if p.logprobs is not None]
+        # Rows that rank best_of candidates need their sampled token's logprob (K = 0).
+        asked = [p.logprobs or 0 for p in params if p.needs_token_logprobs]
         batch.max_logprobs = max(asked) if asked else -1
         return batch
 

@@ -32,7 +32,12 @@ class SamplingParams:
     ``presence_penalty``/``frequency_penalty`` subtract per output occurrence, as OpenAI
     does. ``seed`` makes a request's tokens depend only on the seed, the position and the
     logits. ``n`` samples several completions of one prompt (they share its cached
-    blocks). ``max_tokens=None`` generates until a stop condition or ``max_model_len``.
+    blocks). ``best_of`` > ``n`` samples that many candidates (sharing the prompt's
+    blocks the same way) and returns the ``n`` with the highest cumulative log-probability,
+    the sum of the sampled tokens' logprobs as ``logprobs`` reports them (the distribution
+    after penalties and temperature, before top-k/top-p/min-p); greedy requests ignore it
+    (their candidates would all be the same). ``max_tokens=None``
+    generates until a stop condition or ``max_model_len``.
     Bounds: see ``kvrelay.protocol`` (README, "SDK options").
     """
 
@@ -53,6 +58,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = _WIRE.ignore_eos
     skip_special_tokens: bool = True
+    best_of: int | None = _WIRE.best_of
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -80,6 +86,22 @@ class SamplingParams:
     def effective_top_k(self) -> int:
         """0 when top-k is off; ``top_k`` otherwise."""
         return 0 if self.top_k in (0, -1) else self.top_k
+
+    @property
+    def selects_best(self) -> bool:
+        """Whether more candidates run than are returned (``best_of`` > ``n``, sampled)."""
+        return self.best_of is not None and self.best_of > self.n and not self.greedy
+
+    @property
+    def num_candidates(self) -> int:
+        """Sequences the engine runs for the request: ``best_of`` when it selects, else ``n``."""
+        return self.best_of if self.best_of is not None and self.selects_best else self.n
+
+    @property
+    def needs_token_logprobs(self) -> bool:
+        """Whether the sampler must give each sampled token's log-probability: asked for,
+        or needed to rank ``best_of`` candidates."""
+        return self.logprobs is not None or self.selects_best
 
     @property
     def needs_penalties(self) -> bool:
