@@ -21,6 +21,9 @@ from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.tls import TlsConfigError, celery_ssl_options
 
+# The engine's preemption modes (engine/preemption.py; not imported: it needs torch).
+_PREEMPTION_MODES = ("auto", "swap", "recompute")
+
 
 class SettingsError(ValueError):
     """A ``KVRELAY_*`` variable has a value the worker cannot use."""
@@ -86,6 +89,8 @@ class WorkerSettings:
     max_model_len: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float | None = None
+    preemption_mode: str | None = None
+    swap_space_gib: float | None = None
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True
     seed: int = 0
@@ -127,6 +132,12 @@ class WorkerSettings:
             )
         if self.shutdown_grace < 0:
             raise SettingsError("KVRELAY_SHUTDOWN_GRACE must be >= 0")
+        # Checked again by EngineConfig; here so a bad value fails before the model loads.
+        if self.preemption_mode is not None and self.preemption_mode not in _PREEMPTION_MODES:
+            raise SettingsError(f"KVRELAY_PREEMPTION_MODE must be one of "
+                                f"{', '.join(_PREEMPTION_MODES)}, got {self.preemption_mode!r}")
+        if self.swap_space_gib is not None and self.swap_space_gib < 0:
+            raise SettingsError(f"KVRELAY_SWAP_SPACE_GIB must be >= 0, got {self.swap_space_gib}")
         if self.lease_refresh >= self.lease_ttl:
             raise SettingsError(
                 f"KVRELAY_LEASE_REFRESH ({self.lease_refresh}) must be shorter than "
@@ -197,6 +208,8 @@ class WorkerSettings:
             "max_model_len": self.max_model_len,
             "kv_cache_memory": self.kv_cache_memory,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "preemption_mode": self.preemption_mode,
+            "swap_space_gib": self.swap_space_gib,
         }
         options.update({k: v for k, v in optional.items() if v is not None})
         return options
