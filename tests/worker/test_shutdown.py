@@ -40,13 +40,15 @@ def _wait_started(url: str, job_ids: list[str], timeout: float = 30) -> None:
 
 def test_sigterm_finishes_running_jobs_and_leaves_queued_ones(
         start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
-    a = start_worker("a", concurrency=2, shutdown_grace=60)
-    running = _enqueue(clean_redis_url, 2, max_tokens=800)
+    # A grace far longer than the running jobs take even on a slow, busy machine (with 60 s
+    # and 800 tokens each, a loaded CI runner handed them back once).
+    a = start_worker("a", concurrency=2, shutdown_grace=180)
+    running = _enqueue(clean_redis_url, 2, max_tokens=400)
     _wait_started(clean_redis_url, running)
     queued = _enqueue(clean_redis_url, 2, max_tokens=50)
     a.signal(signal.SIGTERM)
     b = start_worker("b", concurrency=2)
-    assert a.wait_exit(90) == 0
+    assert a.wait_exit(200) == 0
     for job_id in running + queued:
         events = wait_terminal(clean_redis_url, job_id, timeout=90)
         assert isinstance(events[-1], Finished), events[-1]
