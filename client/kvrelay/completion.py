@@ -46,6 +46,8 @@ class Choice(msgspec.Struct, kw_only=True):
     # Sum of the sampled tokens' log-probabilities, when the worker reports it (always with
     # ``best_of``, and with ``logprobs``): what ``best_of`` ranks candidates by.
     cumulative_logprob: float | None = None
+    # Beam search: the beam's score (transformers' ``sequences_scores``); best first.
+    beam_score: float | None = None
 
 
 class Completion(msgspec.Struct, kw_only=True):
@@ -69,13 +71,14 @@ class Completion(msgspec.Struct, kw_only=True):
 class _ChoiceState:
     """Per-choice accumulation; text deltas are joined once, at the end."""
 
-    __slots__ = ("cumulative_logprob", "logprobs", "texts", "token_ids")
+    __slots__ = ("beam_score", "cumulative_logprob", "logprobs", "texts", "token_ids")
 
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] | None = None
         self.cumulative_logprob: float | None = None
+        self.beam_score: float | None = None
 
 
 class CompletionBuilder:
@@ -111,6 +114,8 @@ class CompletionBuilder:
             choice.logprobs.extend(event.logprobs)
         if event.cumulative_logprob is not None:
             choice.cumulative_logprob = event.cumulative_logprob
+        if event.beam_score is not None:
+            choice.beam_score = event.beam_score
 
     def text_of(self, index: int = 0) -> str:
         """The text of choice ``index`` so far (for partial results)."""
@@ -139,6 +144,7 @@ class CompletionBuilder:
                     finish_reason=reason,
                     logprobs=state.logprobs,
                     cumulative_logprob=state.cumulative_logprob,
+                    beam_score=state.beam_score,
                 )
             )
         usage = finished.usage

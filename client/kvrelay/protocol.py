@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -69,6 +69,9 @@ MAX_REPETITION_PENALTY: Final = 100.0
 # presence_penalty and frequency_penalty lie in [-MAX_OCCURRENCE_PENALTY, +...] (OpenAI's).
 MAX_OCCURRENCE_PENALTY: Final = 2.0
 MAX_STOP_STRINGS: Final = 16
+MAX_BEAM_WIDTH: Final = 16
+# length_penalty lies in [-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY] (finite).
+MAX_LENGTH_PENALTY: Final = 10.0
 MAX_STOP_STRING_CHARS: Final = 256
 MAX_STOP_TOKEN_IDS: Final = 256
 MAX_LOGIT_BIAS_ENTRIES: Final = 300
@@ -85,6 +88,61 @@ OccurrencePenalty = Annotated[float, Meta(ge=-MAX_OCCURRENCE_PENALTY, le=MAX_OCC
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 LogitBias = Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 Priority = Annotated[int, Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
+
+
+# Structured output (``response_format``): the sizes a worker compiles into a grammar.
+MAX_SCHEMA_BYTES: Final = 32 << 10
+MAX_PATTERN_CHARS: Final = 2048
+MAX_CHOICES: Final = 256
+MAX_CHOICE_CHARS: Final = 512
+MAX_FORMAT_NAME_CHARS: Final = 64
+
+
+class JsonSchemaSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """OpenAI's ``json_schema`` member: a name and the JSON Schema the output must match."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=MAX_FORMAT_NAME_CHARS)] = "schema"
+    schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    description: str | None = None
+    strict: bool | None = None
+
+    def __post_init__(self) -> None:
+        size = len(msgspec.json.encode(self.schema))
+        if size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"the JSON schema is {size} bytes, "
+                             f"over the {MAX_SCHEMA_BYTES} allowed")
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type", kw_only=True):
+    """Free text (OpenAI's default): no constraint."""
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type", kw_only=True):
+    """Any JSON object (OpenAI's JSON mode)."""
+
+
+class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type", kw_only=True):
+    """JSON that validates against ``json_schema.schema`` (OpenAI's structured outputs)."""
+
+    json_schema: JsonSchemaSpec
+
+
+class RegexFormat(msgspec.Struct, tag="regex", tag_field="type", kw_only=True):
+    """Text matching a regular expression, whole (vLLM's ``guided_regex``)."""
+
+    pattern: Annotated[str, Meta(min_length=1, max_length=MAX_PATTERN_CHARS)]
+
+
+class ChoiceFormat(msgspec.Struct, tag="choice", tag_field="type", kw_only=True):
+    """Exactly one of ``choices`` (vLLM's ``guided_choice``)."""
+
+    choices: Annotated[
+        list[Annotated[str, Meta(min_length=1, max_length=MAX_CHOICE_CHARS)]],
+        Meta(min_length=1, max_length=MAX_CHOICES),
+    ]
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | RegexFormat | ChoiceFormat
 
 
 class InvalidSamplingOptions(ValueError):
@@ -127,6 +185,17 @@ class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     # Candidates sampled (sharing the prompt's blocks) of which the ``n`` with the highest
     # cumulative log-probability are returned; None means ``n``. Same cap as ``n``.
     best_of: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
+    # Constrains the output to a JSON schema, any JSON object, a regex or a choice
+    # (a grammar mask on every step; EOS only where the grammar may end). None: free text.
+    response_format: ResponseFormat | None = None
+    # Beam search (1: off): ``beam_width`` beams advance together and the ``n`` best
+    # finished hypotheses return, scored as transformers' ``generate(num_beams=...)``
+    # (sum of logprobs / generated length ** ``length_penalty``); ``early_stopping`` is
+    # its rule for when to stop (True, False or "never"). Deterministic: temperature,
+    # top_p, top_k, min_p and seed are ignored, as transformers does without sampling.
+    beam_width: Annotated[int, Meta(ge=1, le=MAX_BEAM_WIDTH)] = 1
+    length_penalty: Annotated[float, Meta(ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY)] = 1.0
+    early_stopping: bool | Literal["never"] = False
 
     def __post_init__(self) -> None:
         # Runs on decode and convert too: the rules that span two fields.
@@ -136,6 +205,28 @@ class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
             )
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
+        if self.beam_width > 1:
+            _check_beam_search(self)
+
+
+def _check_beam_search(options: SamplingOptions) -> None:
+    """Refuse what beam search does not combine with: more choices than beams, and the
+    options that change or report per-token sampling (its scores are plain logprobs)."""
+    if options.n > options.beam_width:
+        raise ValueError(f"n ({options.n}) must not exceed beam_width ({options.beam_width})")
+    refused = [name for name, off in (
+        ("best_of", options.best_of is None),
+        ("repetition_penalty", options.repetition_penalty == 1.0),
+        ("presence_penalty", options.presence_penalty == 0.0),
+        ("frequency_penalty", options.frequency_penalty == 0.0),
+        ("logit_bias", not options.logit_bias),
+        ("min_tokens", options.min_tokens == 0),
+        ("logprobs", options.logprobs is None),
+        ("stop", not options.stop),
+        ("response_format", options.response_format is None),
+    ) if not off]
+    if refused:
+        raise ValueError(f"beam_width > 1 does not combine with {', '.join(refused)}")
 
 
 SAMPLING_FIELDS: Final = frozenset(SamplingOptions.__struct_fields__)
@@ -293,6 +384,9 @@ class Tokens(Event, tag="tokens", kw_only=True):
     # Also on a choice's last Tokens event, when the worker knows it: the sum of its
     # sampled tokens' log-probabilities (always for best_of, and when logprobs was asked).
     cumulative_logprob: float | None = None
+    # Beam search: on each returned beam's (only) Tokens event, its score as transformers'
+    # ``sequences_scores`` (sum of logprobs / generated length ** length_penalty).
+    beam_score: float | None = None
 
 
 class Finished(Event, tag="finished", kw_only=True):

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.errors import InvalidRequest, PayloadTooLarge
@@ -22,6 +22,7 @@ from kvrelay.protocol import (
     ChatMessage,
     GenerateRequest,
     InvalidSamplingOptions,
+    ResponseFormat,
     encode_request,
     priority_from,
     sampling_options_from,
@@ -57,6 +58,11 @@ class GenerateOptions(TypedDict, total=False):
     min_tokens: int
     logit_bias: Mapping[int, float] | None
     best_of: int | None
+    beam_width: int
+    length_penalty: float
+    early_stopping: bool | Literal["never"]
+    # {"type": "json_schema" | "json_object" | "regex" | "choice", ...} (OpenAI's form).
+    response_format: Mapping[str, Any] | ResponseFormat | None
     # Scheduling and client-side behaviour.
     priority: int
     timeout: float | None

@@ -50,3 +50,28 @@ def random_prompts(lengths: list[int], seed: int, low: int = 100, high: int = 20
     """Prompts of random ordinary token ids (no special tokens), reproducible by seed."""
     rng = random.Random(seed)
     return [[rng.randrange(low, high) for _ in range(n)] for n in lengths]
+
+
+@torch.no_grad()
+def hf_beam_search(model: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int,
+                   num_beams: int, num_return: int, length_penalty: float,
+                   early_stopping: bool | str, eos_token_ids: list[int]
+                   ) -> list[list[tuple[list[int], float]]]:
+    """``generate(num_beams=..., do_sample=False)``: per prompt, the returned beams' output
+    tokens (cut after the first EOS, as the engine reports them) and ``sequences_scores``."""
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], dtype=torch.long, device=model.device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_new_tokens, do_sample=False,
+                             num_beams=num_beams, num_return_sequences=num_return,
+                             length_penalty=length_penalty, early_stopping=early_stopping,
+                             eos_token_id=eos_token_ids, pad_token_id=eos_token_ids[0],
+                             return_dict_in_generate=True, output_scores=True)
+        beams = []
+        for row, score in zip(out.sequences, out.sequences_scores, strict=True):
+            tokens = row[len(prompt):].tolist()
+            ends = [i for i, t in enumerate(tokens) if t in eos_token_ids]
+            beams.append((tokens[: ends[0] + 1] if ends else tokens, float(score)))
+        outputs.append(beams)
+    return outputs

@@ -75,6 +75,22 @@ TABLE: dict[str, list[tuple[Any, bool]]] = {
                    ({1: "x"}, False), ({t: 1.0 for t in range(300)}, True),
                    ({t: 1.0 for t in range(301)}, False), ([1], False)],
     "best_of": [*ints(1, 128), (None, True)],
+    "beam_width": ints(1, 16),
+    "length_penalty": floats(-10.0, 10.0),
+    "early_stopping": [(True, True), (False, True), ("never", True), ("always", False),
+                       (1, False), (NAN, False)],
+    "response_format": [
+        (None, True), ({"type": "text"}, True), ({"type": "json_object"}, True),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+         True),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"s": {"enum": ["x" * 40_000]}}}}}, False),
+        ({"type": "regex", "pattern": "[a-z]+"}, True), ({"type": "regex", "pattern": ""}, False),
+        ({"type": "regex", "pattern": "a" * 2049}, False),
+        ({"type": "choice", "choices": ["yes", "no"]}, True),
+        ({"type": "choice", "choices": []}, False), ({"type": "choice", "choices": [""]}, False),
+        ({"type": "choice", "choices": ["c"] * 257}, False),
+        ({"type": "grammar"}, False), ("json", False), (5, False), ({}, False)],
 }
 # Options a row needs beside its own: min_tokens must not exceed max_tokens.
 CONTEXT: dict[str, dict[str, Any]] = {"min_tokens": {"max_tokens": None}}
@@ -88,6 +104,14 @@ CROSS: list[tuple[dict[str, Any], bool]] = [
     ({"n": 3, "best_of": 128}, True),
     ({"n": 128, "best_of": 127}, False),
     ({"n": 3, "best_of": None}, True),
+    ({"beam_width": 4, "n": 4}, True),
+    ({"beam_width": 4, "n": 5}, False),
+    ({"beam_width": 2, "best_of": 2}, False),
+    ({"beam_width": 2, "logprobs": 1}, False),
+    ({"beam_width": 2, "repetition_penalty": 1.1}, False),
+    ({"beam_width": 2, "stop": ["x"]}, False),
+    ({"beam_width": 2, "response_format": {"type": "json_object"}}, False),
+    ({"beam_width": 2, "temperature": 0.7}, True),  # ignored by beam search, as in HF
 ]
 
 CASES = [({**CONTEXT.get(field, {}), field: value}, ok)

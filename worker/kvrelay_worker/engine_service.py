@@ -249,6 +249,7 @@ class EngineService:
             logprobs=None if delta.logprobs is None else [_wire_logprob(lp) for lp in delta.logprobs],
             finish_reason=delta.finish_reason if delta.finish_reason != "abort" else None,
             cumulative_logprob=delta.cumulative_logprob,
+            beam_score=delta.beam_score,
         )
 
     def _finished_event(self, job: ActiveJob, out: StepOutput) -> Finished:

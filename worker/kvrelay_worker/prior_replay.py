@@ -1,6 +1,7 @@
 """What a resumed job hands the engine from earlier attempts, and what it must not send again.
 
 An ordinary job continues each choice after the tokens already in its log. A best_of job
+(and a beam search job, which reports its beams the same way)
 publishes nothing until its candidates are done, then each winner whole, in one event; so
 its log holds either no choice or some winners complete (the worker died between those
 events). Candidates are never resumed (a winner's tokens are not a candidate to extend):
@@ -29,7 +30,7 @@ class ReplayPlan:
     @classmethod
     def of(cls, params: SamplingParams, prior: PriorProgress) -> ReplayPlan:
         n = params.n
-        if params.selects_best:
+        if params.reports_at_end:  # best_of and beam search alike
             # Only complete winners are ever published (each carries its finish reason).
             published = {i: r for i, r in prior.finish_reasons.items() if 0 <= i < n}
             return cls(None, None, None, published)

@@ -223,5 +223,6 @@ def _merge_tokens(into: Tokens, extra: Tokens) -> None:
         into.logprobs.extend(extra.logprobs)
     into.finish_reason = extra.finish_reason
     into.cumulative_logprob = extra.cumulative_logprob
+    into.beam_score = extra.beam_score
 
 

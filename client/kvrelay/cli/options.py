@@ -10,6 +10,7 @@ import msgspec
 
 from kvrelay.cli.config import DTYPES, PREFIX
 from kvrelay.cli.finite_float import FiniteFloatRange
+from kvrelay.cli.response_format import response_format_flags
 from kvrelay.protocol import DEFAULT_MAX_TOKENS, SamplingOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -210,6 +211,7 @@ def sampling_options(temperature: float) -> Callable[[F], F]:
                     default=None,
                     help="A system message before the conversation.",
                 ),
+                *response_format_flags(),
             ],
         )
 

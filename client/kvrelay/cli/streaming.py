@@ -11,6 +11,7 @@ import msgspec
 
 from kvrelay import Client, Completion
 from kvrelay.cli.options import SAMPLING_FLAGS, picked
+from kvrelay.cli.response_format import response_format_from
 
 
 def stream_to_stdout(
@@ -53,7 +54,8 @@ def print_summary(completion: Completion) -> None:
 def job_options(model: str, params: Mapping[str, Any], stream_timeout: float) -> dict[str, Any]:
     """The ``client.stream`` keywords a command's sampling (and ``--timeout``) flags stand
     for; flags left unset (None) are not sent, so the SDK's defaults apply."""
-    given = picked(params, SAMPLING_FLAGS) | {"timeout": params.get("timeout")}
+    given = picked(params, SAMPLING_FLAGS) | {"timeout": params.get("timeout"),
+                                              "response_format": response_format_from(params)}
     options = {name: value for name, value in given.items() if value is not None}
     return {"model": model, "stream_timeout": stream_timeout, **options}
 

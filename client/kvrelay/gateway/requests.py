@@ -47,6 +47,11 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     priority: int | None = None
     stop_token_ids: list[int] | None = None
+    # OpenAI's structured output, and vLLM's guided decoding extras (one of them at most).
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
     # kvrelay: keep the job running when the caller's connection drops (to resume it).
     resumable: bool = False
 
@@ -62,7 +67,25 @@ class _Common(msgspec.Struct, kw_only=True):
         options = {name: getattr(self, name) for name in names}
         if self.logit_bias is not None:
             options["logit_bias"] = dict(self.logit_bias)
+        options["response_format"] = self._response_format()
         return {k: v for k, v in options.items() if v is not None}
+
+    def _response_format(self) -> dict[str, Any] | None:
+        """``response_format`` or a vLLM ``guided_*`` extra, as the SDK keyword."""
+        given = {name: value for name, value in (
+            ("response_format", self.response_format),
+            ("guided_json", None if self.guided_json is None else {
+                "type": "json_schema", "json_schema": {"name": "guided_json",
+                                                       "schema": self.guided_json}}),
+            ("guided_regex", None if self.guided_regex is None else {
+                "type": "regex", "pattern": self.guided_regex}),
+            ("guided_choice", None if self.guided_choice is None else {
+                "type": "choice", "choices": self.guided_choice}),
+        ) if value is not None}
+        if len(given) > 1:
+            raise bad_request(f"give one of {', '.join(sorted(given))}, not several",
+                              "response_format")
+        return next(iter(given.values()), None)
 
 
 class ChatRequest(_Common, kw_only=True):

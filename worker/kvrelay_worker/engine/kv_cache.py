@@ -15,6 +15,12 @@ because it is outside every window. A long sequence then holds O(window) blocks.
 Swap preemption detaches a sequence's live blocks (the engine copies them to host memory
 before the next forward pass) and later attaches fresh blocks for the copy to come back
 into; the sequence keeps its computed tokens and block hashes in between.
+
+Beam search forks a sequence by sharing its blocks (``share_blocks``: one more reference
+each). A block that two sequences hold is never written: when a sequence is about to
+write into a shared block (the partial last one of a fork), ``allocate_slots`` gives it
+a fresh block and queues a device copy of the shared one (``take_copies``), which the
+engine makes before the forward pass (copy-on-write).
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ class KVCacheManager:
         # Leading blocks already given back because they fell out of the window.
         self._num_released: dict[int, int] = {}
         self.num_released_blocks = 0
+        # Copy-on-write copies (source block id, fresh block id) for the next forward pass.
+        self._copies: list[tuple[int, int]] = []
+        self.num_copies_on_write = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -115,10 +124,13 @@ class KVCacheManager:
         needed = self.blocks_for_tokens(num_computed + num_new_tokens) - len(blocks) - len(cached)
         # Cache hits that sit in the free queue stop being free once we take them.
         reclaimed = sum(1 for b in cached if b.ref_cnt == 0)
-        if needed > self.pool.num_free_blocks - reclaimed:
+        shared = self._shared_to_write(blocks, num_computed) if not cached else []
+        if needed + len(shared) > self.pool.num_free_blocks - reclaimed:
             if not blocks:
                 del self._blocks[seq.seq_id]
             return False
+        for i in shared:
+            self._copy_on_write(seq, blocks, i)
         if cached:
             self.pool.touch(cached)
             blocks.extend(cached)
@@ -129,6 +141,45 @@ class KVCacheManager:
             blocks.extend(new)
             seq.block_table.extend(b.block_id for b in new)
         return True
+
+    def _shared_to_write(self, blocks: list[KVBlock], num_computed: int) -> list[int]:
+        """Indexes of blocks another sequence also holds that the next tokens write into."""
+        first = num_computed // self.block_size
+        return [i for i in range(first, len(blocks)) if blocks[i].ref_cnt > 1]
+
+    def _copy_on_write(self, seq: Sequence, blocks: list[KVBlock], index: int) -> None:
+        old = blocks[index]
+        (new,) = self.pool.get_new_blocks(1)
+        self.pool.free([old])
+        blocks[index] = new
+        seq.block_table[index] = new.block_id
+        self._copies.append((old.block_id, new.block_id))
+        self.num_copies_on_write += 1
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write copies queued since the last call (source id, destination id)."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def share_blocks(self, targets: list[Sequence], sources: list[Sequence]) -> None:
+        """Give each target the blocks its source holds now (a beam fork), by reference.
+
+        Sources may be targets too: every source's list is read before any target's is
+        replaced. The caller sets the targets' tokens and computed counts to the sources'.
+        """
+        taken = [(list(self._blocks.get(src.seq_id, [])), self._num_published.get(src.seq_id, 0),
+                  self._num_released.get(src.seq_id, 0)) for src in sources]
+        for blocks, _, released in taken:
+            self.pool.touch(blocks[released:])
+        for target in targets:
+            self.free(target)
+        for target, (blocks, published, released) in zip(targets, taken, strict=True):
+            self._blocks[target.seq_id] = blocks
+            self._num_published[target.seq_id] = published
+            if released:
+                self._num_released[target.seq_id] = released
+            target.block_table.extend(RELEASED_BLOCK if i < released else b.block_id
+                                      for i, b in enumerate(blocks))
 
     def publish_computed_blocks(self, seq: Sequence) -> None:
         """Offer every newly completed, computed full block to the prefix cache."""
@@ -175,6 +226,9 @@ class KVCacheManager:
         blocks = self._blocks.pop(seq.seq_id, [])
         self._num_published.pop(seq.seq_id, None)
         released = self._num_released.pop(seq.seq_id, 0)
+        if self._copies:  # a copy into a block given back now would land on its next owner
+            gone = {b.block_id for b in blocks[released:] if b.ref_cnt == 1}
+            self._copies = [c for c in self._copies if c[1] not in gone]
         self.pool.free(reversed(blocks[released:]))
         del seq.block_table[:]
 

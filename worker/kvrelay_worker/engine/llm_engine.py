@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from kvrelay_worker.engine.beam_group import BeamGroup, beam_config_of
+from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.device import bind_device
@@ -24,6 +26,7 @@ from kvrelay_worker.engine.errors import (
     RequestFailedError,
     SamplingParamsError,
 )
+from kvrelay_worker.engine.grammar import GrammarCompiler
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks, decide_num_swap_blocks
 from kvrelay_worker.engine.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
@@ -112,6 +115,7 @@ class LLMEngine:
         self.device = config.torch_device
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = eos_token_ids_of(model, tokenizer)
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype)
         num_blocks = decide_num_blocks(config, self.runner)
         capacity = num_blocks * config.block_size
@@ -153,6 +157,7 @@ class LLMEngine:
         self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
                                                      self.device)
         self.requests: dict[str, RequestState] = {}
+        self.beam_groups: dict[str, BeamGroup] = {}
         self._pending: list[StepOutput] = []
         self._arrivals = itertools.count()
         self.num_steps = 0
@@ -194,11 +199,18 @@ class LLMEngine:
         self._check_sampling(params, prompt_ids)
         prior = PriorChoices.checked(prior_outputs, prior_texts, prior_finish_reasons,
                                       self.vocab_size)
-        if params.selects_best and not prior.is_empty:
-            raise InvalidPromptError("a best_of request cannot resume from prior outputs: "
-                                     "its candidates were never reported; restart it")
+        if params.reports_at_end and not prior.is_empty:
+            raise InvalidPromptError("a best_of or beam search request cannot resume from "
+                                     "prior outputs: its candidates were never reported; "
+                                     "restart it")
+        grammar = self.grammars.compile(params.response_format)
         state = self._new_request(request_id, prompt, prompt_ids, params, priority,
                                   cache_salt, prior)
+        if grammar is not None:  # a matcher per choice, through what it already sent
+            for choice in state.choices:
+                if choice.finish_reason is None:
+                    choice.seq.grammar = self.grammars.matcher(
+                        grammar, choice.seq.output_token_ids)
         self._queue(state)
         return prompt_ids
 
@@ -268,12 +280,17 @@ class LLMEngine:
             self._pending.append(state.step_output())
         else:
             self.requests[state.request_id] = state
+            first = state.choices[0].seq
+            if first.params.is_beam_search:
+                config = beam_config_of(first, self.eos_token_ids, self.max_model_len)
+                self.beam_groups[state.request_id] = BeamGroup(state, config)
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; reported as ``abort`` by the next step."""
         state = self.requests.pop(request_id, None)
         if state is None:
             return False
+        self.beam_groups.pop(request_id, None)
         for choice in state.choices:
             if choice.finish_reason is None:
                 self.scheduler.finish(choice.seq, SequenceStatus.FINISHED_ABORTED)
@@ -297,6 +314,7 @@ class LLMEngine:
         # Before the forward pass, which may write the blocks a swap-out just freed.
         copy_to_host(self.runner.kv_caches, self.host_kv_caches, sched.swap_out)
         copy_to_device(self.host_kv_caches, self.runner.kv_caches, sched.swap_in)
+        copy_blocks(self.runner.kv_caches, sched.copies)  # copy-on-write of forked beams
         if sched.is_empty:
             return outputs
         self.num_steps += 1
@@ -313,6 +331,7 @@ class LLMEngine:
             outputs.append(state.step_output())
             if state.finished:
                 del self.requests[request_id]
+                self.beam_groups.pop(request_id, None)
         return outputs
 
     def _execute_and_sample(self, scheduled: Seq[ScheduledSequence]) -> SamplerOutput | None:
@@ -321,7 +340,12 @@ class LLMEngine:
         sampling = [item.seq for item in scheduled if item.samples]
         if not sampling:
             return None
-        return self.sampler(logits, self.sampling_batches.build(sampling))
+        result = self.sampler(logits, self.sampling_batches.build(sampling))
+        beams = [row for row, seq in enumerate(sampling) if seq.params.is_beam_search]
+        if beams:  # what beam search ranks: log_softmax of the raw logits, as transformers
+            result.beam_log_probs = logits[beams].float().log_softmax(dim=-1).cpu()
+            result.beam_rows = beams
+        return result
 
     def _update(self, scheduled: Seq[ScheduledSequence], result: SamplerOutput | None,
                 touched: dict[str, RequestState]) -> None:
@@ -338,7 +362,11 @@ class LLMEngine:
                 return False
 
         grown = self.scheduler.update_from_output(scheduled, tokens, stop_string)
+        if result is not None and result.beam_log_probs is not None:
+            self._advance_beams(grown, result, touched)
         for row, seq in enumerate(grown):
+            if seq.params.is_beam_search:
+                continue
             # A scheduled sequence's request is always here: requests leave only once
             # every choice is finished, and a finished sequence is never scheduled.
             state = self.requests[seq.request_id]
@@ -347,6 +375,20 @@ class LLMEngine:
             touched[seq.request_id] = state
         for request_id, exc in detok_failures.items():
             self._fail_request(request_id, exc, touched)
+
+    def _advance_beams(self, grown: list[Sequence], result: SamplerOutput,
+                       touched: dict[str, RequestState]) -> None:
+        """Hand each beam its row; step every beam search whose beams all have one."""
+        assert result.beam_log_probs is not None
+        ready: list[BeamGroup] = []
+        for i, row in enumerate(result.beam_rows):
+            group = self.beam_groups[grown[row].request_id]
+            group.add_row(grown[row], result.beam_log_probs[i])
+            if group.ready and group not in ready:
+                ready.append(group)
+        for group in ready:
+            group.advance(self.scheduler, self.tokenizer)
+            touched[group.state.request_id] = group.state
 
     def _isolate_failure(self, scheduled: Seq[ScheduledSequence],
                          touched: dict[str, RequestState]) -> None:
@@ -377,6 +419,7 @@ class LLMEngine:
         log.error("request %s makes the engine step fail; failing it alone",
                   request_id, exc_info=exc)
         state = self.requests[request_id]
+        self.beam_groups.pop(request_id, None)
         for choice in state.choices:
             if choice.finish_reason is None:
                 self.scheduler.finish(choice.seq, SequenceStatus.FINISHED_ABORTED)

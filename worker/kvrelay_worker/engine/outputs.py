@@ -30,6 +30,8 @@ class CompletionChoice:
     # ``sampler``). Set when the request asked for logprobs or ranks best_of candidates;
     # None when unknown (a choice resumed after tokens this attempt never scored).
     cumulative_logprob: float | None = None
+    # Beam search: the beam's score, as transformers' ``sequences_scores``.
+    beam_score: float | None = None
 
 
 @dataclass
@@ -76,6 +78,7 @@ class ChoiceDelta:
     finish_reason: str | None = None
     # On the last delta of a choice, when known (see ``CompletionChoice``).
     cumulative_logprob: float | None = None
+    beam_score: float | None = None
 
 
 @dataclass

@@ -34,6 +34,8 @@ class ChoiceState:
     # Sum of the sampled tokens' logprobs; None when not tracked (not asked for, or the
     # choice resumed with tokens whose logprobs this attempt never saw).
     cumulative_logprob: float | None = None
+    # A returned beam's score (beam search; see ``beam_group``).
+    beam_score: float | None = None
 
     @property
     def has_news(self) -> bool:
@@ -50,6 +52,7 @@ class ChoiceState:
             logprobs=self.new_logprobs if self.logprobs is not None else None,
             finish_reason=self.finish_reason,
             cumulative_logprob=self.cumulative_logprob if finished else None,
+            beam_score=self.beam_score if finished else None,
         )
         self.new_ids = []
         self.new_logprobs = []
@@ -70,6 +73,7 @@ class ChoiceState:
             logprobs=self.logprobs,
             finish_reason=self.finish_reason,
             cumulative_logprob=self.cumulative_logprob,
+            beam_score=self.beam_score,
         )
 
     def completion(self, index: int) -> CompletionChoice:
@@ -81,6 +85,7 @@ class ChoiceState:
             finish_reason=self.finish_reason,
             logprobs=self.logprobs,
             cumulative_logprob=self.cumulative_logprob,
+            beam_score=self.beam_score,
         )
 
 

@@ -1,6 +1,7 @@
 """Vectorised sampling for a whole batch, every row with its own parameters.
 
-Order of operations (per row): logit bias and min-tokens bans, then repetition /
+Order of operations (per row): the grammar mask of a constrained row (structured
+output), logit bias and min-tokens bans, then repetition /
 presence / frequency penalties, then temperature; greedy rows take the argmax there.
 Random rows then apply top-k, top-p and min-p (Hugging Face's order) and sample with an
 exponential race (``argmax(p / E)``, ``E ~ Exp(1)``), which equals drawing from ``p``.
@@ -12,9 +13,11 @@ temperature, before top-k/top-p/min-p filtering).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from kvrelay_worker.engine.grammar import apply_grammar_mask
 
 _MASK64 = (1 << 64) - 1
 
@@ -50,6 +53,9 @@ class SamplingBatch:
     seeded_rows: tuple[tuple[int, int], ...] = ()
     # Largest number of top logprobs any row asked for; -1 when none asked.
     max_logprobs: int = -1
+    # Structured output: packed [N, ceil(V/32)] int32 allowed-token bits, and its rows.
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] | None = None
 
 
 @dataclass
@@ -59,6 +65,10 @@ class SamplerOutput:
     token_logprobs: list[float] | None = None
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
+    # Beam search rows (indexes into the batch) and their full log_softmax, on the host;
+    # set by the engine, which ranks beams itself (engine/beam_search.py).
+    beam_rows: list[int] = field(default_factory=list)
+    beam_log_probs: torch.Tensor | None = None
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -124,7 +134,11 @@ class Sampler:
         self.generator = generator
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        logits = apply_penalties(logits.to(torch.float32), batch)
+        logits = logits.to(torch.float32)
+        if batch.grammar_bitmask is not None and batch.grammar_rows:
+            # First: -inf stays -inf through bias, penalties and temperature.
+            logits = apply_grammar_mask(logits, batch.grammar_bitmask, batch.grammar_rows)
+        logits = apply_penalties(logits, batch)
         if batch.all_greedy:
             processed = logits
             tokens = logits.argmax(dim=-1)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvrelay_worker.engine.grammar import GrammarMask
 from kvrelay_worker.engine.penalty_state import PenaltyState
 from kvrelay_worker.engine.sampler import SamplingBatch, noise_seed
 from kvrelay_worker.engine.sequence import Sequence
@@ -64,6 +65,7 @@ class SamplingBatchBuilder:
         self._penalty_rows = penalty_rows
         self._penalties: PenaltyState | None = None
         self._tables: dict[int, tuple[Sequence, RequestTokenTables]] = {}
+        self._grammar_mask = GrammarMask(vocab_size)
 
     @property
     def penalties(self) -> PenaltyState:
@@ -105,6 +107,10 @@ class SamplingBatchBuilder:
         if any(p.needs_penalties for p in params):
             self._add_penalties(batch, seqs)
         self._add_bias_and_bans(batch, seqs)
+        constrained = [(row, s.grammar) for row, s in enumerate(seqs) if s.grammar is not None]
+        if constrained:
+            batch.grammar_bitmask, batch.grammar_rows = self._grammar_mask.fill(
+                constrained, len(seqs), device)
         # Rows that rank best_of candidates need their sampled token's logprob (K = 0).
         asked = [p.logprobs or 0 for p in params if p.needs_token_logprobs]
         batch.max_logprobs = max(asked) if asked else -1
@@ -147,7 +153,8 @@ class SamplingBatchBuilder:
         bans: list[tuple[int, RequestTokenTables]] = []
         for row, s in enumerate(seqs):
             p = s.params
-            banning = s.num_output_tokens < p.min_tokens
+            # A grammar alone decides where a constrained row may end (EOS included).
+            banning = s.num_output_tokens < p.min_tokens and s.grammar is None
             if not p.logit_bias and not banning:
                 continue
             tables = self._tables_of(s)

@@ -13,6 +13,7 @@ import msgspec
 
 from kvrelay.protocol import (
     InvalidSamplingOptions,
+    ResponseFormat,
     SamplingOptions,
     sampling_options_from,
 )
@@ -59,6 +60,12 @@ class SamplingParams:
     ignore_eos: bool = _WIRE.ignore_eos
     skip_special_tokens: bool = True
     best_of: int | None = _WIRE.best_of
+    # A JSON schema, JSON object, regex or choice the output must match (engine/grammar.py).
+    response_format: ResponseFormat | None = _WIRE.response_format
+    # Beam search (engine/beam_search.py); 1 is off.
+    beam_width: int = _WIRE.beam_width
+    length_penalty: float = _WIRE.length_penalty
+    early_stopping: bool | str = _WIRE.early_stopping
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -88,13 +95,26 @@ class SamplingParams:
         return 0 if self.top_k in (0, -1) else self.top_k
 
     @property
+    def is_beam_search(self) -> bool:
+        return self.beam_width > 1
+
+    @property
+    def reports_at_end(self) -> bool:
+        """Whether choices are only known once the request is done (best_of, beams):
+        nothing streams before, and a resumed job restarts from its prompt."""
+        return self.selects_best or self.is_beam_search
+
+    @property
     def selects_best(self) -> bool:
         """Whether more candidates run than are returned (``best_of`` > ``n``, sampled)."""
         return self.best_of is not None and self.best_of > self.n and not self.greedy
 
     @property
     def num_candidates(self) -> int:
-        """Sequences the engine runs for the request: ``best_of`` when it selects, else ``n``."""
+        """Sequences the engine starts for the request: ``best_of`` when it selects, one
+        with beam search (the other beams fork from it after the prompt), else ``n``."""
+        if self.is_beam_search:
+            return 1
         return self.best_of if self.best_of is not None and self.selects_best else self.n
 
     @property

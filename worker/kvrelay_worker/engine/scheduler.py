@@ -19,6 +19,12 @@ performs a step's copies before its forward pass, swap-outs first.
 The scheduler is the only writer of a sequence's progress: ``schedule`` allocates and
 counts prefix-cache hits, ``update_from_output`` applies what a step computed and
 sampled (computed tokens, newly full blocks to the cache, the new token, the finish).
+Beam search (``reseat_beams``): the beams of a request are one unit for preemption and
+admission. Preempting one beam preempts every beam of its request, always by recompute
+(never swap: sharing would be lost); waiting beams of a request are admitted together or
+not at all. A request's beams thus never wait on each other for room; the price is that
+the pool must hold all of a request's beams after a recompute.
+
 Until ``update_from_output`` runs, a scheduled step has changed nothing that running it
 again would not repeat, so a step that fails can be retried, whole or in part.
 """
@@ -59,6 +65,8 @@ class SchedulerOutput:
     # out to the host pool, then (host id, device id) pairs back in.
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Copy-on-write block copies (source id, destination id), made after the swaps.
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -161,6 +169,8 @@ class Scheduler:
             self.kv.publish_computed_blocks(item.seq)
             self.kv.release_out_of_window(item.seq)
         for seq, token in zip(sampling, sampled, strict=True):
+            if seq.params.is_beam_search:
+                continue  # beams advance together, by ``reseat_beams``
             seq.append_token(token)
             stopped = stop_string(seq, token) if stop_string is not None else False
             status = self.stop.finish_status(seq, token, stopped)
@@ -196,18 +206,58 @@ class Scheduler:
             self._admit(out, budget)
 
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(out.scheduled))
+        out.copies = self.kv.take_copies()
         return out
+
+    def reseat_beams(self, beams: list[Sequence], parents: list[int], tokens: list[int]) -> None:
+        """Beam ``i`` becomes beam ``parents[i]`` plus ``tokens[i]``: the parent's blocks
+        shared (copy-on-write), its computed tokens kept. New beams (not yet scheduled)
+        may be among ``beams``; every parent must be among the first ones."""
+        sources = [beams[p] for p in parents]
+        snapshot = [(list(s.token_ids), s.num_computed_tokens, list(s.block_hashes),
+                     s.status) for s in sources]
+        for beam in beams:
+            if beam in self.running:
+                self.running.remove(beam)
+            elif not beam.is_finished:
+                self._remove_waiting(beam)
+        self.kv.share_blocks(beams, sources)
+        for beam, (ids, computed, hashes, status), token in zip(beams, snapshot, tokens,
+                                                               strict=True):
+            beam.token_ids = [*ids, token]
+            beam.num_computed_tokens = computed
+            beam.block_hashes = hashes
+            if status is SequenceStatus.RUNNING:
+                beam.status = status
+                self.running.append(beam)
+            else:
+                self.add(beam)
+
+    def _siblings(self, seq: Sequence) -> list[Sequence]:
+        """The running beams of ``seq``'s request, ``seq`` included (just ``seq`` otherwise)."""
+        if not seq.params.is_beam_search:
+            return [seq]
+        return [s for s in self.running if s.request_id == seq.request_id] or [seq]
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput,
                    scheduled_ids: set[int]) -> bool:
         """Allocate for ``seq``, preempting others (or ``seq`` itself) until it fits."""
         while not self.kv.allocate_slots(seq, num_new):
             victim = self._pick_victim(scheduled_ids)
-            if victim is None or victim is seq:
-                self._preempt(seq, out)
+            if victim is None or victim is seq or victim in self._siblings(seq):
+                self._preempt_group(seq, out, scheduled_ids)
                 return False
-            self._preempt(victim, out)
+            self._preempt_group(victim, out, scheduled_ids)
         return True
+
+    def _preempt_group(self, seq: Sequence, out: SchedulerOutput,
+                       scheduled_ids: set[int]) -> None:
+        """Preempt ``seq``, or all of its request's beams, unscheduling those batched."""
+        for member in self._siblings(seq):
+            if member.seq_id in scheduled_ids:
+                scheduled_ids.discard(member.seq_id)
+                out.scheduled = [item for item in out.scheduled if item.seq is not member]
+            self._preempt(member, out)
 
     def _pick_victim(self, scheduled_ids: set[int]) -> Sequence | None:
         """Lowest priority first, then the most recently admitted; never one already batched."""
@@ -236,7 +286,7 @@ class Scheduler:
 
     def _should_swap(self, seq: Sequence) -> bool:
         """Swap when the policy prefers it and the host pool has room; else recompute."""
-        if self.swap is None or self.preemption.mode == "recompute":
+        if self.swap is None or self.preemption.mode == "recompute" or seq.params.is_beam_search:
             return False
         live = self.kv.num_blocks_held(seq)
         if not self.swap.can_hold(live):
@@ -302,6 +352,26 @@ class Scheduler:
             budget -= num_new
         for entry in deferred:
             heapq.heappush(self._waiting, entry)
+        self._undo_partial_group(out)
+
+    def _undo_partial_group(self, out: SchedulerOutput) -> None:
+        """Put back beams just admitted whose siblings must still wait: all or none.
+
+        Siblings share an arrival order, so they sit side by side in the queue: only the
+        last request admitted can be cut short.
+        """
+        if not out.scheduled or not self._waiting:
+            return
+        last = out.scheduled[-1].seq
+        head = self._waiting[0][3]
+        if not last.params.is_beam_search or head.request_id != last.request_id:
+            return
+        for item in [i for i in out.scheduled if i.seq.request_id == last.request_id]:
+            out.scheduled.remove(item)
+            self.running.remove(item.seq)
+            self.kv.free(item.seq)
+            item.seq.num_computed_tokens = 0
+            self.add(item.seq)
 
     def _sibling_ready(self, seq: Sequence) -> bool:
         first = seq.waits_for

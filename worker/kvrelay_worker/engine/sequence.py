@@ -6,8 +6,12 @@ import enum
 import itertools
 from array import array
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvrelay_worker.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvrelay_worker.engine.grammar import SequenceGrammar
 
 _seq_counter = itertools.count()
 
@@ -66,6 +70,8 @@ class Sequence:
     num_preemptions: int = 0
     # Set on choices 1..n-1: they wait until the first choice's prompt is in the cache.
     waits_for: Sequence | None = None
+    # The response_format matcher of a constrained sequence (one per choice).
+    grammar: SequenceGrammar | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -90,3 +96,5 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        if self.grammar is not None:  # its next mask must follow the new token
+            self.grammar.accept(token_id)

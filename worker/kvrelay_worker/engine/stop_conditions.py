@@ -24,6 +24,11 @@ class StopConditions:
                       stopped_by_string: bool) -> SequenceStatus | None:
         """How ``seq`` ends now that ``token`` was appended, or None if it goes on."""
         params = seq.params
+        grammar = seq.grammar
+        if grammar is not None and (grammar.is_terminated or grammar.rejected):
+            # The grammar decides where a constrained output ends (min_tokens aside).
+            return (SequenceStatus.FINISHED_ABORTED if grammar.rejected
+                    else SequenceStatus.FINISHED_STOPPED)
         if seq.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 return SequenceStatus.FINISHED_STOPPED

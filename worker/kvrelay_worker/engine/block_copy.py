@@ -1,0 +1,22 @@
+"""Device block copies for copy-on-write: a forked beam's shared partial block, duplicated
+before the forward pass writes into it (the same stream-ordered style as ``kv_swap``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def copy_blocks(caches: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]) -> None:
+    """Copy block ``src`` over block ``dst`` for every ``(src, dst)`` pair, every layer.
+
+    Every source is read before any destination is written, so a block may be both.
+    """
+    if not pairs:
+        return
+    device = caches[0].device
+    src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=device)
+    dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device)
+    for cache in caches:  # [2, blocks, block_size, kv_heads, head_dim]
+        cache.index_copy_(1, dst, cache.index_select(1, src))
