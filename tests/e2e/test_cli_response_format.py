@@ -56,3 +56,19 @@ def test_two_formats_and_a_bad_file_are_refused(tmp_path: Path,
     assert broken.returncode == 2
     assert "--json-schema" in broken.stderr
     assert fake_worker.requests == []
+
+
+def test_beam_flags_reach_the_request(tmp_path: Path, fake_worker: ThreadWorker) -> None:
+    env = cli_env(tmp_path, KVRELAY_REDIS_URL=fake_worker.url)
+    result = run_cli(["generate", "Answer", "-q", "--beam-width", "4", "--length-penalty",
+                      "0.5", "--early-stopping", "never"], env)
+    assert result.returncode == 0, result.stderr
+    result = run_cli(["generate", "Answer", "-q", "--beam-width", "2", "--early-stopping",
+                      "true"], env)
+    assert result.returncode == 0, result.stderr
+    first, second = (r.sampling for r in fake_worker.requests)
+    assert (first.beam_width, first.length_penalty, first.early_stopping) == (4, 0.5, "never")
+    assert (second.beam_width, second.early_stopping) == (2, True)
+    too_wide = run_cli(["generate", "x", "--beam-width", "17"], env)
+    assert too_wide.returncode == 2
+    assert "--beam-width" in too_wide.stderr

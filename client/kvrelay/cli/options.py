@@ -28,7 +28,8 @@ WORKER_SETTING_FLAGS = (
     "metrics_port",
 )
 # The flags of ``sampling_options`` that are ``client.stream`` keywords of the same name.
-SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "seed", "best_of")
+SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "seed", "best_of", "beam_width",
+                  "length_penalty", "early_stopping")
 
 
 def _apply(func: F, decorators: list[Callable[[F], F]]) -> F:
@@ -175,6 +176,12 @@ def sampling_range(field: str) -> click.ParamType:
     )
 
 
+def _early_stopping(_ctx: click.Context, _param: click.Parameter, value: str | None
+                    ) -> bool | str | None:
+    """The wire's form: true/false as booleans, "never" as is."""
+    return None if value is None else {"true": True, "false": False}.get(value, value)
+
+
 def _sampling_flag(flag: str, default: float, help_text: str) -> Callable[[F], F]:
     """``--flag`` for the sampling field of the same name, its bounds from the wire struct."""
     kind = sampling_range(flag.removeprefix("--").replace("-", "_"))
@@ -204,6 +211,28 @@ def sampling_options(temperature: float) -> Callable[[F], F]:
                     metavar="N",
                     help="Sample N answers and show the most likely one (printed whole, "
                     "once all N are done).",
+                ),
+                click.option(
+                    "--beam-width",
+                    type=sampling_range("beam_width"),
+                    default=None,
+                    metavar="K",
+                    help="Beam search with K beams (greedy; sampling flags are ignored); "
+                    "the best beam is printed whole once the search ends.",
+                ),
+                click.option(
+                    "--length-penalty",
+                    type=sampling_range("length_penalty"),
+                    default=None,
+                    help="Beam search: scores are divided by length ** this (default 1).",
+                ),
+                click.option(
+                    "--early-stopping",
+                    type=click.Choice(["true", "false", "never"]),
+                    default=None,
+                    callback=_early_stopping,
+                    help="Beam search: stop when K beams are done (true), when no beam "
+                    "can do better (false, the default), or never before max tokens.",
                 ),
                 click.option(
                     "--system",
