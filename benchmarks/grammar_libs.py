@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import traceback
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +159,7 @@ CASES: list[Case] = [
 # --------------------------------------------------------------------------- adapters
 
 
-class Adapter:
+class Adapter(ABC):
     """One library behind a common interface; every import happens in ``setup``."""
 
     name = ""
@@ -167,35 +168,43 @@ class Adapter:
     batch_api = "none"
     rollback_note = ""
 
+    @abstractmethod
     def setup(self, tokenizer: Any, vocab_size: int, threads: int) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def compile(self, case: Case) -> Any:
-        raise NotImplementedError
+        ...
 
     def clear_cache(self) -> None:
         return None
 
+    @abstractmethod
     def new_matcher(self, compiled: Any) -> Any:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def fill(self, matcher: Any, bitmask: torch.Tensor, row: int) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def accept(self, matcher: Any, token: int) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def rollback(self, matcher: Any, k: int) -> None:
-        raise NotImplementedError
+        ...
 
     def replay(self, matcher: Any, tokens: list[int]) -> bool:
         return all(self.accept(matcher, t) for t in tokens)
 
     def batch_step(self, matchers: list[Any], bitmask: torch.Tensor, tokens: list[int]) -> None:
-        raise NotImplementedError
+        """Only libraries with a batched API (``batch_api`` not "none") implement it."""
+        raise NotImplementedError(f"{self.name} has no batched API")
 
+    @abstractmethod
     def apply(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-        raise NotImplementedError
+        ...
 
 
 class XGrammar(Adapter):

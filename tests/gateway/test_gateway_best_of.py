@@ -7,14 +7,10 @@ to with the ``openai`` client.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from helpers.gateway_process import GatewayProcess
-from helpers.worker_process import WorkerProcess
 from openai import OpenAI
 
 pytestmark = pytest.mark.integration
@@ -23,23 +19,10 @@ MODEL = "llama-mqa"
 PROMPT = [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77]
 
 
-@pytest.fixture
-def api(start_worker: Callable[..., WorkerProcess], clean_redis_url: str,
-        tmp_path: Path) -> Iterator[OpenAI]:
-    start_worker(concurrency=4)
-    gateway = GatewayProcess(clean_redis_url, tmp_path, "gateway").start()
-    try:
-        with OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0,
-                    timeout=60) as client:
-            yield client
-    finally:
-        gateway.stop()
-
-
-def test_completions_best_of_returns_the_most_likely_candidate(api: OpenAI) -> None:
+def test_completions_best_of_returns_the_most_likely_candidate(tiny_api: OpenAI) -> None:
     sampled: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0,
                "seed": 3}
-    twin = api.completions.create(n=3, logprobs=0, **sampled)
+    twin = tiny_api.completions.create(n=3, logprobs=0, **sampled)
     scores = []
     for choice in twin.choices:
         assert choice.logprobs is not None
@@ -47,21 +30,21 @@ def test_completions_best_of_returns_the_most_likely_candidate(api: OpenAI) -> N
         scores.append(math.fsum(choice.logprobs.token_logprobs))
     best = twin.choices[scores.index(max(scores))].text
 
-    done = api.completions.create(best_of=3, **sampled)
+    done = tiny_api.completions.create(best_of=3, **sampled)
     assert [(c.index, c.text) for c in done.choices] == [(0, best)]
     assert done.usage is not None
     assert done.usage.completion_tokens == 3 * 6  # every candidate was generated
 
-    chunks = list(api.completions.create(best_of=3, stream=True,
+    chunks = list(tiny_api.completions.create(best_of=3, stream=True,
                                          **sampled))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == best
 
 
-def test_best_of_below_n_and_on_chat_completions_is_a_400(api: OpenAI) -> None:
+def test_best_of_below_n_and_on_chat_completions_is_a_400(tiny_api: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match=r"best_of \(1\) must be at least n \(2\)"):
-        api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, n=2, best_of=1)
+        tiny_api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, n=2, best_of=1)
     with pytest.raises(openai.BadRequestError) as refused:
-        api.chat.completions.create(model=MODEL, max_tokens=2, extra_body={"best_of": 2},
+        tiny_api.chat.completions.create(model=MODEL, max_tokens=2, extra_body={"best_of": 2},
                                     messages=[{"role": "user", "content": "hi"}])
     assert refused.value.status_code == 400
     body = refused.value.body

@@ -8,13 +8,13 @@ inside ``step()``. Before failure isolation, every job the service held got ``Fa
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from helpers.engine_run import one_torch_thread
+from helpers.recording_publisher import RecordingPublisher
 
 from kvrelay.protocol import ErrorCode, Failed, Finished, GenerateRequest, Tokens
 from kvrelay_worker.active_job import ActiveJob, Outcome
@@ -22,33 +22,7 @@ from kvrelay_worker.engine import LLM, SamplingParams
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.job_store import PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Item, Publisher
-
-
-class RecordingPublisher:
-    """Collects the items the engine thread hands over, in order."""
-
-    def __init__(self) -> None:
-        self.items: list[Item] = []
-        self.lock = threading.Lock()
-
-    def put(self, items: list[Item]) -> None:
-        with self.lock:
-            self.items.extend(items)
-
-    def events(self, job_id: str) -> list[Any]:
-        with self.lock:
-            return [i.event for i in self.items
-                    if isinstance(i, EventItem) and i.job.job_id == job_id]
-
-    def wait_terminal(self, job_id: str, timeout: float = 120.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            events = self.events(job_id)
-            if events and isinstance(events[-1], (Finished, Failed)):
-                return events[-1]
-            time.sleep(0.01)
-        raise TimeoutError(f"{job_id} did not end: {self.events(job_id)}")
+from kvrelay_worker.publisher import EventItem, Publisher
 
 
 def make_job(job_id: str, prompt: list[int], params: SamplingParams) -> ActiveJob:

@@ -9,14 +9,13 @@ job restarts from its prompt and sends only the winners not already in its log.
 from __future__ import annotations
 
 import math
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from helpers.engine_run import one_torch_thread
+from helpers.recording_publisher import RecordingPublisher
 from helpers.worker_process import WorkerProcess
 
 from kvrelay import Client, InvalidRequest
@@ -27,7 +26,7 @@ from kvrelay_worker.engine import LLM, SamplingParams
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.job_store import PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Item, Publisher
+from kvrelay_worker.publisher import Publisher
 
 PROMPT = [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47]
 SAMPLED: dict[str, Any] = {"prompt_token_ids": PROMPT, "max_tokens": 8, "temperature": 1.0,
@@ -68,32 +67,6 @@ def test_generate_and_stream_return_the_best_candidate(
 # ------------------------------------------------------------ resume (engine thread)
 
 
-class RecordingPublisher:
-    """Collects what the engine thread would send to Redis."""
-
-    def __init__(self) -> None:
-        self.items: list[Item] = []
-        self.lock = threading.Lock()
-
-    def put(self, items: list[Item]) -> None:
-        with self.lock:
-            self.items.extend(items)
-
-    def events(self, job_id: str) -> list[Any]:
-        with self.lock:
-            return [i.event for i in self.items
-                    if isinstance(i, EventItem) and i.job.job_id == job_id]
-
-    def wait_finished(self, job_id: str, timeout: float = 60.0) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            events = self.events(job_id)
-            if events and not isinstance(events[-1], Tokens):
-                return events
-            time.sleep(0.01)
-        raise TimeoutError(f"{job_id} did not end: {self.events(job_id)}")
-
-
 def submit(service: EngineService, job_id: str, params: SamplingParams,
            prior: PriorProgress) -> None:
     request = GenerateRequest(job_id=job_id, model="tiny", prompt_token_ids=PROMPT)
@@ -116,13 +89,13 @@ def test_a_partly_published_best_of_job_restarts_and_sends_only_the_rest(
         service.start()
         try:
             submit(service, "whole", params, PriorProgress())
-            whole = publisher.wait_finished("whole")
+            whole = publisher.wait_events("whole")
             # An earlier attempt published winner 0 (whole, as always), then died.
             first = whole[0]
             prior = PriorProgress(next_seq=2, tokens={0: list(first.token_ids)},
                                   texts={0: [first.text]}, finish_reasons={0: "stop"})
             submit(service, "resumed", params, prior)
-            resumed = publisher.wait_finished("resumed")
+            resumed = publisher.wait_events("resumed")
         finally:
             service.stop()
     assert [(e.index, e.finish_reason) for e in whole[:2]] == [(0, "length"), (1, "length")]

@@ -68,6 +68,21 @@ def _attend(
     return out.reshape(*batch, num_heads, query_len, head_size).to(query.dtype)
 
 
+def _attend_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   visible: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """One query token per row: ``query`` ``[batch, H, D]``, gathered ``keys``/``values``
+    ``[batch, N, KVH, D]``, ``visible`` ``[batch, N]``; returns ``[batch, H, D]``."""
+    out = _attend(
+        query[:, :, None, :],
+        keys.transpose(1, 2).to(query.dtype),
+        values.transpose(1, 2).to(query.dtype),
+        visible[:, None, None, :],
+        scale,
+        softcap,
+    )
+    return out[:, :, 0, :]
+
+
 def _decode_batch(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -93,15 +108,7 @@ def _decode_batch(
     values = value_cache.index_select(0, index).view(batch, padded, num_kv_heads, head_size)
     positions = torch.arange(padded, device=query.device)
     mask = positions[None, :] < seq_lens.to(query.device)[:, None]
-    out = _attend(
-        query[:, :, None, :],
-        keys.transpose(1, 2).to(query.dtype),
-        values.transpose(1, 2).to(query.dtype),
-        mask[:, None, None, :],
-        scale,
-        softcap,
-    )
-    return out[:, :, 0, :]
+    return _attend_decode(query, keys, values, mask, scale, softcap)
 
 
 def _decode_window_batch(
@@ -135,15 +142,7 @@ def _decode_window_batch(
     shape = (batch, width, num_kv_heads, head_size)
     keys = key_cache.view(-1, num_kv_heads, head_size).index_select(0, slots).view(shape)
     values = value_cache.view(-1, num_kv_heads, head_size).index_select(0, slots).view(shape)
-    out = _attend(
-        query[:, :, None, :],
-        keys.transpose(1, 2).to(query.dtype),
-        values.transpose(1, 2).to(query.dtype),
-        visible.to(query.device)[:, None, None, :],
-        scale,
-        softcap,
-    )
-    return out[:, :, 0, :]
+    return _attend_decode(query, keys, values, visible.to(query.device), scale, softcap)
 
 
 def _prefill_one(
