@@ -80,7 +80,7 @@ async def test_thousand_concurrent_streams(
         "client_cpu_us_per_token": cpu / total * 1e6,
         "max_stall_ms": worst * 1e3,
         "p99_stall_ms": sorted(lateness)[int(len(lateness) * 0.99)] * 1e3,
-        "max_batch_size": worker.stats().get("max_batch_size"),
+        "max_batch_size": worker.wait_for_stats(lambda s: True).get("max_batch_size"),
     }
     print(f"\n[many-streams] {json.dumps(report)}")
     (tmp_path / "many_streams.json").write_text(json.dumps(report))

@@ -78,7 +78,8 @@ class WorkerProcess:
                 info = decode_worker_info(raw)
                 if info.pid == self.pid:
                     return {"worker_id": info.worker_id, "stats": info.stats, "pid": info.pid,
-                            "jobs_running": info.jobs_running, "draining": info.draining}
+                            "jobs_running": info.jobs_running, "draining": info.draining,
+                            "updated_at": info.updated_at}
         finally:
             client.close()
         return None
@@ -89,13 +90,21 @@ class WorkerProcess:
 
     def wait_for_stats(self, predicate: Callable[[dict[str, Any]], bool],
                        timeout: float = 15.0) -> dict[str, Any]:
-        """Poll the heartbeat (refreshed every second) until ``predicate(stats)`` holds."""
+        """Poll the heartbeat (refreshed every second) until ``predicate(stats)`` holds.
+
+        Only a heartbeat written after this call counts: one from before the work the caller
+        just did (the worker may finish a burst of jobs between two heartbeats) still shows
+        the state before it, which would let "all blocks free" hold vacuously.
+        """
+        called_at = time.time()
         deadline = time.monotonic() + timeout
         stats: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            stats = self.stats()
-            if stats and predicate(stats):
-                return stats
+            info = self.info()
+            if info is not None and info["updated_at"] >= called_at:
+                stats = info["stats"]
+                if predicate(stats):
+                    return stats
             time.sleep(0.1)
         raise TimeoutError(f"worker {self.name} stats never matched; last: {stats}")
 
