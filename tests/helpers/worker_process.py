@@ -21,6 +21,20 @@ import redis
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import decode_worker_info
+from kvrelay.sentinel_url import is_sentinel_url, parse_sentinel_url
+
+
+def redis_for(url: str) -> redis.Redis:
+    """A client for ``url``; for a Sentinel URL, for the primary the sentinels name now."""
+    if not is_sentinel_url(url):
+        return redis.Redis.from_url(url)
+    from redis.sentinel import Sentinel
+
+    target = parse_sentinel_url(url)
+    sentinel = Sentinel(list(target.sentinels), socket_timeout=5)
+    client: redis.Redis = sentinel.master_for(target.master_name, socket_timeout=5,
+                                              **target.primary_kwargs())
+    return client
 
 
 class WorkerProcess:
@@ -69,7 +83,7 @@ class WorkerProcess:
 
     def info(self) -> dict[str, Any] | None:
         """This worker's latest heartbeat (``WorkerInfo`` as a dict), or None."""
-        client = redis.Redis.from_url(self.redis_url)
+        client = redis_for(self.redis_url)
         try:
             for worker_id in client.smembers(self.keys.workers):
                 raw = client.get(self.keys.worker_heartbeat(worker_id.decode()))

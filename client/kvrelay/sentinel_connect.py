@@ -1,0 +1,65 @@
+"""The SDK's connections in sentinel mode: each one asks the sentinels for the primary.
+
+The command client is redis-py's Sentinel-managed client over a bounded, blocking pool
+(as ``connection.make_redis`` builds for ``redis://``): every new connection looks the
+primary up, and connections to a demoted primary are dropped. The pub/sub connection is
+our own RESP reader (``kvrelay.resp``); its factory looks the primary up before each
+connect, so the dispatcher's reconnect after a failover lands on the new primary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import ExponentialBackoff
+
+from kvrelay.resp import Endpoint
+from kvrelay.sentinel_url import SentinelUrl
+
+__all__ = ["sentinel_endpoint_resolver", "sentinel_redis"]
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """A Sentinel-managed pool that waits for a free connection instead of failing."""
+
+
+def _sentinel(target: SentinelUrl, connect_timeout: float) -> Sentinel:
+    return Sentinel(
+        list(target.sentinels),
+        sentinel_kwargs={"socket_connect_timeout": connect_timeout,
+                         "socket_timeout": connect_timeout},
+        socket_connect_timeout=connect_timeout,
+        socket_timeout=max(connect_timeout, 10.0),
+    )
+
+
+def sentinel_redis(target: SentinelUrl, *, max_connections: int,
+                   connect_timeout: float) -> Redis:
+    """The command client for the primary ``target``'s sentinels name (bytes replies)."""
+    client: Redis = _sentinel(target, connect_timeout).master_for(
+        target.master_name,
+        redis_class=Redis,
+        connection_pool_class=_BlockingSentinelPool,
+        max_connections=max_connections,
+        timeout=max(connect_timeout, 1.0) * 4,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        decode_responses=False,
+        **target.primary_kwargs(),
+    )
+    return client
+
+
+def sentinel_endpoint_resolver(target: SentinelUrl,
+                               connect_timeout: float) -> Callable[[], Awaitable[Endpoint]]:
+    """A coroutine function giving the current primary's address, asked anew each call."""
+    sentinel = _sentinel(target, connect_timeout)
+
+    async def resolve() -> Endpoint:
+        host, port = await sentinel.discover_master(target.master_name)
+        return Endpoint(host=str(host), port=int(port), username=target.username,
+                        password=target.password)
+
+    return resolve
