@@ -1,4 +1,4 @@
-"""The SDK's connections in sentinel mode: each one asks the sentinels for the primary.
+"""Connections in sentinel mode: each one asks the sentinels for the primary.
 
 The command client is redis-py's Sentinel-managed client over a bounded, blocking pool
 (as ``connection.make_redis`` builds for ``redis://``): every new connection looks the
@@ -10,7 +10,10 @@ connect, so the dispatcher's reconnect after a failover lands on the new primary
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import redis
+import redis.sentinel
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
@@ -19,7 +22,7 @@ from redis.backoff import ExponentialBackoff
 from kvrelay.resp import Endpoint
 from kvrelay.sentinel_url import SentinelUrl
 
-__all__ = ["sentinel_endpoint_resolver", "sentinel_redis"]
+__all__ = ["sentinel_endpoint_resolver", "sentinel_redis", "sync_sentinel_redis"]
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -63,3 +66,16 @@ def sentinel_endpoint_resolver(target: SentinelUrl,
                         password=target.password)
 
     return resolve
+
+
+def sync_sentinel_redis(target: SentinelUrl, *, timeout: float,
+                        **kwargs: Any) -> redis.Redis:
+    """A blocking client for the primary the sentinels name (the worker's, the CLI's);
+    each new connection asks them anew. ``kwargs`` go to the primary's connections."""
+    sentinel = redis.sentinel.Sentinel(
+        list(target.sentinels),
+        sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout})
+    client: redis.Redis = sentinel.master_for(
+        target.master_name, socket_timeout=timeout, socket_connect_timeout=timeout,
+        **kwargs, **target.primary_kwargs())
+    return client

@@ -19,22 +19,14 @@ from typing import Any
 
 import redis
 
+from kvrelay.cli.redis_server import sync_redis_for
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import decode_worker_info
-from kvrelay.sentinel_url import is_sentinel_url, parse_sentinel_url
 
 
 def redis_for(url: str) -> redis.Redis:
     """A client for ``url``; for a Sentinel URL, for the primary the sentinels name now."""
-    if not is_sentinel_url(url):
-        return redis.Redis.from_url(url)
-    from redis.sentinel import Sentinel
-
-    target = parse_sentinel_url(url)
-    sentinel = Sentinel(list(target.sentinels), socket_timeout=5)
-    client: redis.Redis = sentinel.master_for(target.master_name, socket_timeout=5,
-                                              **target.primary_kwargs())
-    return client
+    return sync_redis_for(url, timeout=5.0)
 
 
 class WorkerProcess:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.sentinel import Sentinel
 
+from kvrelay.sentinel_connect import sync_sentinel_redis
 from kvrelay.sentinel_url import is_sentinel_url, parse_sentinel_url
 from kvrelay_worker.settings import WorkerSettings
 
@@ -19,19 +19,13 @@ def worker_redis(settings: WorkerSettings) -> redis.Redis:
     callers' retries after a failover reach the new one."""
     common: dict[str, Any] = {
         "health_check_interval": 30, "socket_keepalive": True,
-        "socket_timeout": settings.redis_socket_timeout,
-        "socket_connect_timeout": settings.redis_socket_timeout,
         "client_name": f"kvrelay-worker:{settings.worker_id}",
     }
+    timeout = settings.redis_socket_timeout
     if is_sentinel_url(settings.redis_url):
-        target = parse_sentinel_url(settings.redis_url)
-        timeout = settings.redis_socket_timeout
-        sentinel = Sentinel(list(target.sentinels),
-                            sentinel_kwargs={"socket_timeout": timeout,
-                                             "socket_connect_timeout": timeout})
-        client: redis.Redis = sentinel.master_for(target.master_name, **common,
-                                                  **target.primary_kwargs())
-        return client
+        return sync_sentinel_redis(parse_sentinel_url(settings.redis_url), timeout=timeout,
+                                   **common)
+    common.update(socket_timeout=timeout, socket_connect_timeout=timeout)
     pool = redis.ConnectionPool.from_url(settings.redis_url, **common)
     return redis.Redis(connection_pool=pool)
 
