@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 SENTINEL_SCHEME: Final = "redis+sentinel"
+_TLS_SCHEME: Final = "rediss+sentinel"
 DEFAULT_SENTINEL_PORT: Final = 26379
 DEFAULT_WAIT_REPLICAS: Final = 1
 DEFAULT_WAIT_TIMEOUT_MS: Final = 200
@@ -82,11 +83,15 @@ class SentinelUrl:
 
 
 def is_sentinel_url(url: str) -> bool:
-    return url.lower().startswith(SENTINEL_SCHEME + "://")
+    """A Sentinel URL, or the TLS spelling of one (which ``parse_sentinel_url`` refuses)."""
+    return url.lower().startswith((SENTINEL_SCHEME + "://", _TLS_SCHEME + "://"))
 
 
 def parse_sentinel_url(url: str) -> SentinelUrl:
     """Parse a ``redis+sentinel://`` URL; raises ``SentinelUrlError`` saying what is wrong."""
+    if url.lower().startswith(_TLS_SCHEME + "://"):
+        raise SentinelUrlError(f"{_TLS_SCHEME}:// (TLS through sentinels) is not supported "
+                               f"yet; use {SENTINEL_SCHEME}://")
     if not is_sentinel_url(url):
         raise SentinelUrlError(f"a Sentinel URL starts with {SENTINEL_SCHEME}://")
     rest = url[len(SENTINEL_SCHEME) + 3:]

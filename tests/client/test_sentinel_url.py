@@ -54,6 +54,7 @@ def test_defaults() -> None:
     ("redis+sentinel://a/m?wait_replicas=many", "wait_replicas must be a whole number"),
     ("redis+sentinel://a/m?wait_replicas", "not name=value pairs"),
     ("redis+sentinel://a/m#frag", "no #fragment"),
+    ("rediss+sentinel://a/m", "TLS through sentinels) is not supported yet"),
 ])
 def test_bad_forms_say_what_is_wrong(url: str, says: str) -> None:
     with pytest.raises(SentinelUrlError) as caught:
