@@ -110,6 +110,8 @@ class AsyncClient(AsyncResource):
         except (NamespaceError, TlsConfigError, SentinelUrlError) as exc:
             raise InvalidRequest(str(exc)) from None
         self._url = url
+        self._sentinel_mode = sentinel is not None
+        self._resolver: object = None
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
         self._stream_timeout = float(stream_timeout)
@@ -124,6 +126,7 @@ class AsyncClient(AsyncResource):
         transport_factory: TransportFactory
         if redis is None:
             resolve_endpoint = _endpoint_resolver(url, sentinel, connect_timeout)
+            self._resolver = resolve_endpoint
 
             async def open_resp() -> Transport:
                 return await RespConnection.open(
@@ -197,6 +200,8 @@ class AsyncClient(AsyncResource):
             await self._celery.aclose()
         if self._owns_redis:
             await self._redis.aclose()
+            if self._sentinel_mode:
+                await _close_sentinel_links(self._redis, self._resolver)
 
     close = aclose
 
@@ -317,12 +322,23 @@ def _endpoint_resolver(url: str, sentinel: SentinelUrl | None,
     """Where the pub/sub connection goes: fixed for a plain URL; for a Sentinel URL the
     primary the sentinels name at each (re)connect, so streams follow a failover."""
     if sentinel is not None:
-        from kvrelay.sentinel_connect import sentinel_endpoint_resolver
+        from kvrelay.sentinel_connect import SentinelEndpoints
 
-        return sentinel_endpoint_resolver(sentinel, connect_timeout)
+        return SentinelEndpoints(sentinel, connect_timeout)
     endpoint = Endpoint.from_url(url)
 
     async def fixed() -> Endpoint:
         return endpoint
 
     return fixed
+
+
+async def _close_sentinel_links(redis: Redis, resolver: object) -> None:
+    """Sentinel mode: the connections to the sentinels, which redis-py leaves open."""
+    from kvrelay.sentinel_connect import SentinelEndpoints, close_sentinels
+
+    manager = getattr(redis.connection_pool, "sentinel_manager", None)
+    if manager is not None:
+        await close_sentinels(manager)
+    if isinstance(resolver, SentinelEndpoints):
+        await resolver.aclose()

@@ -9,7 +9,6 @@ connect, so the dispatcher's reconnect after a failover lands on the new primary
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -22,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from kvrelay.resp import Endpoint
 from kvrelay.sentinel_url import SentinelUrl
 
-__all__ = ["sentinel_endpoint_resolver", "sentinel_redis", "sync_sentinel_redis"]
+__all__ = ["SentinelEndpoints", "close_sentinels", "sentinel_redis", "sync_sentinel_redis"]
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
@@ -55,17 +54,27 @@ def sentinel_redis(target: SentinelUrl, *, max_connections: int,
     return client
 
 
-def sentinel_endpoint_resolver(target: SentinelUrl,
-                               connect_timeout: float) -> Callable[[], Awaitable[Endpoint]]:
-    """A coroutine function giving the current primary's address, asked anew each call."""
-    sentinel = _sentinel(target, connect_timeout)
+class SentinelEndpoints:
+    """Call it for the current primary's address, asked anew each time; ``aclose`` ends
+    its connections to the sentinels."""
 
-    async def resolve() -> Endpoint:
-        host, port = await sentinel.discover_master(target.master_name)
-        return Endpoint(host=str(host), port=int(port), username=target.username,
-                        password=target.password)
+    def __init__(self, target: SentinelUrl, connect_timeout: float) -> None:
+        self._target = target
+        self._sentinel = _sentinel(target, connect_timeout)
 
-    return resolve
+    async def __call__(self) -> Endpoint:
+        host, port = await self._sentinel.discover_master(self._target.master_name)
+        return Endpoint(host=str(host), port=int(port), username=self._target.username,
+                        password=self._target.password)
+
+    async def aclose(self) -> None:
+        await close_sentinels(self._sentinel)
+
+
+async def close_sentinels(sentinel: Sentinel) -> None:
+    """Close a ``Sentinel``'s own connections (redis-py leaves them to the caller)."""
+    for client in sentinel.sentinels:
+        await client.aclose()
 
 
 def sync_sentinel_redis(target: SentinelUrl, *, timeout: float,
