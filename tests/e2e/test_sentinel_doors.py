@@ -4,18 +4,21 @@ sentinels. (A failover under load is ``tests/reliability/test_sentinel_failover.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from cli_support import cli_env, run_cli
 from helpers.gateway_process import GatewayProcess
 from helpers.sentinel_cluster import SentinelCluster
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import Client
+from kvrelay import AsyncClient, Client
+from kvrelay.keys import Keyspace
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +93,35 @@ def test_gateway(sentinel_worker: tuple[SentinelCluster, WorkerProcess],
         raise
     finally:
         gateway.stop()
+
+
+def test_an_enqueued_job_is_on_the_replica(
+        sentinel_worker: tuple[SentinelCluster, WorkerProcess]) -> None:
+    """``stream.start()`` returns once the job message is on the replica too: the SDK's
+    push is followed by ``WAIT`` (a model no worker serves, so only the SDK writes)."""
+    cluster, _ = sentinel_worker
+    unserved = "nobody-serves-this"
+    queue = Keyspace().celery_queue(unserved)
+    with redis.Redis(port=cluster.primary.port) as primary, \
+            redis.Redis(port=cluster.replica.port) as replica:
+
+        def waits_sent_by_enqueue(url: str) -> int:
+            primary.delete(queue)
+            primary.config_resetstat()
+
+            async def enqueue() -> None:
+                async with AsyncClient(url, model=unserved, require_worker=False) as client:
+                    stream = client.stream(prompt_token_ids=[1, 2], max_tokens=1)
+                    await stream.start()
+                    # Read at once, with no wait of our own: the replica already has it.
+                    assert replica.llen(queue) == 1
+                    await stream.aclose()
+
+            asyncio.run(enqueue())
+            stats = primary.info("commandstats").get("cmdstat_wait", {})
+            return int(stats.get("calls", 0))
+
+        assert waits_sent_by_enqueue(cluster.url) >= 1
+        # The contrast: with the wait turned off none is sent (the worker is idle).
+        assert waits_sent_by_enqueue(cluster.url + "?wait_replicas=0") == 0
+        primary.delete(queue)
