@@ -18,6 +18,8 @@ from helpers.sentinel_cluster import SentinelCluster
 from helpers.worker_process import WorkerProcess
 
 from kvrelay import AsyncClient, Client
+from kvrelay.cli.errors import CliError
+from kvrelay.cli.redis_server import ping
 from kvrelay.keys import Keyspace
 
 pytestmark = pytest.mark.integration
@@ -74,6 +76,16 @@ def test_cli_refuses_a_malformed_sentinel_url(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "names no primary" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_kvrelay_up_checks_a_sentinel_url(
+        sentinel_worker: tuple[SentinelCluster, WorkerProcess]) -> None:
+    """``kvrelay up --redis-url`` pings the Redis it is given: through the sentinels."""
+    cluster, _ = sentinel_worker
+    ping(cluster.url)
+    wrong_name = cluster.url.replace("/kvrelay-ha/", "/no-such-primary/")
+    with pytest.raises(CliError, match="no-such-primary"):
+        ping(wrong_name)
 
 
 def test_gateway(sentinel_worker: tuple[SentinelCluster, WorkerProcess],

@@ -12,6 +12,7 @@ whole, and the longest pause in any stream must stay within the sentinels' failo
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -183,6 +184,12 @@ def test_streams_survive_a_primary_failover(cluster: SentinelCluster, tiny_model
         assert stall <= failover_s + STALL_MARGIN_S, (
             f"a stream stalled {stall:.2f}s; the failover took {failover_s:.2f}s")
         assert worker.alive()
+        # The worker's own account: each job's task finished exactly once, nothing crashed.
+        log = worker.tail(10_000_000)
+        assert "Traceback" not in log
+        for record in records:
+            runs = re.findall(rf"\[{record.job_id}\] succeeded in [0-9.]+s: '(\w+)'", log)
+            assert runs.count("finished") == 1, (record.job_id, runs)
     except BaseException:
         print(f"\n----- worker log -----\n{worker.tail(8000)}")
         raise

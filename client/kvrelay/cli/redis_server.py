@@ -18,6 +18,7 @@ import redis
 
 from kvrelay.cli import processes
 from kvrelay.cli.errors import CliError
+from kvrelay.connection import redact_url
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES
 from kvrelay.sentinel_connect import sync_sentinel_redis
 from kvrelay.sentinel_url import is_sentinel_url, parse_sentinel_url
@@ -68,7 +69,7 @@ def ping(url: str, timeout: float = 2.0) -> None:
     try:
         client.ping()
     except (redis.RedisError, OSError) as exc:
-        raise CliError(f"cannot reach Redis at {url}: {exc}") from None
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {exc}") from None
     finally:
         client.close()
 
