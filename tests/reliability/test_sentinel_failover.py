@@ -107,7 +107,7 @@ async def _run_all(url: str, cluster: SentinelCluster,
     async with AsyncClient(url, model=MODEL, stream_timeout=90, reconnect_timeout=60) as client:
         tasks = [asyncio.create_task(_run_stream(client, i, records[i]))
                  for i in range(STREAMS)]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while sum(len(r.seqs) >= 4 for r in records) < CONCURRENCY // 2:
             assert time.monotonic() < deadline, "the streams never got going"
             assert not any(t.done() and t.exception() for t in tasks), \
@@ -117,7 +117,7 @@ async def _run_all(url: str, cluster: SentinelCluster,
         assert running >= CONCURRENCY // 2, "too few streams were running at the kill"
         killed_at = time.monotonic()
         cluster.kill_primary()
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)
     watcher.close()
     assert watcher.switched_at is not None, "the sentinels never switched the primary"
     return killed_at, watcher.switched_at
