@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvrelay.keys import Keyspace
+from kvrelay.replica_wait import ReplicaWait
+from kvrelay.sentinel_url import WAIT_REPLICAS_OPTION, WAIT_TIMEOUT_OPTION
 
 __all__ = [
     "DEFAULT_RETRY_AFTER_S",
@@ -147,6 +149,19 @@ def _placed(placement: _Placement) -> Iterator[None]:
         _local.placement = previous
 
 
+_replica_waits: dict[tuple[int, int], ReplicaWait] = {}
+
+
+def _replica_wait(transport_options: dict[str, Any]) -> ReplicaWait:
+    """The process's ``ReplicaWait`` for a broker's WAIT settings (sentinel mode; none
+    elsewhere), shared by its connections: a missing replica is noticed once for all."""
+    replicas = int(transport_options.get(WAIT_REPLICAS_OPTION, 0))
+    timeout_ms = int(transport_options.get(WAIT_TIMEOUT_OPTION, 0))
+    with _install_lock:
+        return _replica_waits.setdefault((replicas, timeout_ms),
+                                         ReplicaWait(replicas, timeout_ms))
+
+
 def _install() -> None:
     """Wrap kombu's Redis ``Channel._put`` (once per process)."""
     from kombu.transport import redis as kombu_redis
@@ -163,16 +178,29 @@ def _install() -> None:
             if placement is None or "_publish_batch" in kwargs:
                 return original(channel, queue, message, **kwargs)
             key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
+            replica_wait = _replica_wait(channel.connection.client.transport_options)
+            wanted = replica_wait.wanted()
             with channel.conn_or_acquire() as client:
+                # One connection for the push and the WAIT that follows it (sentinel mode):
+                # the job is taken as enqueued only once a replica holds it too.
+                pipe = client.pipeline(transaction=False)
                 if placement.front:
-                    client.rpush(key, dumps(message))
-                    return None
-                cap = "" if placement.cap is None else str(placement.cap)
-                # kombu prefixes a namespace's list names (``global_keyprefix``) in the
-                # commands it knows, EVAL not among them: the script gets the full name.
-                queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
-                result = client.eval(_ADMIT, 2, queue_key, placement.admission_key,
-                                     dumps(message), cap)
+                    pipe.rpush(key, dumps(message))
+                else:
+                    cap = "" if placement.cap is None else str(placement.cap)
+                    # kombu prefixes a namespace's list names (``global_keyprefix``) in the
+                    # commands it knows, EVAL not among them: the script gets the full name.
+                    queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
+                    pipe.eval(_ADMIT, 2, queue_key, placement.admission_key,
+                              dumps(message), cap)
+                if wanted > 0:
+                    pipe.execute_command("WAIT", wanted, replica_wait.timeout_ms)
+                replies = pipe.execute()
+                if wanted > 0:
+                    replica_wait.observe(replies[-1])
+                result = replies[0]
+            if placement.front:
+                return None
             if int(result[0]) == 1:
                 return None
             raise AdmissionRefused(int(result[1]), int(result[2]), _retry_after(result[3]))

@@ -7,6 +7,7 @@ few enqueue threads running Celery's producer. Create it once per process and sh
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Unpack
 
 from redis.asyncio import Redis
@@ -29,6 +30,12 @@ from kvrelay.request_builder import (
     queue_timeout_value,
 )
 from kvrelay.resp import Endpoint, RespConnection
+from kvrelay.sentinel_url import (
+    SentinelUrl,
+    SentinelUrlError,
+    is_sentinel_url,
+    parse_sentinel_url,
+)
 from kvrelay.stream import AsyncStream
 from kvrelay.tls import TlsConfigError, celery_ssl_options
 
@@ -39,7 +46,8 @@ class AsyncClient(AsyncResource):
     """Async client for kvrelay workers.
 
     Args:
-        url: Redis URL shared with the workers (``redis://``, ``rediss://``, ``unix://``);
+        url: Redis URL shared with the workers (``redis://``, ``rediss://``, ``unix://``,
+            or ``redis+sentinel://host:26379,.../<master-name>``: see ``kvrelay.sentinel_url``);
             None (the default) reads ``$KVRELAY_REDIS_URL``, else ``redis://localhost:6379/0``.
         model: default model for calls that do not name one.
         stream_timeout: seconds without any event of a job before ``StreamTimeout``
@@ -98,9 +106,12 @@ class AsyncClient(AsyncResource):
         try:
             self._keys = Keyspace(namespace)
             celery_ssl_options(url)
-        except (NamespaceError, TlsConfigError) as exc:
+            sentinel = parse_sentinel_url(url) if is_sentinel_url(url) else None
+        except (NamespaceError, TlsConfigError, SentinelUrlError) as exc:
             raise InvalidRequest(str(exc)) from None
         self._url = url
+        self._sentinel_mode = sentinel is not None
+        self._resolver: object = None
         self._where = redact_url(url) if redis is None else "<injected client>"
         self._model = model
         self._stream_timeout = float(stream_timeout)
@@ -114,11 +125,13 @@ class AsyncClient(AsyncResource):
         )
         transport_factory: TransportFactory
         if redis is None:
-            endpoint = Endpoint.from_url(url)
+            resolve_endpoint = _endpoint_resolver(url, sentinel, connect_timeout)
+            self._resolver = resolve_endpoint
 
             async def open_resp() -> Transport:
                 return await RespConnection.open(
-                    endpoint, connect_timeout=connect_timeout, client_name="kvrelay-client-sub"
+                    await resolve_endpoint(), connect_timeout=connect_timeout,
+                    client_name="kvrelay-client-sub"
                 )
 
             transport_factory = open_resp
@@ -187,6 +200,8 @@ class AsyncClient(AsyncResource):
             await self._celery.aclose()
         if self._owns_redis:
             await self._redis.aclose()
+            if self._sentinel_mode:
+                await _close_sentinel_links(self._redis, self._resolver)
 
     close = aclose
 
@@ -300,3 +315,30 @@ class AsyncClient(AsyncResource):
 
     def __repr__(self) -> str:
         return f"AsyncClient({self._where!r}, model={self._model!r})"
+
+
+def _endpoint_resolver(url: str, sentinel: SentinelUrl | None,
+                       connect_timeout: float) -> Callable[[], Awaitable[Endpoint]]:
+    """Where the pub/sub connection goes: fixed for a plain URL; for a Sentinel URL the
+    primary the sentinels name at each (re)connect, so streams follow a failover."""
+    if sentinel is not None:
+        from kvrelay.sentinel_connect import SentinelEndpoints
+
+        return SentinelEndpoints(sentinel, connect_timeout)
+    endpoint = Endpoint.from_url(url)
+
+    async def fixed() -> Endpoint:
+        return endpoint
+
+    return fixed
+
+
+async def _close_sentinel_links(redis: Redis, resolver: object) -> None:
+    """Sentinel mode: the connections to the sentinels, which redis-py leaves open."""
+    from kvrelay.sentinel_connect import SentinelEndpoints, close_sentinels
+
+    manager = getattr(redis.connection_pool, "sentinel_manager", None)
+    if manager is not None:
+        await close_sentinels(manager)
+    if isinstance(resolver, SentinelEndpoints):
+        await resolver.aclose()

@@ -17,6 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from kvrelay.errors import BrokerUnavailable
+from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -50,6 +51,11 @@ def resolve_url(url: str | None) -> str:
 
 def redact_url(url: str) -> str:
     """``url`` without its password, for messages and logs."""
+    if is_sentinel_url(url):
+        try:
+            return parse_sentinel_url(url).redacted()
+        except SentinelUrlError:
+            return "<unparseable sentinel url>"
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -74,8 +80,14 @@ def make_redis(url: str, *, max_connections: int, connect_timeout: float) -> Red
     """The client for ordinary commands: a bounded pool, short retries, bytes replies.
 
     The pool is blocking and bounded so that 1,000 streams starting at once queue for
-    a few dozen connections instead of opening 1,000.
+    a few dozen connections instead of opening 1,000. A ``redis+sentinel://`` URL gets
+    the same pool, managed by the sentinels (``kvrelay.sentinel_connect``).
     """
+    if is_sentinel_url(url):
+        from kvrelay.sentinel_connect import sentinel_redis
+
+        return sentinel_redis(parse_sentinel_url(url), max_connections=max_connections,
+                              connect_timeout=connect_timeout)
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,

@@ -427,7 +427,8 @@ class Dispatcher:
                     )
                     return
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+                # Capped low: a failover's new primary answers within a second or two.
+                backoff = min(backoff * 2, 0.5)
                 continue
             backoff = 0.05
             self.connects += 1

@@ -24,9 +24,16 @@ from kvrelay.admission import AdmissionRefused, publish_task
 from kvrelay.errors import BrokerUnavailable, QueueFull
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
+from kvrelay.sentinel_url import is_sentinel_url, kombu_sentinel_settings, parse_sentinel_url
 from kvrelay.tls import celery_ssl_options
 
-__all__ = ["CeleryEnqueuer", "Enqueuer", "celery_broker_url", "task_argsrepr"]
+__all__ = [
+    "CeleryEnqueuer",
+    "Enqueuer",
+    "celery_broker_settings",
+    "celery_broker_url",
+    "task_argsrepr",
+]
 
 # Anything that puts a request on its model's queue. ``CeleryEnqueuer`` in production;
 # tests inject a coroutine function that plays the worker instead.
@@ -38,6 +45,15 @@ def celery_broker_url(url: str) -> str:
     if url.startswith("unix://"):
         return "redis+socket://" + url[len("unix://") :]
     return url
+
+
+def celery_broker_settings(url: str) -> tuple[str, dict[str, Any]]:
+    """kombu's broker URL for ``url`` and the transport options it needs beside it: none
+    for ``redis://``; for ``redis+sentinel://`` kombu's Sentinel transport, its primary's
+    name and the replica WAIT that follows each job message (``kvrelay.admission``)."""
+    if is_sentinel_url(url):
+        return kombu_sentinel_settings(parse_sentinel_url(url))
+    return celery_broker_url(url), {}
 
 
 def task_argsrepr(job_id: str) -> str:
@@ -73,7 +89,10 @@ class CeleryEnqueuer:
         keyspace: Keyspace | None = None,
     ) -> None:
         self._keys = keyspace or Keyspace()
-        self._broker_url = celery_broker_url(broker_url)
+        self._broker_url, self._broker_options = celery_broker_settings(broker_url)
+        # Behind sentinels a publish that meets a dying primary retries past the failover
+        # (a copy sent twice is dropped at pickup: the job is owned or done).
+        self._publish_retries = 40 if is_sentinel_url(broker_url) else 2
         self._broker_ssl = celery_ssl_options(broker_url)
         self._threads = max(1, threads)
         self._connect_timeout = connect_timeout
@@ -106,12 +125,13 @@ class CeleryEnqueuer:
                     broker_pool_limit=self._threads + 1,
                     broker_transport_options={
                         **self._keys.celery_transport_options(),
+                        **self._broker_options,
                         "socket_connect_timeout": self._connect_timeout,
                         "socket_timeout": max(self._connect_timeout, 10.0),
                     },
                     task_publish_retry=True,
                     task_publish_retry_policy={
-                        "max_retries": 2,
+                        "max_retries": self._publish_retries,
                         "interval_start": 0.1,
                         "interval_step": 0.2,
                         "interval_max": 0.5,

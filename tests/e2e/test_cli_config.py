@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
         ("KVRELAY_METRICS_PORT", "70000", "KVRELAY_METRICS_PORT must be a port number"),
         ("KVRELAY_ENABLE_PREFIX_CACHING", "maybe", "must be true or false, got 'maybe'"),
         ("KVRELAY_DTYPE", "int8", "KVRELAY_DTYPE must be one of auto, float32"),
-        ("KVRELAY_REDIS_URL", "localhost:6379", "must be a redis://, rediss:// or unix:// URL"),
+        ("KVRELAY_REDIS_URL", "localhost:6379", "must be a redis://, rediss://, unix:// or redis+sentinel:// URL"),
+        ("KVRELAY_REDIS_URL", "redis+sentinel://h:26379", "names no primary"),
     ],
 )
 def test_malformed_values_name_the_variable(name: str, value: str, message: str) -> None:

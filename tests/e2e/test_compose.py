@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+HA = ("redis-replica", "sentinel-1", "sentinel-2", "sentinel-3", "worker-ha", "gateway-ha")
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
 SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
 
 
@@ -47,8 +49,10 @@ def test_the_schema_check_catches_mistakes(compose: dict[str, Any]) -> None:
 
 def test_services_and_profiles(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "worker", "worker-cpu", "gateway", "flower"}
+    assert set(services) == {"redis", "worker", "worker-cpu", "gateway", "flower", *HA}
     assert services["worker-cpu"]["profiles"] == ["cpu"]
+    for name in HA:
+        assert services[name]["profiles"] == ["ha"], name
     for name in ("redis", "worker", "gateway", "flower"):
         assert "profiles" not in services[name], f"{name} must start by default"
 
@@ -154,3 +158,47 @@ def test_gateway_serves_openai_on_loopback(compose: dict[str, Any]) -> None:
     assert f"127.0.0.1:{port}/" in " ".join(gateway["healthcheck"]["test"])
     dockerfile = (REPO / "worker" / "Dockerfile").read_text(encoding="utf-8")
     assert re.search(r'pip install "\./client\[[a-z,]*gateway[a-z,]*\]"', dockerfile)
+
+
+def _sentinel_conf(service: dict[str, Any]) -> list[str]:
+    """The lines a sentinel service writes into its config file before it starts."""
+    command = service["command"]
+    assert command[:2] == ["sh", "-c"]
+    script = command[2]
+    assert script.endswith("exec redis-server /tmp/sentinel.conf --sentinel")
+    return re.findall(r"'([^']*)'", script.split(">", 1)[0])[1:]  # after printf's format
+
+
+def test_ha_profile_replicates_and_watches_the_primary(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    replica = services["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1:][:2] == ["redis", "6379"]
+    assert replica[replica.index("--appendonly") + 1] == "yes"
+    assert services["redis-replica"]["depends_on"] == {"redis": {"condition": "service_healthy"}}
+    for name in SENTINELS:
+        conf = _sentinel_conf(services[name])
+        # Hostnames must resolve before the monitor line names the primary by one.
+        assert conf.index("sentinel resolve-hostnames yes") < \
+            conf.index("sentinel monitor kvrelay redis 6379 2")
+        assert "port 26379" in conf
+        assert services[name]["healthcheck"]["test"][-1] == "kvrelay"
+
+
+@pytest.mark.parametrize("name", ["worker-ha", "gateway-ha"])
+def test_ha_services_find_the_primary_through_the_sentinels(compose: dict[str, Any],
+                                                            name: str) -> None:
+    from kvrelay.sentinel_url import parse_sentinel_url
+
+    service = compose["services"][name]
+    target = parse_sentinel_url(service["environment"]["KVRELAY_REDIS_URL"])
+    assert target.sentinels == tuple((host, 26379) for host in SENTINELS)
+    assert target.master_name == "kvrelay"  # the name the sentinels monitor
+    assert service["depends_on"] == {s: {"condition": "service_healthy"} for s in SENTINELS}
+
+
+def test_ha_worker_is_the_gpu_worker_on_sentinels(compose: dict[str, Any]) -> None:
+    worker, ha = compose["services"]["worker"], compose["services"]["worker-ha"]
+    assert ha["command"] == worker["command"]
+    assert ha["deploy"] == worker["deploy"]
+    assert {k: v for k, v in ha["environment"].items() if k != "KVRELAY_REDIS_URL"} == \
+        {k: v for k, v in worker["environment"].items() if k != "KVRELAY_REDIS_URL"}

@@ -19,8 +19,14 @@ from typing import Any
 
 import redis
 
+from kvrelay.cli.redis_server import sync_redis_for
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import decode_worker_info
+
+
+def redis_for(url: str) -> redis.Redis:
+    """A client for ``url``; for a Sentinel URL, for the primary the sentinels name now."""
+    return sync_redis_for(url, timeout=5.0)
 
 
 class WorkerProcess:
@@ -69,7 +75,7 @@ class WorkerProcess:
 
     def info(self) -> dict[str, Any] | None:
         """This worker's latest heartbeat (``WorkerInfo`` as a dict), or None."""
-        client = redis.Redis.from_url(self.redis_url)
+        client = redis_for(self.redis_url)
         try:
             for worker_id in client.smembers(self.keys.workers):
                 raw = client.get(self.keys.worker_heartbeat(worker_id.decode()))

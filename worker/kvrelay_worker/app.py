@@ -15,6 +15,7 @@ from celery import Celery, bootsteps
 from celery.exceptions import Reject
 from kombu import Exchange, Queue
 
+from kvrelay.enqueue import celery_broker_settings
 from kvrelay.protocol import TASK_NAME
 from kvrelay.tls import celery_ssl_options
 from kvrelay_worker.job_copy import send_job_copy
@@ -31,8 +32,10 @@ QUEUE = settings.keys.celery_queue(settings.served_model)
 def make_celery(s: WorkerSettings) -> Celery:
     celery_app = Celery("kvrelay_worker")
     queue_name = s.keys.celery_queue(s.served_model)
+    # redis+sentinel://: kombu's Sentinel transport, asking the sentinels for the primary.
+    broker_url, broker_options = celery_broker_settings(s.redis_url)
     celery_app.conf.update(
-        broker_url=s.redis_url,
+        broker_url=broker_url,
         # rediss://: verify the broker's certificate as every other connection does.
         broker_use_ssl=celery_ssl_options(s.redis_url),
         broker_connection_retry_on_startup=True,
@@ -41,6 +44,7 @@ def make_celery(s: WorkerSettings) -> Celery:
             "unacked_restore_interval": s.unacked_restore_interval,
             "unacked_restore_throttle": s.unacked_restore_throttle,
             **s.keys.celery_transport_options(),
+            **broker_options,
             # kombu's blocking pops time out after a second; these bound everything else.
             "socket_timeout": s.redis_socket_timeout,
             "socket_connect_timeout": s.redis_socket_timeout,

@@ -26,7 +26,9 @@ from kvrelay.protocol import (
     decode_event,
     encode_event,
 )
+from kvrelay.replica_wait import ReplicaWait
 from kvrelay_worker import redis_scripts
+from kvrelay_worker.redis_client import replica_wait
 from kvrelay_worker.settings import WorkerSettings
 
 # A script, its keys and its arguments.
@@ -113,6 +115,8 @@ class JobStore:
         self._append = script(redis_scripts.APPEND_EVENT)
         self._check_expired = script(redis_scripts.CHECK_EXPIRED)
         self._commit_requeue = script(redis_scripts.COMMIT_REQUEUE)
+        # Behind sentinels: replicas that must hold a job-state write before it counts.
+        self._replica_wait = ReplicaWait(*replica_wait(settings))
 
     @property
     def lease_ms(self) -> int:
@@ -133,11 +137,12 @@ class JobStore:
     def claim(self, job_id: str, payload_json: str, digest: str) -> Claim:
         """Take the job unless it is done, aborted, owned, or its id belongs to another
         request (``digest``: ``protocol.request_digest``); one round trip."""
-        result = self._claim(
-            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
-                  self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
-            args=[job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
-                  self.live_ttl_s, digest],
+        result = self._one(
+            self._claim,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+             self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
+            [job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
+             self.live_ttl_s, digest],
         )
         status = _text(result[0])
         if status == "claimed":
@@ -149,9 +154,10 @@ class JobStore:
         return Claim(status)
 
     def release_done(self, job_id: str) -> bool:
-        return bool(self._release_done(
-            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
-            args=[job_id, self.worker_id, self.ended_ttl_s],
+        return bool(self._one(
+            self._release_done,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
+            [job_id, self.worker_id, self.ended_ttl_s],
         ))
 
     def mark_handback(self, job_id: str) -> bool:
@@ -217,10 +223,26 @@ class JobStore:
                 results[i] = result
         return results
 
+    def _one(self, script: Script, key_list: list[str], args: list[Any]) -> Any:
+        """One script call through ``_pipelined`` (so it gets the replica WAIT too)."""
+        result = self._pipelined([(script, key_list, args)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
     def _send_calls(self, calls: list[_ScriptCall]) -> list[Any]:
+        """The calls in one round trip; behind sentinels a ``WAIT`` closes it, so they
+        count as written only once a replica holds them (a failover cannot lose them;
+        a connection lost before the reply makes the caller send them again)."""
         pipe = self.redis.pipeline(transaction=False)
         for script, key_list, args in calls:
             pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+        wanted = self._replica_wait.wanted()
+        if wanted > 0:
+            pipe.execute_command("WAIT", wanted, self._replica_wait.timeout_ms)
+            *results, acknowledged = pipe.execute(raise_on_error=False)
+            self._replica_wait.observe(acknowledged)
+            return results
         return list(pipe.execute(raise_on_error=False))
 
     def append_unowned(self, job_id: str, event: AnyEvent) -> int:

@@ -147,7 +147,9 @@ class Publisher:
                 log.warning("publisher: Redis is out of memory; %d events wait, retrying in "
                             "%.2fs", len(todo), delay)
             time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            # Capped low: behind sentinels the new primary is up within a second or two of
+            # the old one's death, and each step of backoff past that is a stall.
+            delay = min(delay * 2, 0.5)
         return results
 
     def _after_write(self, item: EventItem, result: object, now: float) -> None:

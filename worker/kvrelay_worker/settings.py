@@ -19,6 +19,7 @@ from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
+from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 from kvrelay.tls import TlsConfigError, celery_ssl_options
 
 # The engine's preemption modes (engine/preemption.py; not imported: it needs torch).
@@ -143,10 +144,15 @@ class WorkerSettings:
                 f"KVRELAY_LEASE_REFRESH ({self.lease_refresh}) must be shorter than "
                 f"KVRELAY_LEASE_TTL ({self.lease_ttl})"
             )
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        if is_sentinel_url(self.redis_url):
+            try:
+                parse_sentinel_url(self.redis_url)
+            except SentinelUrlError as exc:
+                raise SettingsError(f"KVRELAY_REDIS_URL: {exc}") from None
+        elif not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError(
-                f"KVRELAY_REDIS_URL must start with redis://, rediss:// or unix://, "
-                f"got {self.redis_url!r}"
+                f"KVRELAY_REDIS_URL must start with redis://, rediss://, unix:// or "
+                f"redis+sentinel://, got {self.redis_url!r}"
             )
         try:
             celery_ssl_options(self.redis_url)

@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 from kvrelay.cli.errors import CliError
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.keys import NAMESPACE_PATTERN
+from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 
 Kind = Literal["url", "str", "path", "int", "float", "bool", "choice", "port", "namespace"]
 # Who reads a variable: the SDK (``kvrelay`` without the CLI), the ``kvrelay`` command,
@@ -95,8 +96,15 @@ def check_value(variable: Variable, raw: str) -> str | None:
     value = raw.strip()
     name = variable.name
     if variable.kind == "url":
+        if is_sentinel_url(value):
+            try:
+                parse_sentinel_url(value)
+            except SentinelUrlError as exc:
+                return f"{name}: {exc}"
+            return None
         if not value.startswith(("redis://", "rediss://", "unix://")):
-            return f"{name} must be a redis://, rediss:// or unix:// URL, got {raw!r}"
+            return (f"{name} must be a redis://, rediss://, unix:// or redis+sentinel:// URL, "
+                    f"got {raw!r}")
         return None
     if variable.kind == "namespace":
         if NAMESPACE_PATTERN.fullmatch(value) is None:

