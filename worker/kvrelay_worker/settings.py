@@ -25,6 +25,11 @@ from kvrelay.tls import TlsConfigError, celery_ssl_options
 # ``simulated:<name>``): no weights, steps that sleep as a GPU's would.
 SIMULATED_MODEL = "simulated"
 
+
+def is_simulated_model(model: str) -> bool:
+    return model == SIMULATED_MODEL or model.startswith(SIMULATED_MODEL + ":")
+
+
 # The engine's preemption modes (engine/preemption.py; not imported: it needs torch).
 _PREEMPTION_MODES = ("auto", "swap", "recompute")
 
@@ -192,7 +197,7 @@ class WorkerSettings:
     @property
     def simulated(self) -> bool:
         """Whether this worker runs the simulated engine instead of a model."""
-        return self.model == SIMULATED_MODEL or self.model.startswith(SIMULATED_MODEL + ":")
+        return is_simulated_model(self.model)
 
     @cached_property
     def keys(self) -> Keyspace:
