@@ -173,7 +173,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         try:
             workers = start_workers(n, url, args, workdir)
             wait_workers(url, workers, timeout=60 + 5 * n)
-            streams = n * args.concurrency
+            streams = n * args.streams_per_worker
             procs = min(args.load_procs, streams)
             for i in range(procs):
                 share = streams // procs + (1 if i < streams % procs else 0)
@@ -352,6 +352,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="ms per batched token at GPU speed (KVRELAY_SIMULATED_TOKEN_MS)")
     parser.add_argument("--time-scale", type=float, default=10.0,
                         help="slow motion: step times and worker upkeep periods x this")
+    parser.add_argument("--streams-per-worker", type=int, default=None,
+                        help="streams kept in flight per worker (default: --concurrency)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64, help="mean output tokens")
     parser.add_argument("--load-procs", type=int, default=2, help="load generator processes")
@@ -363,6 +365,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in (args.sizes or ("1,2,4" if args.quick else
                                                   "1,2,4,8,16,32")).split(",")]
+    args.streams_per_worker = args.streams_per_worker or args.concurrency
     args.warmup = args.warmup if args.warmup is not None else (8.0 if args.quick else 15.0)
     args.measure = args.measure if args.measure is not None else (10.0 if args.quick else 30.0)
     return args
