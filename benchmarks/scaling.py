@@ -325,15 +325,17 @@ def write_plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     ax2.plot(sizes, [r["redis_commands_per_token"] for r in rows], "o-", color="C1")
     ax2.set(xlabel="simulated workers", ylabel="Redis commands / token", xscale="log",
             title="Redis cost per generated token")
-    ax2.set_ylim(bottom=0)
+    ax2.set_ylim(0, 1.25 * max(r["redis_commands_per_token"] for r in rows))
+    ax2.set_ylabel("Redis commands / token", color="C1")
     twin = ax2.twinx()
     twin.plot(sizes, [r["redis_cpu_us_per_token"] for r in rows], "s--", color="C2")
     twin.set_ylabel("Redis CPU µs / token", color="C2")
-    twin.set_ylim(bottom=0)
+    twin.set_ylim(0, 1.25 * max(r["redis_cpu_us_per_token"] for r in rows))
     for key, style in (("p50", "o-"), ("p99", "s--")):
         ax3.plot(sizes, [r["pickup_ms"][key] for r in rows], style,
                  label=f"enqueue→pickup {key}")
-    ax3.set(xlabel="simulated workers", ylabel="ms", xscale="log", title="pickup latency")
+    ax3.set(xlabel="simulated workers", ylabel="ms", xscale="log", yscale="log",
+            title="enqueue → pickup")
     ax3.legend()
     fig.suptitle(title)
     fig.tight_layout()
