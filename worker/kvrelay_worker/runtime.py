@@ -65,6 +65,11 @@ class WorkerRuntime:
         self.redis = worker_redis(settings)
         self.store = JobStore(self.redis, settings)
 
+        if not settings.simulated:
+            # torch and the engine load here, on the main thread, before any other thread
+            # starts (as when this module imported them); a simulated worker never loads them.
+            import kvrelay_worker.engine.llm_engine  # noqa: F401
+
         def make_engine() -> ServedEngine:
             if engine is not None:
                 return engine
