@@ -50,6 +50,7 @@ lint: install
 
 bench: install
 	$(BIN)/kvrelay bench offline serve
+	$(BIN)/kvrelay bench scaling --args "--quick"
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist

@@ -65,6 +65,15 @@ def test_model_path_serves_under_its_name(tmp_path: Path) -> None:
     assert "--queues kvrelay:queue:my-model" in result.output
 
 
+def test_simulated_model_needs_no_files(tmp_path: Path) -> None:
+    """``--model simulated[:name]`` starts the simulated engine: nothing to find or prepare."""
+    result = run_cli(["worker", "--dry-run", "--model", "simulated:llama-8b"],
+                     cli_env(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "KVRELAY_MODEL=simulated:llama-8b" in result.stdout
+    assert "--queues kvrelay:queue:simulated:llama-8b" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [

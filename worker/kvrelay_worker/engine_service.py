@@ -27,13 +27,12 @@ from kvrelay.protocol import (
     Usage,
 )
 from kvrelay_worker.active_job import ActiveJob, Outcome
-from kvrelay_worker.engine.device import bind_device
 from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
-from kvrelay_worker.engine.llm_engine import LLMEngine
 from kvrelay_worker.engine.outputs import ChoiceDelta, StepOutput
 from kvrelay_worker.engine.outputs import TokenLogprob as EngineLogprob
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import DoneItem, EventItem, HandbackItem, Item, Publisher
+from kvrelay_worker.served_engine import ServedEngine
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,10 @@ class EngineService:
     and stepping it on another made every CPU step about a third slower.
     """
 
-    def __init__(self, make_engine: Callable[[], LLMEngine], publisher: Publisher,
+    def __init__(self, make_engine: Callable[[], ServedEngine], publisher: Publisher,
                  metrics: WorkerMetrics) -> None:
         self._make_engine = make_engine
-        self._engine: LLMEngine | None = None
+        self._engine: ServedEngine | None = None
         self.publisher = publisher
         self.metrics = metrics
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
@@ -79,14 +78,14 @@ class EngineService:
         self._stats_lock = threading.Lock()
 
     @property
-    def engine(self) -> LLMEngine:
+    def engine(self) -> ServedEngine:
         if self._engine is None:
             raise RuntimeError("the engine is not started")
         return self._engine
 
     # ------------------------------------------------------------ any thread
 
-    def start(self) -> LLMEngine:
+    def start(self) -> ServedEngine:
         """Build the engine on its thread and start stepping; returns it once loaded."""
         self._thread.start()
         self._ready.wait()
@@ -119,7 +118,11 @@ class EngineService:
         try:
             self._engine = self._make_engine()
             # An engine built elsewhere (passed in) steps here: this thread needs its device.
-            bind_device(self._engine.device)
+            # A simulated engine's device is a plain name, and its process has no torch.
+            if not isinstance(self._engine.device, str):
+                from kvrelay_worker.engine.device import bind_device
+
+                bind_device(self._engine.device)
             self._refresh_stats()
         except BaseException as exc:
             self._startup_error = exc

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 from kvrelay.protocol import (
     ErrorCode,
@@ -23,8 +24,6 @@ from kvrelay.protocol import (
 )
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.control_listener import ControlListener
-from kvrelay_worker.engine.config import EngineConfig
-from kvrelay_worker.engine.llm_engine import LLMEngine
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.failover import Failover, Requeue
 from kvrelay_worker.heartbeat import Heartbeat
@@ -41,7 +40,11 @@ from kvrelay_worker.owned_jobs import OwnedJobs
 from kvrelay_worker.pickup_checks import check_queue_wait
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.redis_client import worker_redis
+from kvrelay_worker.served_engine import ServedEngine
 from kvrelay_worker.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from kvrelay_worker.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +65,19 @@ class WorkerRuntime:
         self.redis = worker_redis(settings)
         self.store = JobStore(self.redis, settings)
 
-        def make_engine() -> LLMEngine:
+        if not settings.simulated:
+            # torch and the engine load here, on the main thread, before any other thread
+            # starts (as when this module imported them); a simulated worker never loads them.
+            import kvrelay_worker.engine.llm_engine  # noqa: F401
+
+        def make_engine() -> ServedEngine:
             if engine is not None:
                 return engine
+            if settings.simulated:
+                return simulated_engine(settings)
+            from kvrelay_worker.engine.config import EngineConfig  # torch: only when used
+            from kvrelay_worker.engine.llm_engine import LLMEngine
+
             config = EngineConfig(**settings.engine_options())  # type: ignore[arg-type]
             return LLMEngine(config, progress=False)
 
@@ -246,3 +259,15 @@ class WorkerRuntime:
             if not job.done.wait(_PUBLISH_GRACE_S):
                 job.finish(Outcome.FAILED)  # the publisher is stuck too: stop waiting
             return
+
+
+def simulated_engine(settings: WorkerSettings) -> ServedEngine:
+    """The engine of ``KVRELAY_MODEL=simulated``: no weights, GPU-paced steps."""
+    from kvrelay_worker.simulated.engine import SimulatedEngine
+    from kvrelay_worker.simulated.step_time import StepTimeModel
+
+    return SimulatedEngine(
+        StepTimeModel(settings.simulated_step_ms, settings.simulated_token_ms),
+        max_num_seqs=settings.max_num_seqs or max(settings.concurrency, 1),
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=settings.max_model_len)

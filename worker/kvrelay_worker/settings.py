@@ -22,6 +22,15 @@ from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 from kvrelay.tls import TlsConfigError, celery_ssl_options
 
+# The reserved model name of the simulated engine (kvrelay_worker/simulated; also
+# ``simulated:<name>``): no weights, steps that sleep as a GPU's would.
+SIMULATED_MODEL = "simulated"
+
+
+def is_simulated_model(model: str) -> bool:
+    return model == SIMULATED_MODEL or model.startswith(SIMULATED_MODEL + ":")
+
+
 # The engine's preemption modes (engine/preemption.py; not imported: it needs torch).
 _PREEMPTION_MODES = ("auto", "swap", "recompute")
 
@@ -95,6 +104,10 @@ class WorkerSettings:
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True
     seed: int = 0
+    # The simulated engine (model ``simulated`` or ``simulated:<name>``): each step takes
+    # step_ms + token_ms x the tokens it batches, as a GPU would (kvrelay_worker/simulated).
+    simulated_step_ms: float = 20.0
+    simulated_token_ms: float = 0.08
     worker_id: str = field(default_factory=_worker_id)
 
     def __post_init__(self) -> None:
@@ -133,6 +146,10 @@ class WorkerSettings:
             )
         if self.shutdown_grace < 0:
             raise SettingsError("KVRELAY_SHUTDOWN_GRACE must be >= 0")
+        for name in ("simulated_step_ms", "simulated_token_ms"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"KVRELAY_{name.upper()} must be >= 0, "
+                                    f"got {getattr(self, name)}")
         # Checked again by EngineConfig; here so a bad value fails before the model loads.
         if self.preemption_mode is not None and self.preemption_mode not in _PREEMPTION_MODES:
             raise SettingsError(f"KVRELAY_PREEMPTION_MODE must be one of "
@@ -182,6 +199,11 @@ class WorkerSettings:
             name = path.resolve().name
             return name[: -len(".gguf")] if name.endswith(".gguf") else name
         return self.model
+
+    @property
+    def simulated(self) -> bool:
+        """Whether this worker runs the simulated engine instead of a model."""
+        return is_simulated_model(self.model)
 
     @cached_property
     def keys(self) -> Keyspace:

@@ -97,7 +97,10 @@ def check_model(model: str) -> None:
         registry_model_path,
         unknown_model_error,
     )
+    from kvrelay_worker.settings import is_simulated_model
 
+    if is_simulated_model(model):
+        return  # the simulated engine (kvrelay_worker/simulated): nothing to load
     try:
         if is_known_model(model):
             registry_model_path(model)

@@ -1,24 +1,54 @@
-"""The inference engine: paged KV cache, continuous batching, sampling, detokenisation."""
+"""The inference engine: paged KV cache, continuous batching, sampling, detokenisation.
 
-from kvrelay_worker.engine.config import EngineConfig
-from kvrelay_worker.engine.errors import (
-    EngineConfigError,
-    EngineInputError,
-    InvalidPromptError,
-    PromptTooLongError,
-    RequestFailedError,
-    SamplingParamsError,
-)
-from kvrelay_worker.engine.llm import LLM
-from kvrelay_worker.engine.llm_engine import LLMEngine
-from kvrelay_worker.engine.outputs import (
-    ChoiceDelta,
-    CompletionChoice,
-    RequestOutput,
-    StepOutput,
-    TokenLogprob,
-)
-from kvrelay_worker.engine.sampling_params import SamplingParams
+The names below load on first use: the torch-free modules of this package (errors,
+outputs, prompt, sampling_params, chat) are imported by the worker's request path, and a
+simulated worker (``kvrelay_worker.simulated``) must not pay for torch through them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvrelay_worker.engine.config import EngineConfig
+    from kvrelay_worker.engine.errors import (
+        EngineConfigError,
+        EngineInputError,
+        InvalidPromptError,
+        PromptTooLongError,
+        RequestFailedError,
+        SamplingParamsError,
+    )
+    from kvrelay_worker.engine.llm import LLM
+    from kvrelay_worker.engine.llm_engine import LLMEngine
+    from kvrelay_worker.engine.outputs import (
+        ChoiceDelta,
+        CompletionChoice,
+        RequestOutput,
+        StepOutput,
+        TokenLogprob,
+    )
+    from kvrelay_worker.engine.sampling_params import SamplingParams
+
+# Each public name -> the module that defines it.
+_HOMES = {
+    "LLM": "llm",
+    "ChoiceDelta": "outputs",
+    "CompletionChoice": "outputs",
+    "EngineConfig": "config",
+    "EngineConfigError": "errors",
+    "EngineInputError": "errors",
+    "InvalidPromptError": "errors",
+    "LLMEngine": "llm_engine",
+    "PromptTooLongError": "errors",
+    "RequestFailedError": "errors",
+    "RequestOutput": "outputs",
+    "SamplingParams": "sampling_params",
+    "SamplingParamsError": "errors",
+    "StepOutput": "outputs",
+    "TokenLogprob": "outputs",
+}
 
 __all__ = [
     "LLM",
@@ -37,3 +67,10 @@ __all__ = [
     "StepOutput",
     "TokenLogprob",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kvrelay_worker.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kvrelay_worker.engine.{home}"), name)

@@ -1,0 +1,441 @@
+"""Scaling curve: 1, 2, 4, ... simulated GPU workers on one Redis, and what Redis pays per token.
+
+For each fleet size N: a private ``redis-server``, N real worker processes
+(``celery -A kvrelay_worker.app worker``) running the simulated engine
+(``KVRELAY_MODEL=simulated``: no weights, each step sleeps as a GPU would, see
+``kvrelay_worker/simulated``), and load-generator processes (``scaling_load.py``) that
+keep exactly N x concurrency SDK streams in flight, so every worker's batch stays full
+while its queue holds no backlog (pickup time is then the dispatch path's, not queueing).
+After a warm-up, one window is measured:
+
+- generated tokens/s (token events received by the clients), and the share of the
+  fleet's ideal rate (N x concurrency tokens per full-batch step);
+- Redis commands per generated token and Redis CPU microseconds per generated token, from
+  ``INFO commandstats`` and ``INFO cpu`` deltas over the window (the INFO calls excluded);
+- enqueue-to-pickup time p50/p99 (each job's ``timings.queue``);
+- inter-token delivery p50/p99 per stream, beside the engine's step time;
+- CPU seconds per second of the workers, the load generators and Redis.
+
+Slow motion: two CPU cores cannot run dozens of GPU-speed workers and their clients, so
+the whole fleet runs ``--time-scale`` times slower: every step time *and* every periodic
+upkeep of the worker (lease refresh and TTL, heartbeat, failover watchdog) is multiplied
+by it. Commands per token are then those of full speed (per-token and per-job work is
+unchanged, periodic work per token too); Redis CPU per token is measured at 1/scale of the
+full-speed rate; latencies are reported in real (slowed) time, inter-token gaps also
+divided by the scale.
+
+    python benchmarks/scaling.py                      # sizes 1,2,4,8,16,32
+    python benchmarks/scaling.py --sizes 1,2 --quick  # make bench's small run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from latency_stats import percentiles
+
+from kvrelay import Client
+
+HERE = Path(__file__).resolve().parent
+MODEL = "simulated"
+# The worker's periodic upkeep at full speed (WorkerSettings' defaults), scaled with time.
+_UPKEEP = {"lease_refresh": 1.0, "lease_ttl": 5.0, "watchdog_interval": 1.0}
+# A fleet whose batches were at least this full measured what full speed would cost.
+_FULL_OCCUPANCY = 0.9
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    log = (workdir / "redis.log").open("wb")
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis.from_url(url).ping():
+                return proc, url
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "KVRELAY_REDIS_URL": url, "KVRELAY_MODEL": MODEL,
+        "KVRELAY_CONCURRENCY": str(args.concurrency),
+        "KVRELAY_SIMULATED_STEP_MS": str(args.step_ms * args.time_scale),
+        "KVRELAY_SIMULATED_TOKEN_MS": str(args.token_ms * args.time_scale),
+        "PYTHONUNBUFFERED": "1",
+    })
+    for name, seconds in _UPKEEP.items():
+        env[f"KVRELAY_{name.upper()}"] = str(seconds * args.time_scale)
+    return env
+
+
+def start_workers(n: int, url: str, args: argparse.Namespace,
+                  workdir: Path) -> list[subprocess.Popen[bytes]]:
+    env = worker_env(url, args)
+    procs = []
+    for i in range(n):
+        log = (workdir / f"worker-{i}.log").open("wb")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "kvrelay_worker.app", "worker",
+             "--pool", "threads", "--concurrency", str(args.concurrency),
+             "--hostname", f"sim{i}@%h", "--loglevel", "WARNING", "--without-mingle",
+             "--without-gossip"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def wait_workers(url: str, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with Client(url, model=MODEL) as client:
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a worker exited while starting (see its log)")
+            if len(client.workers()) >= len(procs):
+                return
+            time.sleep(0.2)
+    raise TimeoutError(f"{len(procs)} workers not ready after {timeout}s")
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 15
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# -------------------------------------------------------------------------- measurement
+
+
+def redis_counters(url: str) -> dict[str, float]:
+    """Calls per command, and Redis's CPU seconds (user + system, all threads)."""
+    client = redis.Redis.from_url(url)
+    try:
+        stats = client.info("commandstats")
+        cpu = client.info("cpu")
+    finally:
+        client.close()
+    counters = {name.removeprefix("cmdstat_"): float(v["calls"]) for name, v in stats.items()}
+    counters["_cpu_s"] = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return counters
+
+
+def cpu_seconds(procs: Sequence[int]) -> float:
+    total = 0.0
+    for pid in procs:
+        try:
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"kvrelay-scaling-{n}-") as tmp:
+        workdir = Path(tmp)
+        redis_proc, url = start_redis(workdir)
+        workers: list[subprocess.Popen[bytes]] = []
+        loads: list[subprocess.Popen[bytes]] = []
+        try:
+            workers = start_workers(n, url, args, workdir)
+            wait_workers(url, workers, timeout=60 + 5 * n)
+            streams = n * args.streams_per_worker
+            procs = min(args.load_procs, streams)
+            for i in range(procs):
+                share = streams // procs + (1 if i < streams % procs else 0)
+                config = {"redis_url": url, "model": MODEL, "streams": share,
+                          "first_index": i * streams,
+                          "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}
+                loads.append(subprocess.Popen(
+                    [sys.executable, str(HERE / "scaling_load.py"), json.dumps(config)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=(workdir / f"load-{i}.log").open("wb")))
+            time.sleep(args.warmup)
+            groups = {"workers": [p.pid for p in workers], "load": [p.pid for p in loads],
+                      "redis": [redis_proc.pid]}
+            start, before = time.time(), redis_counters(url)
+            cpu_before = {k: cpu_seconds(v) for k, v in groups.items()}
+            machine_before = psutil.cpu_times()
+            time.sleep(args.measure)
+            end, after = time.time(), redis_counters(url)
+            cpu_after = {k: cpu_seconds(v) for k, v in groups.items()}
+            machine_after = psutil.cpu_times()
+            window = json.dumps({"start": start, "end": end}).encode() + b"\n"
+            for proc in loads:
+                assert proc.stdin is not None
+                proc.stdin.write(window)
+                proc.stdin.close()
+            results = []
+            for proc in loads:
+                assert proc.stdout is not None
+                out = proc.stdout.read()  # the generator prints once its streams are closed
+                proc.wait(timeout=60)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"a load generator failed (log in {workdir})")
+                results.append(json.loads(out.decode().strip().splitlines()[-1]))
+        finally:
+            stop_all([*loads, *workers])
+            redis_proc.terminate()
+            redis_proc.wait(10)
+    elapsed = end - start
+    return summarize(n, args, elapsed, before, after, results,
+                     {k: (cpu_after[k] - cpu_before[k]) / elapsed for k in groups},
+                     _busy_share(machine_before, machine_after))
+
+
+def _busy_share(before: Any, after: Any) -> float:
+    idle = (after.idle + getattr(after, "iowait", 0)) - (before.idle + getattr(before, "iowait", 0))
+    total = sum(after) - sum(before)
+    return 1.0 - idle / total if total > 0 else 0.0
+
+
+def full_step_ms(args: argparse.Namespace) -> float:
+    """A full-batch decode step at GPU speed (before the time scale)."""
+    return args.step_ms + args.token_ms * args.concurrency
+
+
+def summarize(n: int, args: argparse.Namespace, elapsed: float, before: dict[str, float],
+              after: dict[str, float], loads: list[dict[str, Any]], cpu: dict[str, float],
+              machine_busy: float) -> dict[str, Any]:
+    tokens = sum(r["tokens"] for r in loads)
+    calls = {k: after[k] - before.get(k, 0.0) for k in after if not k.startswith("_")}
+    calls.pop("info", None)
+    total_calls = sum(calls.values())
+    per_token = max(tokens, 1)
+    gaps = [g for r in loads for g in r["gaps_s"]]
+    pickups = [q for r in loads for q in r["pickups_s"]]
+    itl = {k: v * 1000 for k, v in percentiles(gaps or [0.0]).items()}
+    # A stream gets one token per engine step: its typical gap is the step as it ran
+    # (prompt chunks of new jobs make a step longer than a pure decode).
+    step_s = itl["p50"] / 1000 or float("nan")
+    # What full batches would give at that step time.
+    ideal = n * args.concurrency / step_s
+    return {
+        "workers": n,
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "ideal_tokens_per_s": ideal,
+        # Share of the fleet's batch slots that decoded: below 1 when freed slots wait for
+        # their next job, or the clients cannot keep up.
+        "occupancy": tokens / elapsed / ideal,
+        "full_speed_tokens_per_s": tokens / elapsed * args.time_scale,
+        "redis_commands_per_token": total_calls / per_token,
+        "redis_cpu_us_per_token": (after["_cpu_s"] - before["_cpu_s"]) * 1e6 / per_token,
+        "commands_per_token_by_name": {
+            k: v / per_token for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v},
+        "pickup_ms": {k: v * 1000 for k, v in percentiles(pickups or [0.0]).items()},
+        "itl_ms": itl,
+        "full_batch_decode_step_ms": full_step_ms(args) * args.time_scale,
+        # How much later than one engine step the p99 token arrives: delivery delays are
+        # real time (Redis, clients, CPU), so this is not divided by the time scale.
+        "itl_p99_beyond_step_ms": itl["p99"] - step_s * 1000,
+        "jobs_finished_in_window": sum(r["jobs_in_window"] for r in loads),
+        "client_errors": sum(r["errors"] for r in loads),
+        "cpu_cores": cpu,
+        "machine_cpu_busy": machine_busy,
+    }
+
+
+# ------------------------------------------------------------------------------- report
+
+
+def print_row_header() -> None:
+    print(f"{'workers':>7} {'tok/s':>8} {'occ':>5} {'cmd/tok':>8} {'µs/tok':>7} "
+          f"{'pickup p50/p99 ms':>18} {'ITL p50/p99 ms':>15} {'p99-step':>8} "
+          f"{'cores wrk/load/redis':>21} {'busy':>5}", flush=True)
+
+
+def print_row(r: dict[str, Any]) -> None:
+    cores = r["cpu_cores"]
+    print(f"{r['workers']:>7} {r['tokens_per_s']:>8.0f} {r['occupancy']:>5.2f} "
+          f"{r['redis_commands_per_token']:>8.2f} {r['redis_cpu_us_per_token']:>7.1f} "
+          f"{r['pickup_ms']['p50']:>8.1f}/{r['pickup_ms']['p99']:<9.1f} "
+          f"{r['itl_ms']['p50']:>6.0f}/{r['itl_ms']['p99']:<8.0f} "
+          f"{r['itl_p99_beyond_step_ms']:>8.0f} "
+          f"{cores['workers']:>7.2f}/{cores['load']:.2f}/{cores['redis']:.2f} "
+          f"{r['machine_cpu_busy']:>5.0%}", flush=True)
+
+
+def projection(rows: list[dict[str, Any]], args: argparse.Namespace,
+               gpus: int = 1000) -> dict[str, float]:
+    """One Redis under ``gpus`` GPU workers at full speed, from the per-token costs of the
+    largest fleet that kept its batches full (occupancy >= 0.9): in a fleet starved of CPU
+    the publishers fall behind and merge token events, which makes tokens look cheaper."""
+    full = [r for r in rows if r["occupancy"] >= _FULL_OCCUPANCY]
+    last = full[-1] if full else rows[-1]
+    per_gpu = args.concurrency / (full_step_ms(args) / 1000)
+    us = last["redis_cpu_us_per_token"]
+    cmds = last["redis_commands_per_token"]
+    return {
+        "gpus": gpus, "tokens_per_s_per_gpu": per_gpu,
+        "redis_commands_per_s": gpus * per_gpu * cmds,
+        "redis_cores_needed": gpus * per_gpu * us / 1e6,
+        # Redis runs commands on one thread: keep it under ~70% of a core.
+        "gpus_per_redis_at_70pct_core": 0.7e6 / (per_gpu * us),
+        "from_workers": last["workers"],
+    }
+
+
+def write_plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["workers"] for r in rows]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax1.plot(sizes, [r["tokens_per_s"] for r in rows], "o-", label="measured")
+    ax1.plot(sizes, [r["ideal_tokens_per_s"] for r in rows], "--", color="gray",
+             label="full batches at the measured step time")
+    ax1.set(xlabel="simulated workers", ylabel="generated tokens/s (slow motion)",
+            title="throughput", xscale="log", yscale="log")
+    ax1.legend()
+    ax2.plot(sizes, [r["redis_commands_per_token"] for r in rows], "o-", color="C1")
+    ax2.set(xlabel="simulated workers", ylabel="Redis commands / token", xscale="log",
+            title="Redis cost per generated token")
+    ax2.set_ylim(0, 1.25 * max(r["redis_commands_per_token"] for r in rows))
+    ax2.set_ylabel("Redis commands / token", color="C1")
+    twin = ax2.twinx()
+    twin.plot(sizes, [r["redis_cpu_us_per_token"] for r in rows], "s--", color="C2")
+    twin.set_ylabel("Redis CPU µs / token", color="C2")
+    twin.set_ylim(0, 1.25 * max(r["redis_cpu_us_per_token"] for r in rows))
+    for key, style in (("p50", "o-"), ("p99", "s--")):
+        ax3.plot(sizes, [r["pickup_ms"][key] for r in rows], style,
+                 label=f"enqueue→pickup {key}")
+    ax3.set(xlabel="simulated workers", ylabel="ms", xscale="log", yscale="log",
+            title="enqueue → pickup")
+    ax3.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sizes", default=None, help="fleet sizes (default 1,2,4,8,16,32)")
+    parser.add_argument("--concurrency", type=int, default=64,
+                        help="jobs (batch) per worker")
+    parser.add_argument("--step-ms", type=float, default=20.0,
+                        help="fixed ms per step at GPU speed (KVRELAY_SIMULATED_STEP_MS)")
+    parser.add_argument("--token-ms", type=float, default=0.08,
+                        help="ms per batched token at GPU speed (KVRELAY_SIMULATED_TOKEN_MS)")
+    parser.add_argument("--time-scale", type=float, default=10.0,
+                        help="slow motion: step times and worker upkeep periods x this")
+    parser.add_argument("--streams-per-worker", type=int, default=None,
+                        help="streams kept in flight per worker (default: --concurrency)")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=64, help="mean output tokens")
+    parser.add_argument("--load-procs", type=int, default=2, help="load generator processes")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds (default 15)")
+    parser.add_argument("--measure", type=float, default=None, help="seconds (default 30)")
+    parser.add_argument("--quick", action="store_true",
+                        help="make bench's run: sizes 1,2,4, shorter windows")
+    parser.add_argument("--out", default="benchmarks/results/scaling.json")
+    parser.add_argument("--from-json", default=None, metavar="PATH",
+                        help="no run: the table, projection and PNG of a stored JSON")
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in (args.sizes or ("1,2,4" if args.quick else
+                                                  "1,2,4,8,16,32")).split(",")]
+    args.streams_per_worker = args.streams_per_worker or args.concurrency
+    args.warmup = args.warmup if args.warmup is not None else (8.0 if args.quick else 15.0)
+    args.measure = args.measure if args.measure is not None else (10.0 if args.quick else 30.0)
+    return args
+
+
+def from_json(path: Path) -> int:
+    """Print the table, the projection and the PNG of a stored run again (no run)."""
+    stored = json.loads(path.read_text())
+    args = argparse.Namespace(**stored["config"])
+    rows = stored["results"]
+    print_row_header()
+    for row in rows:
+        print_row(row)
+    print_projection(projection(rows, args))
+    write_plot(path.with_suffix(".png"), rows, _title(args))
+    return 0
+
+
+def _title(args: argparse.Namespace) -> str:
+    return (f"simulated workers on one Redis ({args.concurrency} streams each, "
+            f"{full_step_ms(args):.0f} ms steps, run {args.time_scale:g}x slower)")
+
+
+def print_projection(proj: dict[str, float]) -> None:
+    print(f"\nprojection from {proj['from_workers']} workers: 1,000 GPUs at "
+          f"{proj['tokens_per_s_per_gpu']:.0f} tok/s each put "
+          f"{proj['redis_commands_per_s'] / 1e6:.1f} M commands/s and "
+          f"{proj['redis_cores_needed']:.0f} cores of Redis CPU on one Redis; one Redis core "
+          f"(70% busy) serves about {proj['gpus_per_redis_at_70pct_core']:.0f} GPUs")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.from_json:
+        return from_json(Path(args.from_json))
+    step = full_step_ms(args)
+    print(f"simulated step at batch {args.concurrency}: {step:.1f} ms at GPU speed "
+          f"({args.step_ms:g} + {args.token_ms:g} x {args.concurrency}), run {args.time_scale:g}x "
+          f"slower ({step * args.time_scale:.0f} ms); {args.prompt_tokens}-token prompts, "
+          f"~{args.max_tokens} output tokens; {args.concurrency} streams per worker", flush=True)
+    print_row_header()
+    rows = []
+    for n in args.sizes:
+        rows.append(run_size(n, args))
+        print_row(rows[-1])
+    proj = projection(rows, args)
+    print_projection(proj)
+    report = {
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "full_step_ms": step, "machine": {"cpus": os.cpu_count(),
+                                          "memory_gib": psutil.virtual_memory().total / 2**30},
+        "results": rows, "projection": proj,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    png = out.with_suffix(".png")
+    write_plot(png, rows, _title(args))
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
