@@ -210,9 +210,7 @@ def test_unknown_model_name() -> None:
         ({"target_step_ms": 50.0, "enable_chunked_prefill": False},
          "target_step_ms sizes prompt chunks: it needs enable_chunked_prefill=True"),
         ({"target_step_ms": 50.0, "min_prefill_chunk": 0},
-         "min_prefill_chunk must be between 1 and max_num_batched_tokens (2048), got 0"),
-        ({"min_prefill_chunk": 64, "max_num_batched_tokens": 32},
-         "min_prefill_chunk must be between 1 and max_num_batched_tokens (32), got 64"),
+         "min_prefill_chunk must be at least 1, got 0"),
     ],
 )
 def test_bad_engine_options(folder: str, options: dict[str, Any], message: str) -> None:

@@ -169,7 +169,8 @@ class LLMEngine:
     def _pacer(config: EngineConfig) -> PrefillPacer | None:
         if config.target_step_ms is None:
             return None
-        return PrefillPacer(config.target_step_ms, config.min_prefill_chunk)
+        return PrefillPacer(config.target_step_ms,
+                            min(config.min_prefill_chunk, config.max_num_batched_tokens))
 
     def _swap_setup(self, config: EngineConfig, model: CausalLM
                     ) -> tuple[SwapSpace | None, PreemptionPolicy]:
