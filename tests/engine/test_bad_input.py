@@ -203,6 +203,14 @@ def test_unknown_model_name() -> None:
           "max_model_len": 64},
          "with chunked prefill off, max_num_batched_tokens (32) must be at least "
          "max_model_len (64)"),
+        ({"target_step_ms": 0}, "target_step_ms must be a positive, finite number"),
+        ({"target_step_ms": -5.0}, "target_step_ms must be a positive, finite number"),
+        ({"target_step_ms": float("nan")}, "target_step_ms must be a positive, finite number"),
+        ({"target_step_ms": float("inf")}, "target_step_ms must be a positive, finite number"),
+        ({"target_step_ms": 50.0, "enable_chunked_prefill": False},
+         "target_step_ms sizes prompt chunks: it needs enable_chunked_prefill=True"),
+        ({"target_step_ms": 50.0, "min_prefill_chunk": 0},
+         "min_prefill_chunk must be at least 1, got 0"),
     ],
 )
 def test_bad_engine_options(folder: str, options: dict[str, Any], message: str) -> None:

@@ -1,7 +1,8 @@
 """Greedy outputs equal Hugging Face transformers' token for token (float32, CPU).
 
 One ``generate`` call of 8 prompts (lengths 1 to 300, 32 new tokens each) per engine
-configuration: prefix caching on, off, chunked prefill forced by a 64-token budget, and a
+configuration: prefix caching on, off, chunked prefill forced by a 64-token budget, prompt
+chunks sized by a latency target (whatever sizes the measured step times give), and a
 KV pool so small that sequences get preempted and recomputed. Every model family runs it.
 Greedy tokens cannot see a monotone change of the logits (Gemma 2's final soft-cap), so
 the log-probabilities of the chosen tokens are compared too.
@@ -29,6 +30,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "prefix-caching": {"enable_prefix_caching": True},
     "no-prefix-caching": {"enable_prefix_caching": False},
     "chunked-prefill-64": {"max_num_batched_tokens": 64},
+    # Chunk sizes follow this machine's measured step times; a cold cost model starts
+    # every prompt at 32 tokens and at most doubles from there, so prompts are chunked.
+    "latency-target": {"target_step_ms": 20.0, "min_prefill_chunk": 32},
     # 32 blocks of 16 = 512 tokens for ~1000 tokens of work: preemption must happen, by
     # recompute (the default, "auto", mostly swaps; test_swap_preemption.py covers swap).
     "preemption": {"num_kv_blocks": 32, "max_model_len": 512, "preemption_mode": "recompute"},
@@ -92,6 +96,9 @@ def test_greedy_matches_transformers(model_folder: tuple[str, Path], config_name
     if config_name == "chunked-prefill-64":
         # The 300-token prompt cannot fit one step: it must have been chunked.
         assert stats["steps"] >= 300 // 64 + NEW_TOKENS
+    if config_name == "latency-target":
+        # 32 + 64 + 128 < 300: at least 4 steps before the longest prompt's first token.
+        assert stats["steps"] >= 4 + NEW_TOKENS - 1
 
 
 LOGPROB_MODELS = ["llama-mqa", "qwen3-qk-norm", "phi3-fused", "gemma2-softcap-window",

@@ -46,9 +46,11 @@ from hypothesis.stateful import (
 
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.preemption import PreemptionPolicy, SwapCostModel
+from kvrelay_worker.engine.prefill_pacing import PrefillPacer
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.step_cost import StepShape
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 
@@ -60,6 +62,11 @@ _rng = random.Random(1234)
 PREFIXES = [[_rng.randrange(ALPHABET) for _ in range(n)] for n in (8, 13, 21)]
 
 Identity = tuple[str | None, tuple[int, ...]]
+
+
+def synthetic_step_ms(shape: StepShape) -> float:
+    """A made-up step time for the pacer's cost model to learn: the machine is a formula."""
+    return 0.2 + 0.05 * shape.decode_rows + 0.1 * shape.prefill_tokens
 
 
 def wait_key(seq: Sequence) -> tuple[int, int, int]:
@@ -89,10 +96,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         # With one token/s and one byte/s, swapping a block out and back costs twice its
         # bytes in seconds, recomputing it BLOCK_SIZE: auto swaps, recomputes, or mixes.
         block_bytes=st.sampled_from([1, 2, 3, 4]),
+        # A latency target (ms of synthetic_step_ms) sizing prompt chunks, or none.
+        target_ms=st.sampled_from([None, None, 0.5, 3.0]),
     )
     def setup(self, num_blocks: int, max_num_seqs: int, budget: int, chunked: bool,
               caching: bool, window: int | None, mode: str, host_blocks: int,
-              block_bytes: int) -> None:
+              block_bytes: int, target_ms: float | None) -> None:
         # As the engine guarantees: one sequence of max_model_len fits the pool, and
         # without chunked prefill one step's budget fits a whole sequence.
         self.max_len = min(num_blocks * BLOCK_SIZE, 40)
@@ -107,9 +116,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                              copy_bytes_per_s=1.0)
         policy = PreemptionPolicy("swap" if mode == "swap" else "auto", cost)
         self.swap = SwapSpace(host_blocks) if mode != "recompute" else None
+        pacer = (PrefillPacer(target_ms, min_chunk=min(budget, 3))
+                 if target_ms is not None and chunked else None)
         self.sched = Scheduler(self.kv, max_num_seqs, budget, enable_chunked_prefill=chunked,
                                stop=StopConditions(max_model_len=self.max_len),
-                               swap=self.swap, preemption=policy)
+                               swap=self.swap, preemption=policy, pacer=pacer)
 
     # ------------------------------------------------------------------ operations
 
@@ -222,6 +233,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         stops = {seq.seq_id: rng.random() < stop_chance for seq in sampling}
         grown = self.sched.update_from_output(out.scheduled, tokens,
                                               lambda seq, _token: stops[seq.seq_id])
+        self.sched.observe_step(out, synthetic_step_ms(out.shape))
         assert grown == sampling
         for seq, token in zip(sampling, tokens, strict=True):
             assert seq.token_ids[-1] == token

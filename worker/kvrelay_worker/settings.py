@@ -96,6 +96,7 @@ class WorkerSettings:
     # Engine options.
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    target_step_ms: float | None = None
     max_model_len: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float | None = None
@@ -154,6 +155,9 @@ class WorkerSettings:
         if self.preemption_mode is not None and self.preemption_mode not in _PREEMPTION_MODES:
             raise SettingsError(f"KVRELAY_PREEMPTION_MODE must be one of "
                                 f"{', '.join(_PREEMPTION_MODES)}, got {self.preemption_mode!r}")
+        if self.target_step_ms is not None and self.target_step_ms <= 0:
+            raise SettingsError(f"KVRELAY_TARGET_STEP_MS must be positive (milliseconds), "
+                                f"got {self.target_step_ms}")
         if self.swap_space_gib is not None and self.swap_space_gib < 0:
             raise SettingsError(f"KVRELAY_SWAP_SPACE_GIB must be >= 0, got {self.swap_space_gib}")
         if self.lease_refresh >= self.lease_ttl:
@@ -233,6 +237,7 @@ class WorkerSettings:
         }
         optional = {
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "target_step_ms": self.target_step_ms,
             "max_model_len": self.max_model_len,
             "kv_cache_memory": self.kv_cache_memory,
             "gpu_memory_utilization": self.gpu_memory_utilization,

@@ -42,6 +42,14 @@ class EngineConfig:
     falls back to recompute whenever the host pool is full. ``swap_space_gib`` sizes that
     host pool, on the GPU (pinned memory) as on the CPU (a second set of CPU tensors);
     ``num_swap_blocks`` overrides it, in blocks. The recompute mode allocates no host pool.
+
+    ``target_step_ms`` is an inter-token latency target: when set, each step's prompt
+    chunks are sized by a cost model fitted to the measured step times so that the step
+    (and so every decoding stream's next token) is predicted to take at most that long;
+    a step's first prompt chunk still gets at least ``min_prefill_chunk`` tokens, so long
+    prompts keep progressing, and ``max_num_batched_tokens`` stays the upper bound. None
+    (the default) keeps the fixed budget: every step takes as many prompt tokens as
+    ``max_num_batched_tokens`` allows (``engine/prefill_pacing.py``).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -66,6 +74,11 @@ class EngineConfig:
     # Host memory for swapped-out KV blocks, in GiB (2**30 bytes); 0 means none.
     swap_space_gib: float = 1.0
     num_swap_blocks: int | None = None
+    # Inter-token latency target in milliseconds; None: the fixed token budget.
+    target_step_ms: float | None = None
+    # The fewest prompt tokens a step with a prompt to compute gives it under the target
+    # (at most max_num_batched_tokens).
+    min_prefill_chunk: int = 32
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +108,14 @@ class EngineConfig:
             (self.preemption_mode != "swap" or self.has_swap_space,
              "preemption_mode='swap' needs host memory: set swap_space_gib (or "
              "num_swap_blocks) above 0"),
+            (self.target_step_ms is None
+             or (math.isfinite(self.target_step_ms) and self.target_step_ms > 0),
+             f"target_step_ms must be a positive, finite number of milliseconds (or None "
+             f"for the fixed token budget), got {self.target_step_ms}"),
+            (self.target_step_ms is None or self.enable_chunked_prefill,
+             "target_step_ms sizes prompt chunks: it needs enable_chunked_prefill=True"),
+            (self.min_prefill_chunk >= 1,
+             f"min_prefill_chunk must be at least 1, got {self.min_prefill_chunk}"),
         ]
         for ok, message in checks:
             if not ok:

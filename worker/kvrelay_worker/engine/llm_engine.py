@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -37,6 +38,7 @@ from kvrelay_worker.engine.preemption import (
     SwapCostModel,
     preemption_mode,
 )
+from kvrelay_worker.engine.prefill_pacing import PrefillPacer
 from kvrelay_worker.engine.prior_choices import PriorChoices
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
@@ -151,7 +153,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    StopConditions(frozenset(self.eos_token_ids), max_len),
-                                   swap=swap, preemption=policy)
+                                   swap=swap, preemption=policy,
+                                   pacer=self._pacer(config))
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
         self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
@@ -161,6 +164,13 @@ class LLMEngine:
         self._pending: list[StepOutput] = []
         self._arrivals = itertools.count()
         self.num_steps = 0
+
+    @staticmethod
+    def _pacer(config: EngineConfig) -> PrefillPacer | None:
+        if config.target_step_ms is None:
+            return None
+        return PrefillPacer(config.target_step_ms,
+                            min(config.min_prefill_chunk, config.max_num_batched_tokens))
 
     def _swap_setup(self, config: EngineConfig, model: CausalLM
                     ) -> tuple[SwapSpace | None, PreemptionPolicy]:
@@ -310,6 +320,7 @@ class LLMEngine:
         that make it fail are alone; those fail (``StepOutput.error``), the rest go on.
         """
         outputs, self._pending = self._pending, []
+        started = time.perf_counter()
         sched = self.scheduler.schedule()
         # Before the forward pass, which may write the blocks a swap-out just freed.
         copy_to_host(self.runner.kv_caches, self.host_kv_caches, sched.swap_out)
@@ -327,6 +338,8 @@ class LLMEngine:
             self._isolate_failure(sched.scheduled, touched)
         else:
             self._update(sched.scheduled, sampled, touched)
+            # The whole step, as a decoding stream waits for it (tokens are on the host).
+            self.scheduler.observe_step(sched, (time.perf_counter() - started) * 1e3)
         for request_id, state in touched.items():
             outputs.append(state.step_output())
             if state.finished:

@@ -25,6 +25,11 @@ admission. Preempting one beam preempts every beam of its request, always by rec
 not at all. A request's beams thus never wait on each other for room; the price is that
 the pool must hold all of a request's beams after a recompute.
 
+Prompt chunks fill the fixed token budget (``max_num_batched_tokens``), or, with a
+``PrefillPacer`` (``EngineConfig.target_step_ms``), only what its measured cost model
+predicts fits the latency target beside the step's decodes (``prefill_pacing.py``); the
+budget then stays an upper bound. The engine reports each step's time (``observe_step``).
+
 Until ``update_from_output`` runs, a scheduled step has changed nothing that running it
 again would not repeat, so a step that fails can be retried, whole or in part.
 """
@@ -38,7 +43,9 @@ from dataclasses import dataclass, field
 
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.preemption import PreemptionPolicy
+from kvrelay_worker.engine.prefill_pacing import PrefillPacer, StepPlan
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.step_cost import StepShape
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 
@@ -67,6 +74,8 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     # Copy-on-write block copies (source id, destination id), made after the swaps.
     copies: list[tuple[int, int]] = field(default_factory=list)
+    # What the step computes, for the cost model (set once the batch is final).
+    shape: StepShape = field(default_factory=StepShape)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -92,8 +101,10 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True,
                  stop: StopConditions | None = None, swap: SwapSpace | None = None,
-                 preemption: PreemptionPolicy | None = None) -> None:
+                 preemption: PreemptionPolicy | None = None,
+                 pacer: PrefillPacer | None = None) -> None:
         self.kv = kv
+        self.pacer = pacer
         self.swap = swap
         self.preemption = preemption or PreemptionPolicy()
         self.stop = stop or StopConditions()
@@ -184,6 +195,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
+        plan = self._plan()
 
         # Running sequences first, oldest admission first.
         for seq in list(self.running):
@@ -192,7 +204,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             remaining = seq.num_tokens - seq.num_computed_tokens
-            num_new = min(remaining, budget) if self.enable_chunked_prefill else remaining
+            num_new = self._chunk(plan, seq.num_computed_tokens, remaining, budget)
             if num_new <= 0 or num_new > budget:
                 continue
             if not self._make_room(seq, num_new, out, scheduled_ids):
@@ -203,11 +215,42 @@ class Scheduler:
 
         # Then admit waiting sequences, unless this step already had to preempt.
         if not out.preempted:
-            self._admit(out, budget)
+            self._admit(out, budget, plan)
 
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(out.scheduled))
         out.copies = self.kv.take_copies()
+        out.shape = StepShape.of((item.seq.num_computed_tokens, item.num_new_tokens)
+                                 for item in out.scheduled)
         return out
+
+    def observe_step(self, out: SchedulerOutput, ms: float) -> None:
+        """The engine ran ``out`` in ``ms`` milliseconds: teach the pacer's cost model."""
+        if self.pacer is not None and not out.is_empty:
+            self.pacer.observe(out.shape, ms)
+
+    def _plan(self) -> StepPlan | None:
+        """With a pacer, this step's plan, starting from its running decodes."""
+        if self.pacer is None:
+            return None
+        decodes = [s.num_computed_tokens for s in self.running
+                   if s.num_tokens - s.num_computed_tokens == 1]
+        return self.pacer.plan(decodes)
+
+    def _chunk(self, plan: StepPlan | None, context: int, remaining: int, budget: int) -> int:
+        """New tokens for a sequence with ``remaining`` to compute; 0 when none this step.
+
+        Without chunked prefill all of them (the caller skips what the budget cannot
+        take); with a plan, a decode is one token and a prompt chunk what the plan allows;
+        else as much as the budget holds.
+        """
+        if not self.enable_chunked_prefill:
+            return remaining
+        if plan is None:
+            return min(remaining, budget)
+        if remaining == 1:
+            plan.place_decode()
+            return 1
+        return plan.prefill_chunk(context, remaining, budget)
 
     def reseat_beams(self, beams: list[Sequence], parents: list[int], tokens: list[int]) -> None:
         """Beam ``i`` becomes beam ``parents[i]`` plus ``tokens[i]``: the parent's blocks
@@ -310,7 +353,7 @@ class Scheduler:
         self.stats.swaps_in += 1
         return True
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, plan: StepPlan | None) -> None:
         deferred: list[tuple[int, int, int, Sequence]] = []
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             entry = self._waiting[0]
@@ -319,8 +362,9 @@ class Scheduler:
                 remaining = seq.num_tokens - seq.num_computed_tokens
                 if remaining > budget and not self.enable_chunked_prefill:
                     break
-                num_new = min(remaining, budget)
-                if not self._swap_in(seq, num_new, out):
+                num_new = min(self._chunk(plan, seq.num_computed_tokens, remaining, budget),
+                              budget)
+                if num_new <= 0 or not self._swap_in(seq, num_new, out):
                     break
                 heapq.heappop(self._waiting)
                 seq.status = SequenceStatus.RUNNING
@@ -337,8 +381,8 @@ class Scheduler:
             remaining = seq.num_tokens - num_cached
             if remaining > budget and not self.enable_chunked_prefill:
                 break
-            num_new = min(remaining, budget)
-            if not self.kv.allocate_slots(seq, num_new, cached):
+            num_new = min(self._chunk(plan, num_cached, remaining, budget), budget)
+            if num_new <= 0 or not self.kv.allocate_slots(seq, num_new, cached):
                 break
             seq.num_computed_tokens += num_cached
             heapq.heappop(self._waiting)
