@@ -7,7 +7,11 @@ point is Redis, not the model) serve ``--streams`` concurrent SDK streams of
 - ``INFO commandstats`` deltas: Redis commands per generated token, in all and per
   command (a Lua script's inner calls count as the commands they are; ``INFO`` itself,
   the benchmark's probe, is left out);
-- ``INFO cpu`` deltas (``used_cpu_sys + used_cpu_user``): Redis CPU µs per token;
+- ``INFO cpu`` deltas (``used_cpu_sys + used_cpu_user``): Redis CPU µs per token, split
+  into user and system time, with each command's ``commandstats`` usec per token (a
+  script's usec includes its inner calls, which are counted again under their own
+  names), and what is left above the CPU Redis spends anyway while the worker idles
+  (read over ``--idle-s`` seconds before the run: heartbeats, leases, Celery's polling);
 - the streams' delivery gaps: the time between two consecutive chunks of one stream as
   the SDK hands them out (p50/p99), beside the worker's mean engine step (its heartbeat's
   step count over the run's wall time), since a delivery gap may not grow past one step
@@ -33,6 +37,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +57,29 @@ RESULTS = Path(__file__).resolve().parent / "results"
 _PROBES = ("info",)
 
 
-def redis_counters(client: redis.Redis) -> tuple[dict[str, int], float]:
-    """Calls per command (``INFO commandstats``) and CPU seconds used (``INFO cpu``)."""
+@dataclass
+class Counters:
+    """Redis's own counters at one moment."""
+
+    calls: dict[str, int]  # per command (``INFO commandstats``)
+    usec: dict[str, int]  # µs spent executing each command
+    cpu_user: float  # seconds (``INFO cpu``)
+    cpu_sys: float
+    at: float  # perf_counter when read
+
+    @property
+    def cpu(self) -> float:
+        return self.cpu_user + self.cpu_sys
+
+
+def redis_counters(client: redis.Redis) -> Counters:
     stats = client.info("commandstats")
-    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
     cpu = client.info("cpu")
-    return calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+    return Counters(
+        calls={name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()},
+        usec={name.removeprefix("cmdstat_"): int(v["usec"]) for name, v in stats.items()},
+        cpu_user=float(cpu["used_cpu_user"]), cpu_sys=float(cpu["used_cpu_sys"]),
+        at=time.perf_counter())
 
 
 def engine_steps(client: redis.Redis, keys: Keyspace) -> int:
@@ -106,21 +128,30 @@ async def measure(url: str, model: str, args: argparse.Namespace) -> dict[str, A
     try:
         # Warm up (scripts loaded, connections open), then start counting.
         await run_streams(url, model, 4, 4, args.timeout)
-        await asyncio.sleep(args.heartbeat_wait)  # a heartbeat written while idle
-        steps0 = engine_steps(client, keys)
-        calls0, cpu0 = redis_counters(client)
+        # Redis's CPU while the worker idles (heartbeats, leases, Celery's polling):
+        # the floor every second costs, whatever the tokens.
+        idle0 = redis_counters(client)
+        await asyncio.sleep(args.idle_s)
+        idle1 = redis_counters(client)
+        steps0 = engine_steps(client, keys)  # a heartbeat written while idle
+        c0 = redis_counters(client)
         run = await run_streams(url, model, args.streams, args.tokens, args.timeout)
-        calls1, cpu1 = redis_counters(client)
+        c1 = redis_counters(client)
         # The heartbeat lags the run: wait for one that reports the last steps.
         await asyncio.sleep(args.heartbeat_wait)
         steps1 = engine_steps(client, keys)
     finally:
         client.close()
     tokens = run["tokens"]
-    delta = {name: calls1[name] - calls0.get(name, 0) for name in calls1
-             if name not in _PROBES and calls1[name] > calls0.get(name, 0)}
+    delta = {name: c1.calls[name] - c0.calls.get(name, 0) for name in c1.calls
+             if name not in _PROBES and c1.calls[name] > c0.calls.get(name, 0)}
+    idle_rate = (idle1.cpu - idle0.cpu) / (idle1.at - idle0.at)
+    window = c1.at - c0.at
     per_token = {name: round(n / tokens, 3)
                  for name, n in sorted(delta.items(), key=lambda kv: -kv[1])}
+    # A script's usec includes its inner commands' (counted again under their names).
+    usec_per_token = {name: round((c1.usec[name] - c0.usec.get(name, 0)) / tokens, 2)
+                      for name in per_token}
     gaps_ms = [g * 1000 for g in run["gaps"]]
     points = percentiles(gaps_ms, (50, 99))
     steps = max(0, steps1 - steps0)
@@ -133,13 +164,19 @@ async def measure(url: str, model: str, args: argparse.Namespace) -> dict[str, A
         "elapsed_s": round(run["elapsed"], 3),
         "output_tok_s": round(tokens / run["elapsed"], 1),
         "redis_commands_per_token": round(sum(delta.values()) / tokens, 3),
-        "redis_cpu_us_per_token": round((cpu1 - cpu0) / tokens * 1e6, 2),
+        "redis_cpu_us_per_token": round((c1.cpu - c0.cpu) / tokens * 1e6, 2),
+        "  of_which_user_us": round((c1.cpu_user - c0.cpu_user) / tokens * 1e6, 2),
+        "  of_which_sys_us": round((c1.cpu_sys - c0.cpu_sys) / tokens * 1e6, 2),
+        "redis_idle_cpu_ms_per_s": round(idle_rate * 1000, 2),
+        "redis_cpu_us_per_token_above_idle": round(
+            (c1.cpu - c0.cpu - idle_rate * window) / tokens * 1e6, 2),
         "delivery_gap_p50_ms": round(points["p50"], 2),
         "delivery_gap_p99_ms": round(points["p99"], 2),
         "engine_steps": steps,
         "mean_engine_step_ms": round(run["elapsed"] / steps * 1000, 2) if steps else None,
         "tokens_per_published_event": round(tokens / max(1, delta.get("publish", 0)), 2),
         "commands_per_token_by_command": per_token,
+        "command_usec_per_token_by_command": usec_per_token,
     }
 
 
@@ -152,6 +189,8 @@ def main() -> None:
                         help="seconds to wait for a heartbeat (one per lease refresh, 1 s)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the model, Redis and worker logs here (default: a temp dir)")
+    parser.add_argument("--idle-s", type=float, default=3.0,
+                        help="seconds of idle worker over which Redis's floor CPU is read")
     parser.add_argument("--label", default="branch", help="names this run in the JSON")
     parser.add_argument("--out", default=None,
                         help="JSON path (default: benchmarks/results/redis_cost-LABEL.json)")
@@ -161,10 +200,12 @@ def main() -> None:
             tiny_worker_stack(None, args.streams, args.workdir or Path(tmp)) as stack:
         result = asyncio.run(measure(stack.redis_url, stack.plan.served_model, args))
     breakdown = result.pop("commands_per_token_by_command")
-    report({**result, **{f"  {k}": v for k, v in breakdown.items()}}, "/dev/null")
+    usec = result.pop("command_usec_per_token_by_command")
+    report({**result, **{f"  {k} (calls, usec)": (v, usec[k]) for k, v in breakdown.items()}},
+           "/dev/null")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({**result, "commands_per_token_by_command": breakdown},
-                                    indent=2))
+    Path(out).write_text(json.dumps({**result, "commands_per_token_by_command": breakdown,
+                                     "command_usec_per_token_by_command": usec}, indent=2))
     print(f"wrote {out}", file=sys.stderr)
 
 
