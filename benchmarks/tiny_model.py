@@ -39,9 +39,10 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
 
 
 @contextlib.contextmanager
-def tiny_worker_stack(redis_url: str, concurrency: int, workdir: Path) -> Iterator[Any]:
+def tiny_worker_stack(redis_url: str | None, concurrency: int, workdir: Path) -> Iterator[Any]:
     """A ``LocalStack`` with one ready worker serving a tiny model (torch on one thread);
-    the model is built in a child process so torch stays out of the caller's heap."""
+    the model is built in a child process so torch stays out of the caller's heap.
+    ``redis_url`` None: a private redis-server (``stack.redis_url``)."""
     from kvrelay import Client
     from kvrelay.cli.stack import LocalStack
     from kvrelay.cli.worker_launch import plan_worker, worker_environment
@@ -60,7 +61,7 @@ def tiny_worker_stack(redis_url: str, concurrency: int, workdir: Path) -> Iterat
     try:
         stack.start_redis(redis_url)
         stack.start_worker()
-        with Client(redis_url, model=plan.served_model) as client:
+        with Client(stack.redis_url, model=plan.served_model) as client:
             stack.wait_ready(client, timeout=120)
         yield stack
     finally:

@@ -47,12 +47,10 @@ def test_the_publisher_keeps_the_log_under_its_byte_cap(store: JobStore) -> None
     store.redis.set(KEYS.lease("j"), store.worker_id)
     publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
                           on_fenced=lambda job: None)
-    publisher.start()
-    for i in range(0, 60, 3):  # batches of three, as engine steps would hand them over
-        publisher.put([EventItem(job, Tokens(seq=0, token_ids=[n], text=f"<{n:05d}>" * 8,
-                                             index=n % 2))
-                       for n in range(i, i + 3)])
-    publisher.stop()  # after writing everything put before
+    for i in range(0, 60, 3):  # batches of three events, one round trip each
+        publisher._process([EventItem(job, Tokens(seq=0, token_ids=[n],
+                                                  text=f"<{n:05d}>" * 8, index=n % 2))
+                            for n in range(i, i + 3)])
     entries = _log(store, "j")
     assert sum(len(data) for _, data in entries) <= MAX_BYTES
     seqs = [seq for seq, _ in entries]

@@ -36,10 +36,12 @@ class ActiveJob:
     claimed_at: float = field(default_factory=time.time)
     # The prefix-cache salt the engine uses: the request's own, kept apart per namespace.
     cache_salt: str | None = None
-    # Owned by the publisher thread: the seq the next event gets, and the log's byte
-    # window (made on the first event, from ``prior``).
+    # Owned by the publisher thread: the seq the next event gets, the log's byte
+    # window (made on the first event, from ``prior``), and when (monotonic clock) the
+    # log's expiry is next refreshed (None: at the next batch).
     next_seq: int = 0
     log_window: LogWindow | None = None
+    log_expiry_refresh_at: float | None = None
     # Set by the engine thread when it stops the job early (Outcome.*).
     abort_reason: str | None = None
     first_token_at: float | None = None

@@ -35,6 +35,20 @@ from kvrelay_worker.settings import WorkerSettings
 _ScriptCall = tuple[Script, list[str], list[Any]]
 
 
+@dataclass
+class JobEvents:
+    """One job's share of a publisher batch: its events in seq order, already encoded,
+    and what to do to its log once they are in."""
+
+    job_id: str
+    # (seq, terminal, event bytes) per event.
+    events: list[tuple[int, bool, bytes]] = field(default_factory=list)
+    # Expiry to set on the log afterwards, in seconds (0: leave it as it is).
+    expiry_s: int = 0
+    # The oldest seq the log keeps (0: keep all; the byte cap, see ``log_window``).
+    keep_from: int = 0
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -113,6 +127,7 @@ class JobStore:
         # would only make another worker take the job over.
         self._refresh = script(redis_scripts.REFRESH_LEASE, allow_oom=True)
         self._append = script(redis_scripts.APPEND_EVENT)
+        self._append_batch = script(redis_scripts.APPEND_BATCH)
         self._check_expired = script(redis_scripts.CHECK_EXPIRED)
         self._commit_requeue = script(redis_scripts.COMMIT_REQUEUE)
         # Behind sentinels: replicas that must hold a job-state write before it counts.
@@ -205,6 +220,32 @@ class JobStore:
         return self._pipelined([
             self._append_call(job_id, e, fenced, start, data)
             for (job_id, e), start, data in zip(events, starts, datas, strict=True)])
+
+    def append_batch(self, jobs: Sequence[JobEvents]) -> list[Any]:
+        """Append and publish every job's events, fenced by each job's lease, in one
+        script call: per event its seq or an ``AppendResult``, jobs in the order given.
+
+        A write Redis refuses (e.g. out of memory) comes back as that exception in every
+        event's place; unreachable Redis raises. Run by SHA alone, loaded again when the
+        server lost it (restart).
+        """
+        key_list: list[str] = []
+        args: list[Any] = [self.worker_id, self.settings.log_max_len]
+        for job in jobs:
+            key_list += [self.keys.event_log(job.job_id), self.keys.lease(job.job_id)]
+            args += [self.keys.events_channel(job.job_id), job.expiry_s, job.keep_from,
+                     len(job.events)]
+            for seq, terminal, data in job.events:
+                args += [seq, 1 if terminal else 0, data]
+        count = sum(len(job.events) for job in jobs)
+        if not count:
+            return []
+        # Through ``_pipelined``: a lost script is loaded again, and behind sentinels the
+        # batch counts as written only once a replica holds it.
+        results = self._pipelined([(self._append_batch, key_list, args)])[0]
+        if isinstance(results, redis.ResponseError):
+            return [results] * count
+        return list(results)
 
     def _pipelined(self, calls: list[_ScriptCall]) -> list[Any]:
         """Run script calls in one pipelined round trip, by their SHA alone.

@@ -1,9 +1,12 @@
 """The publisher thread: every event leaves the worker here, one pipeline per batch.
 
-The engine thread hands over a batch per step and never waits. This thread numbers each
-job's events (``seq``), merges consecutive token events of one choice when it has fallen
-behind, and sends the whole batch in one pipelined round trip: for each event one script
-call that appends it to the job's log (fenced by the lease) and publishes it. After a
+The engine thread hands over a batch per step and never waits. While one batch is in
+flight, later steps' batches queue up; the next round takes them all at once and merges
+each job's token events per choice (``coalesce``), so a publisher that falls behind
+sends fewer, larger events instead of a growing backlog. When nothing is in flight a
+step's events leave at once. This thread numbers each job's events (``seq``) and sends
+the whole batch as one script call (``APPEND_BATCH``): per job, one lease check, its
+events appended to its log and published, one trim and, when due, one expiry. After a
 job's terminal event is written the job's task thread is woken.
 """
 
@@ -19,9 +22,9 @@ from dataclasses import dataclass
 import redis
 
 from kvrelay.event_log import AppendResult
-from kvrelay.protocol import AnyEvent, Tokens, encode_event
+from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Tokens, encode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.job_store import JobEvents, JobStore
 from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
 
@@ -101,21 +104,11 @@ class Publisher:
 
     def _process(self, items: list[Item]) -> None:
         events = [i for i in items if isinstance(i, EventItem)]
-        keep_from: list[int] = []
-        encoded: list[bytes] = []  # once per event: its size for the window, then the write
-        for item in events:
-            job = item.job
-            item.event.seq = job.next_seq
-            job.next_seq += 1
-            if job.log_window is None:
-                job.log_window = LogWindow(self.store.settings.log_max_bytes,
-                                           job.prior.entry_sizes)
-            data = encode_event(item.event)
-            encoded.append(data)
-            keep_from.append(job.log_window.add(item.event.seq, len(data)))
-        results = self._send(events, keep_from, encoded)
+        per_job = self._batch(events)
+        results = self._send(per_job)
         now = time.time()
-        for item, result in zip(events, results, strict=True):
+        ordered = [item for job_items in per_job.values() for item in job_items[0]]
+        for item, result in zip(ordered, results, strict=True):
             self._after_write(item, result, now)
         for other in items:
             if isinstance(other, HandbackItem):
@@ -123,34 +116,71 @@ class Publisher:
             elif isinstance(other, DoneItem):
                 other.job.finish(other.outcome)
 
-    def _send(self, events: list[EventItem], keep_from: list[int],
-              encoded: list[bytes]) -> list[object]:
-        """One pipelined round trip; retried while Redis is unreachable, and the writes
-        it refuses for want of memory retried (in order) until they are written: an
-        event is never taken for written, nor its job for finished, before it is."""
-        results: list[object] = [None] * len(events)
-        todo = list(range(len(events)))
+    def _batch(self, events: list[EventItem]) -> dict[ActiveJob, tuple[list[EventItem],
+                                                                        JobEvents]]:
+        """Number and encode the events, grouped per job (each job's order kept), with
+        what each job's log needs once per batch: its trim point and, when due, expiry."""
+        settings = self.store.settings
+        per_job: dict[ActiveJob, tuple[list[EventItem], JobEvents]] = {}
+        now = time.monotonic()
+        for item in events:
+            job = item.job
+            entry = per_job.get(job)
+            if entry is None:
+                entry = per_job[job] = ([], JobEvents(job.job_id))
+            item.event.seq = job.next_seq
+            job.next_seq += 1
+            if job.log_window is None:
+                job.log_window = LogWindow(settings.log_max_bytes, job.prior.entry_sizes)
+            data = encode_event(item.event)
+            terminal = isinstance(item.event, TERMINAL_EVENTS)
+            entry[0].append(item)
+            entry[1].events.append((item.event.seq, terminal, data))
+            entry[1].keep_from = max(entry[1].keep_from,
+                                     job.log_window.add(item.event.seq, len(data)))
+        for job, (_, job_events) in per_job.items():
+            job_events.expiry_s = self._expiry_due(job, job_events, now)
+        return per_job
+
+    def _expiry_due(self, job: ActiveJob, job_events: JobEvents, now: float) -> int:
+        """The expiry this batch sets on the job's log (0: none due).
+
+        A running job's log is given ``live_ttl + refresh`` seconds and refreshed once
+        ``refresh`` (an eighth of ``live_ttl``) has passed, so it always outlives its
+        latest event by ``live_ttl`` while costing one EXPIRE per job now and then, not
+        one per event. A terminal event sets the ended log's expiry.
+        """
+        if any(terminal for _, terminal, _ in job_events.events):
+            return self.store.ended_ttl_s
+        if job.log_expiry_refresh_at is not None and now < job.log_expiry_refresh_at:
+            return 0
+        live = self.store.live_ttl_s
+        refresh = max(1, live // 8)
+        job.log_expiry_refresh_at = now + refresh
+        return live + refresh
+
+    def _send(self, per_job: dict[ActiveJob, tuple[list[EventItem], JobEvents]]
+              ) -> list[object]:
+        """One script call for the whole batch; retried while Redis is unreachable or
+        refuses it for want of memory, until it is written: an event is never taken for
+        written, nor its job for finished, before it is. (A retry finds what an earlier
+        try wrote: ``ALREADY_WRITTEN``, not published twice.)"""
+        batch = [job_events for _, job_events in per_job.values()]
         delay = 0.05
-        while todo:
+        while True:
             try:
-                sent = self.store.append_events(
-                    [(events[i].job.job_id, events[i].event) for i in todo], fenced=True,
-                    keep_from=[keep_from[i] for i in todo], encoded=[encoded[i] for i in todo])
+                results = self.store.append_batch(batch)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
             else:
-                for i, result in zip(todo, sent, strict=True):
-                    results[i] = result
-                todo = [i for i in todo if isinstance(results[i], redis.OutOfMemoryError)]
-                if not todo:
-                    break
+                if not any(isinstance(r, redis.OutOfMemoryError) for r in results):
+                    return results
                 log.warning("publisher: Redis is out of memory; %d events wait, retrying in "
-                            "%.2fs", len(todo), delay)
+                            "%.2fs", len(results), delay)
             time.sleep(delay)
             # Capped low: behind sentinels the new primary is up within a second or two of
             # the old one's death, and each step of backoff past that is a stall.
             delay = min(delay * 2, 0.5)
-        return results
 
     def _after_write(self, item: EventItem, result: object, now: float) -> None:
         job = item.job
@@ -193,24 +223,34 @@ class Publisher:
 
 
 def coalesce(items: list[Item]) -> list[Item]:
-    """Merge runs of token events of one job and choice into one event each.
+    """Merge each job's token events of one choice into one event, while no other item
+    of that job comes between them.
 
-    Only events with nothing else of that job between them merge, so each job's event
-    order is kept; other jobs' events may sit between them.
+    Whatever queued up while the previous batch was in flight arrives here together, so
+    a job that got several steps' tokens meanwhile sends one event per choice, not one
+    per step. Each choice's order is kept, and nothing moves across a job's other
+    events (Started, the terminal one) or items; only the interleaving of one job's
+    choices may change, which no reader depends on. One dict lookup per item.
     """
     out: list[Item] = []
-    # Per job, its last token event when nothing else of the job came after it.
-    open_tokens: dict[ActiveJob, Tokens] = {}
+    # Per (job, choice): its open token event, until another item of the job comes.
+    open_tokens: dict[tuple[ActiveJob, int], Tokens] = {}
+    # Per job: the choices it has open (to close them all at once).
+    open_choices: dict[ActiveJob, list[int]] = {}
     for item in items:
         event = item.event if isinstance(item, EventItem) else None
         if isinstance(event, Tokens):
-            prev = open_tokens.get(item.job)
-            if prev is not None and prev.index == event.index and prev.finish_reason is None:
+            key = (item.job, event.index)
+            prev = open_tokens.get(key)
+            if prev is not None and prev.finish_reason is None:
                 _merge_tokens(prev, event)
                 continue
-            open_tokens[item.job] = event
+            open_tokens[key] = event
+            if prev is None:
+                open_choices.setdefault(item.job, []).append(event.index)
         else:
-            open_tokens.pop(item.job, None)
+            for index in open_choices.pop(item.job, ()):
+                del open_tokens[(item.job, index)]
         out.append(item)
     return out
 

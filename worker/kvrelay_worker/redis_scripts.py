@@ -159,6 +159,67 @@ redis.call('PUBLISH', ARGV[1], ARGV[4])
 return seq
 """)
 
+# The publisher's whole batch in one call: for every job in it, check the lease once,
+# append the job's events to its log and publish each, then trim and set expiry once.
+# Redis Cluster is out of scope (Celery has no Cluster broker): the keys of many jobs
+# meet in one call.
+# KEYS: per job, its event log then its lease
+# ARGV: worker id, max log length, then per job: channel, expiry s (0: leave it as is),
+#       oldest seq to keep (0: keep all), event count, then per event: seq, terminal
+#       (0/1), event bytes
+# -> per event, in order: the seq written, or an ``AppendResult``: FENCED (the lease is
+#    someone else's: nothing of that job written) or ALREADY_WRITTEN (the log has it: an
+#    earlier try of this batch got through). The log's own XADD refuses a seq it already
+#    has, so no read precedes the write.
+APPEND_BATCH = _format("""
+local jobs = #KEYS / 2
+local owners = {}
+for first = 1, jobs, 512 do
+  local last = math.min(first + 511, jobs)
+  local leases = {}
+  for j = first, last do leases[#leases + 1] = KEYS[2 * j] end
+  local got = redis.call('MGET', unpack(leases))
+  for i = 1, #got do owners[first + i - 1] = got[i] end
+end
+local results = {}
+local a = 3
+for j = 1, jobs do
+  local log_key = KEYS[2 * j - 1]
+  local channel, expiry = ARGV[a], ARGV[a + 1]
+  local keep_from, count = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  a = a + 4
+  local owned = owners[j] == ARGV[1]
+  for e = 1, count do
+    local seq, data = ARGV[a], ARGV[a + 2]
+    local added
+    if not owned then
+      results[#results + 1] = {FENCED}
+    else
+      if ARGV[a + 1] == '1' then
+        added = redis.pcall('XADD', log_key, 'MAXLEN', '~', ARGV[2], seq .. '-{ENTRY_ID_SUFFIX}',
+                            '{EVENT_FIELD}', data, '{TERMINAL_FIELD}', '1')
+      else
+        added = redis.pcall('XADD', log_key, 'MAXLEN', '~', ARGV[2], seq .. '-{ENTRY_ID_SUFFIX}',
+                            '{EVENT_FIELD}', data)
+      end
+      if type(added) == 'table' and added.err then
+        if not string.find(added.err, 'equal or smaller', 1, true) then return added end
+        results[#results + 1] = {ALREADY_WRITTEN}
+      else
+        redis.call('PUBLISH', channel, data)
+        results[#results + 1] = tonumber(seq)
+      end
+    end
+    a = a + 3
+  end
+  if owned and count > 0 then
+    if keep_from > 0 then redis.call('XTRIM', log_key, 'MINID', keep_from) end
+    if expiry ~= '0' then redis.call('EXPIRE', log_key, expiry) end
+  end
+end
+return results
+""")
+
 # Failover check for one job whose lease looked expired.
 # KEYS: job record, lease, running zset, requeue marker
 # ARGV: job id, max attempts, marker ms, record ttl s (once failed)

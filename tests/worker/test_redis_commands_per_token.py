@@ -1,0 +1,94 @@
+"""Redis commands a real worker spends on a known workload, counted by Redis itself.
+
+The publisher's design fixes what an event may cost: one XADD and one PUBLISH per event,
+one script call and one lease read (MGET) per batch, the log's expiry once per job (and
+again per eighth of its live TTL), no read of the log before a write. Before the batched
+script every event cost XREVRANGE + GET + XADD + EXPIRE + PUBLISH inside its own call.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+import redis
+from helpers.celery_send import send_requests
+from helpers.job_log import wait_terminal
+from helpers.worker_process import WorkerProcess
+
+from kvrelay.protocol import Finished, GenerateRequest, SamplingOptions, Tokens
+
+pytestmark = pytest.mark.integration
+
+MODEL = "llama-mqa"
+JOBS = 8
+TOKENS = 24
+REFRESH_S = 3
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): int(v["calls"])
+            for name, v in client.info("commandstats").items()}
+
+
+def test_event_writes_cost_what_the_design_says(
+        start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
+    # Leases refreshed every 3 s (one GET per job each time), the heartbeat as often.
+    worker = start_worker("w", concurrency=JOBS, lease_ttl=30, lease_refresh=REFRESH_S)
+    client = redis.Redis.from_url(clean_redis_url)
+    try:
+        steps_before = int(worker.info()["stats"]["steps"])  # type: ignore[index]
+        before = _calls(client)
+        started = time.monotonic()
+        requests = [GenerateRequest(job_id=uuid.uuid4().hex, model=MODEL,
+                                    prompt_token_ids=[5 + i, 6, 7],
+                                    sampling=SamplingOptions(max_tokens=TOKENS, temperature=0.0,
+                                                             ignore_eos=True),
+                                    enqueued_at=time.time()) for i in range(JOBS)]
+        send_requests(clean_redis_url, requests)
+        logs = [wait_terminal(clean_redis_url, r.job_id, 120) for r in requests]
+        after = _calls(client)
+        elapsed = time.monotonic() - started
+        steps = _steps_after(worker, steps_before)
+    finally:
+        client.close()
+    assert all(isinstance(log[-1], Finished) for log in logs)
+    for log in logs:
+        assert [e.seq for e in log] == list(range(len(log)))
+    events = sum(len(log) for log in logs)
+    tokens = sum(len(e.token_ids) for log in logs for e in log if isinstance(e, Tokens))
+    assert tokens == JOBS * TOKENS
+
+    def delta(name: str) -> int:
+        return after.get(name, 0) - before.get(name, 0)
+
+    # Every event written once and published once (Celery's broker adds a few PUBLISHes
+    # of its own); the log never read to write it.
+    assert delta("xadd") == events
+    assert events <= delta("publish") < events + JOBS
+    assert delta("xrevrange") == 0
+    # One lease read per publisher batch: batches are at most the engine's steps plus
+    # the jobs' Started events (sent from the task threads).
+    assert 0 < delta("mget") <= steps + JOBS
+    # Per job, not per event: GET (the lease read by the claim, the release and each
+    # refresh) and EXPIRE (the record's two, the log's live and ended ones).
+    refreshes = math.ceil(elapsed / REFRESH_S) + 1
+    assert delta("get") <= JOBS * (2 + refreshes)
+    assert delta("expire") <= 5 * JOBS < events
+
+
+def _steps_after(worker: WorkerProcess, before: int, timeout: float = 20.0) -> int:
+    """Engine steps since ``before``, once a heartbeat reports the idle engine's count."""
+    deadline = time.monotonic() + timeout
+    last = -1
+    while time.monotonic() < deadline:
+        info = worker.info()
+        steps = int(info["stats"]["steps"]) if info else -1  # type: ignore[index]
+        if steps == last and info is not None and int(info["stats"].get("jobs", 1)) == 0:
+            return steps - before
+        last = steps
+        time.sleep(1.2)
+    raise TimeoutError("the worker's heartbeat did not settle")
