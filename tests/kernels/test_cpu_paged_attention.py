@@ -94,7 +94,8 @@ def test_kernel_leaves_long_queries_to_the_caller():
     for i, n in enumerate(MIXED[0]):
         rows = out[starts[i] : starts[i + 1]]
         if n <= MAX_KERNEL_QUERY_LEN:
-            assert rows.isfinite().all() and (rows != sentinel).all()
+            assert rows.isfinite().all()
+            assert (rows != sentinel).all()
         else:
             assert (rows == sentinel).all()
 
@@ -131,7 +132,8 @@ def test_strided_query_and_output():
     got = kvrelay_kernels.paged_attention(wide[:, 2:8], *poisoned.args()[1:], 0.125,
                                           out=out[:, 1:7])
     _assert_close(got, paged_attention_reference(*clean.args(), 0.125), torch.float32)
-    assert (out[:, 0] == 0).all() and (out[:, 7:] == 0).all()
+    assert (out[:, 0] == 0).all()
+    assert (out[:, 7:] == 0).all()
 
 
 def test_reference_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch):
