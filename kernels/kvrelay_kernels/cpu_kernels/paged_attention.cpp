@@ -25,6 +25,7 @@
 namespace {
 
 constexpr int64_t kTile = 128;  // keys scored before one softmax rescale
+constexpr int64_t kPrefetch = 8;  // tokens ahead whose rows are requested early
 
 inline float load(float x) { return x; }
 inline float load(c10::Half x) { return static_cast<float>(x); }
@@ -38,6 +39,16 @@ inline const float* as_float(const T* row, float* buffer, int64_t n) {
 }
 template <>
 inline const float* as_float<float>(const float* row, float*, int64_t) { return row; }
+
+// Asks for a row a few tokens ahead: rows sit in blocks scattered over the cache, so the
+// hardware prefetcher loses the stream at every block boundary.
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) {
+    __builtin_prefetch(p + off, 0, 1);
+  }
+}
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float sum = 0.f;
@@ -62,6 +73,11 @@ void attend_task(int64_t seq, int64_t kv_head, const T* query, int64_t q_stride_
   std::vector<float> scores(group * kTile), row(2 * head_size);
   std::vector<float> running_max(group), running_sum(group);
   const int64_t token_stride = num_kv_heads * head_size;
+  auto row_of = [&](const T* cache, int64_t pos) {
+    const int64_t slot = static_cast<int64_t>(block_table[pos / block_size]) * block_size +
+                         pos % block_size;
+    return cache + slot * token_stride + kv_head * head_size;
+  };
   for (int64_t j = 0; j < q_len; ++j) {
     const int64_t end = seq_len - q_len + j + 1;  // keys [begin, end) are visible
     const int64_t begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
@@ -76,10 +92,9 @@ void attend_task(int64_t seq, int64_t kv_head, const T* query, int64_t q_stride_
       const int64_t n = std::min(kTile, end - t0);
       for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = t0 + t;
-        const int64_t slot = static_cast<int64_t>(block_table[pos / block_size]) * block_size +
-                             pos % block_size;
-        const float* k = as_float(key_cache + slot * token_stride + kv_head * head_size,
-                                  row.data(), head_size);
+        if (pos + kPrefetch < end) prefetch_row(row_of(key_cache, pos + kPrefetch), head_size);
+        if (t < kPrefetch) prefetch_row(row_of(value_cache, t0 + t), head_size);
+        const float* k = as_float(row_of(key_cache, pos), row.data(), head_size);
         for (int64_t i = 0; i < group; ++i) {
           float s = scale * dot(q.data() + i * head_size, k, head_size);
           if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
@@ -105,10 +120,8 @@ void attend_task(int64_t seq, int64_t kv_head, const T* query, int64_t q_stride_
       }
       for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = t0 + t;
-        const int64_t slot = static_cast<int64_t>(block_table[pos / block_size]) * block_size +
-                             pos % block_size;
-        const float* v = as_float(value_cache + slot * token_stride + kv_head * head_size,
-                                  row.data() + head_size, head_size);
+        if (t + kPrefetch < n) prefetch_row(row_of(value_cache, pos + kPrefetch), head_size);
+        const float* v = as_float(row_of(value_cache, pos), row.data() + head_size, head_size);
         for (int64_t i = 0; i < group; ++i) {
           axpy(acc.data() + i * head_size, scores[i * kTile + t], v, head_size);
         }
