@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kvrelay_kernels.backend import select_backend
+from kvrelay_kernels.backend import cpu_kernels_allowed, select_backend
 from kvrelay_kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -149,6 +149,13 @@ def paged_attention(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
             max_query_len=max_query_len, max_seq_len=max_seq_len, out=out,
             sliding_window=sliding_window, softcap=softcap,
+        )
+    if query.device.type == "cpu" and cpu_kernels_allowed():
+        from kvrelay_kernels.cpu_kernels.paged_attention import paged_attention_cpu_dispatch
+
+        return paged_attention_cpu_dispatch(
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
+            out=out, sliding_window=sliding_window, softcap=softcap,
         )
     return paged_attention_reference(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, out=out,

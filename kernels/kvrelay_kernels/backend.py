@@ -1,9 +1,12 @@
 """Choose between the Triton kernels and the plain-PyTorch references.
 
 Triton runs where the tensors are on a CUDA device and Triton imports; everything else
-takes the reference path. ``KVRELAY_KERNELS=reference`` forces the references (useful to
-bisect a numerical difference on a GPU); ``KVRELAY_KERNELS=triton`` forces Triton, which
-on CPU tensors only works under ``TRITON_INTERPRET=1`` (how CI tests the kernels).
+takes the reference path, except CPU paged attention, which runs a C++ kernel compiled
+on first use where a compiler is present (``cpu_kernels/``).
+``KVRELAY_KERNELS=reference`` forces the references everywhere (useful to bisect a
+numerical difference, and how tests exercise the fallback of a machine without a
+compiler); ``KVRELAY_KERNELS=triton`` forces Triton, which on CPU tensors only works under
+``TRITON_INTERPRET=1`` (how CI tests the kernels).
 """
 
 from __future__ import annotations
@@ -26,8 +29,17 @@ def triton_available() -> bool:
     return True
 
 
+def _forced() -> str:
+    return os.environ.get("KVRELAY_KERNELS", "").strip().lower()
+
+
+def cpu_kernels_allowed() -> bool:
+    """Whether CPU calls may use the compiled C++ kernels (``KVRELAY_KERNELS`` is auto)."""
+    return _forced() not in ("reference", "triton")
+
+
 def select_backend(device: torch.device) -> Backend:
-    forced = os.environ.get("KVRELAY_KERNELS", "").strip().lower()
+    forced = _forced()
     if forced == "reference":
         return "reference"
     if forced == "triton":

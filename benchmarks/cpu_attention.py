@@ -1,0 +1,83 @@
+"""One layer's decode attention on CPU: the reference (block gather + SDPA) vs the compiled kernel.
+
+Shapes are SmolLM2's (9 query / 3 KV heads of 64, float32, blocks of 16 scattered over a
+cache twice the batch's size), from the issue's 48 x 224 tokens up to 16 x 6,144. Times are
+the best of ``--repeats`` calls in *process CPU time* on one thread: on a shared machine
+that is the figure other users' load disturbs least (wall time is what
+``long_context.py`` reports). Prints a table and writes JSON.
+
+    python benchmarks/cpu_attention.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+
+from attention_cases import make_batch  # the kernel tests' paged batches
+
+from kvrelay_kernels.cpu_kernels.paged_attention import cpu_kernel_usable, paged_attention_cpu
+from kvrelay_kernels.reference.paged_attention import paged_attention_reference
+
+CASES = ((48, 224), (16, 1024), (16, 2048), (16, 4096), (16, 6144))
+
+
+def _best_cpu_ms(call: Callable[[], object], repeats: int) -> float:
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        call()
+        best = min(best, time.process_time() - start)
+    return best * 1e3
+
+
+def measure(batch: int, context: int, repeats: int) -> dict[str, Any]:
+    clean, _ = make_batch([1] * batch, [context] * batch, num_heads=9, num_kv_heads=3,
+                          head_size=64, block_size=16, dtype=torch.float32, device="cpu",
+                          num_blocks=2 * batch * -(-context // 16))
+    if not cpu_kernel_usable(clean.query, clean.key_cache):
+        raise SystemExit("the compiled CPU kernel is not available on this machine")
+    out = torch.empty_like(clean.query)
+    kernel = _best_cpu_ms(lambda: paged_attention_cpu(*clean.args(), 0.125, out,
+                                                      sliding_window=None, softcap=None),
+                          repeats)
+    reference = _best_cpu_ms(lambda: paged_attention_reference(*clean.args(), 0.125), repeats)
+    kv_mb = 2 * batch * context * 3 * 64 * 4 / 1e6
+    return {"batch": batch, "context": context, "kv_mb": kv_mb, "kernel_ms": kernel,
+            "reference_ms": reference, "kernel_gb_s": kv_mb / kernel,
+            "speedup": reference / kernel}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", default="benchmarks/results/cpu_attention.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = [measure(b, c, args.repeats) for b, c in CASES]
+    print(f"{'batch':>6}{'context':>9}{'KV MB':>8}{'reference ms':>14}{'kernel ms':>11}"
+          f"{'kernel GB/s':>13}{'speed-up':>10}")
+    for r in rows:
+        print(f"{r['batch']:>6}{r['context']:>9}{r['kv_mb']:>8.1f}{r['reference_ms']:>14.2f}"
+              f"{r['kernel_ms']:>11.2f}{r['kernel_gb_s']:>13.1f}{r['speedup']:>9.2f}x")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "cpu_attention", "threads": 1,
+                               "timer": "process_time, best of repeats", "rows": rows},
+                              indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

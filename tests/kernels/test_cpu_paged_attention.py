@@ -1,0 +1,158 @@
+"""The compiled CPU paged-attention kernel against the PyTorch reference and the dense oracle.
+
+The kernel reads K/V straight from the blocks a table names, so every case runs it on the
+``poisoned`` batch (NaN in every slot and table entry past a sequence's context): a stray
+read turns the output into NaN. Cases: decode batches of mixed, odd lengths with partial
+last blocks, shuffled block tables, GQA groups of 1, 3 and 8, head sizes 64/128/256,
+sliding windows (with freed placeholder blocks) and softcap, 16-bit caches, and batches
+that mix short queries (the kernel) with prompt chunks (left to the reference).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from attention_cases import TOLERANCES, dense_attention, free_outside_window, make_batch
+
+import kvrelay_kernels
+from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
+from kvrelay_kernels.cpu_kernels.paged_attention import (
+    MAX_KERNEL_QUERY_LEN,
+    cpu_kernel_usable,
+    paged_attention_cpu,
+)
+from kvrelay_kernels.reference.paged_attention import paged_attention_reference
+
+BLOCK = 16
+DECODE = ([1] * 7, [1, 29, 8, 40, 17, 16, 131])
+# Short queries (kernel: 2..MAX_KERNEL_QUERY_LEN new tokens) beside prompt chunks
+# (reference) and decodes, in one call.
+MIXED = ([1, 7, 2, 3, 12, 1, 4], [1, 7 + 20, 40, 3, 12 + 5, 33, 4 + 50])
+HEADS = [pytest.param(2, 2, id="mha"), pytest.param(6, 2, id="gqa3"),
+         pytest.param(8, 1, id="gqa8")]
+# torch's build helper uses $CXX, else c++.
+HAS_COMPILER = shutil.which("c++") is not None or shutil.which("g++") is not None
+
+
+@pytest.fixture(autouse=True)
+def _auto_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVRELAY_KERNELS", raising=False)
+
+
+def _batches(lens: tuple[list[int], list[int]], num_heads: int, num_kv_heads: int,
+             head_size: int = 64, dtype: torch.dtype = torch.float32):
+    query_lens, seq_lens = lens
+    return make_batch(query_lens, seq_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                      head_size=head_size, block_size=BLOCK, dtype=dtype, device="cpu")
+
+
+def _assert_close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert got.isfinite().all(), "the kernel read a slot outside a context"
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(got.double(), expected.double(), atol=atol, rtol=rtol)
+
+
+def test_the_kernel_builds_where_a_compiler_is():
+    # The CI machine has gcc: there the compiled path must be the one that runs.
+    assert load_cpu_kernels() is HAS_COMPILER
+
+
+needs_kernel = pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler on this machine")
+
+
+@needs_kernel
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+def test_decode_matches_reference(num_heads, num_kv_heads, head_size):
+    clean, poisoned = _batches(DECODE, num_heads, num_kv_heads, head_size)
+    expected = paged_attention_reference(*clean.args(), 0.125)
+    out = torch.full_like(poisoned.query, float("nan"))
+    paged_attention_cpu(*poisoned.args(), 0.125, out, sliding_window=None, softcap=None)
+    _assert_close(out, expected, torch.float32)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+def test_mixed_batch_through_the_public_entry(num_heads, num_kv_heads):
+    clean, poisoned = _batches(MIXED, num_heads, num_kv_heads)
+    expected = paged_attention_reference(*clean.args(), 0.3)
+    _assert_close(kvrelay_kernels.paged_attention(*poisoned.args(), 0.3), expected,
+                  torch.float32)
+
+
+@needs_kernel
+def test_kernel_leaves_long_queries_to_the_caller():
+    # The split is real: the kernel writes short queries' rows only, so the reference's
+    # share of a mixed batch is not silently computed (or skipped) by the kernel.
+    _, poisoned = _batches(MIXED, 6, 2)
+    sentinel = 123.0
+    out = torch.full_like(poisoned.query, sentinel)
+    paged_attention_cpu(*poisoned.args(), 0.3, out, sliding_window=None, softcap=None)
+    starts = poisoned.query_start_loc.tolist()
+    for i, n in enumerate(MIXED[0]):
+        rows = out[starts[i] : starts[i + 1]]
+        if n <= MAX_KERNEL_QUERY_LEN:
+            assert rows.isfinite().all()
+            assert (rows != sentinel).all()
+        else:
+            assert (rows == sentinel).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("softcap", [None, 1.5])
+@pytest.mark.parametrize("window", [1, 5, 13, 16, 40, 1000])
+@pytest.mark.parametrize("lens", [DECODE, MIXED], ids=["decode", "mixed"])
+def test_window_and_softcap_match_dense_oracle(lens, window, softcap):
+    batch, _ = _batches(lens, 6, 2)
+    freed, _ = free_outside_window(batch, window)
+    got = kvrelay_kernels.paged_attention(*freed.args(), 0.3, sliding_window=window,
+                                          softcap=softcap)
+    expected = dense_attention(batch, 0.3, sliding_window=window, softcap=softcap)
+    _assert_close(got, expected, torch.float32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_16_bit_caches(dtype):
+    clean, poisoned = _batches(MIXED, 8, 1, dtype=dtype)
+    got = kvrelay_kernels.paged_attention(*poisoned.args(), 0.3, softcap=20.0)
+    assert got.dtype == dtype
+    _assert_close(got, dense_attention(clean, 0.3, softcap=20.0), dtype)
+
+
+@needs_kernel
+def test_strided_query_and_output():
+    # The engine's q is a view into the fused qkv projection: rows are strided.
+    clean, poisoned = _batches(DECODE, 6, 2)
+    wide = torch.randn(poisoned.query.shape[0], 10, 64)
+    wide[:, 2:8] = poisoned.query
+    out = torch.zeros(poisoned.query.shape[0], 9, 64)
+    got = kvrelay_kernels.paged_attention(wide[:, 2:8], *poisoned.args()[1:], 0.125,
+                                          out=out[:, 1:7])
+    _assert_close(got, paged_attention_reference(*clean.args(), 0.125), torch.float32)
+    assert (out[:, 0] == 0).all()
+    assert (out[:, 7:] == 0).all()
+
+
+def test_reference_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch):
+    # KVRELAY_KERNELS=reference is the fallback of a machine without a compiler.
+    monkeypatch.setenv("KVRELAY_KERNELS", "reference")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the compiled kernel ran although the reference was forced")
+
+    monkeypatch.setattr("kvrelay_kernels.cpu_kernels.paged_attention.paged_attention_cpu",
+                        refuse)
+    clean, _ = _batches(MIXED, 6, 2)  # the reference reads padding: no poison for it
+    got = kvrelay_kernels.paged_attention(*clean.args(), 0.3)
+    _assert_close(got, dense_attention(clean, 0.3), torch.float32)
+
+
+def test_unsupported_dtype_mix_takes_the_reference():
+    clean, _ = _batches(DECODE, 6, 2)
+    assert not cpu_kernel_usable(clean.query.double(), clean.key_cache)
+    out = torch.empty_like(clean.query, dtype=torch.float64)
+    got = kvrelay_kernels.paged_attention(*clean.args(), 0.3, out=out)
+    _assert_close(got, dense_attention(clean, 0.3), torch.float32)
