@@ -1,0 +1,143 @@
+"""Prefix-aware placement: which queue a job goes to, a worker's own or the shared one.
+
+Each worker advertises in its heartbeat the prompt prefixes it served recently (a
+``PrefixFilter`` of ``prefix_fingerprints``) and consumes a queue of its own beside the
+model's shared queue. A job whose leading fingerprints some worker holds goes to that
+worker's queue (the longest leading run wins; the least loaded among equals), so a
+conversation's next turn lands where its prefix is cached; anything else, or when that
+worker is busy, goes to the shared queue, which every worker consumes.
+
+Busy means any of: draining; ``jobs_running`` + jobs waiting in its own queue + jobs
+this client placed on it since its last read reaching ``load_cap`` x ``concurrency``; or
+its KV cache fuller than ``MAX_KV_USAGE``. The workers' heartbeats and queue lengths are
+read at most once per ``refresh_s`` (one registry read and one pipelined round of
+``LLEN``), not per job.
+
+Placement is advisory: a dead worker's queued jobs are moved to the shared queue by the
+live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
+depend on where a job was queued. ``KVRELAY_PLACEMENT=false`` (or
+``AsyncClient(placement=False)``) sends every job to the shared queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Final
+
+from redis.asyncio import Redis
+
+from kvrelay.keys import Keyspace
+from kvrelay.prefix_filter import PrefixFilter
+from kvrelay.prefix_fingerprints import request_fingerprints
+from kvrelay.protocol import GenerateRequest, WorkerInfo
+from kvrelay.workers import live_workers
+
+__all__ = ["MAX_KV_USAGE", "PLACEMENT_VARIABLE", "Placement", "placement_enabled"]
+
+log = logging.getLogger("kvrelay.placement")
+
+PLACEMENT_VARIABLE: Final = "KVRELAY_PLACEMENT"
+# A worker whose KV cache is fuller than this would have to evict or preempt to take
+# another prompt: its jobs go to the shared queue.
+MAX_KV_USAGE: Final = 0.95
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
+def placement_enabled(flag: bool | None) -> bool:
+    """``flag`` when given, else ``$KVRELAY_PLACEMENT`` (on unless 0/false/no/off)."""
+    if flag is not None:
+        return flag
+    return os.environ.get(PLACEMENT_VARIABLE, "").strip().lower() not in _FALSE
+
+
+@dataclass(slots=True)
+class _Candidate:
+    """A live worker that consumes its own queue, as last read."""
+
+    worker_id: str
+    queue: str  # its own Celery queue's name
+    prefixes: PrefixFilter
+    capacity: float  # load_cap x concurrency
+    load: int  # jobs running + waiting in its own queue + placed here since the read
+    kv_usage: float
+    draining: bool
+
+    def busy(self) -> bool:
+        return self.draining or self.load >= self.capacity or self.kv_usage > MAX_KV_USAGE
+
+
+class Placement:
+    """Chooses a job's queue from a cached view of the model's workers."""
+
+    def __init__(self, redis: Redis, keys: Keyspace, *, load_cap: float = 1.0,
+                 refresh_s: float = 1.0) -> None:
+        if not load_cap > 0:
+            raise ValueError(f"load_cap must be positive, got {load_cap}")
+        self.redis = redis
+        self.keys = keys
+        self.load_cap = load_cap
+        self.refresh_s = refresh_s
+        self._view: dict[str, list[_Candidate]] = {}
+        self._read_at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def queue_for(self, request: GenerateRequest) -> str | None:
+        """The Celery queue of the worker to place ``request`` on; None: the shared queue."""
+        chain = request_fingerprints(request)
+        if not chain:
+            return None
+        candidates = (await self._candidates()).get(request.model, [])
+        best: _Candidate | None = None
+        best_key = (0, 0)
+        for candidate in candidates:
+            matched = candidate.prefixes.leading_matches(chain)
+            if matched == 0 or candidate.busy():
+                continue
+            key = (matched, -candidate.load)
+            if key > best_key:
+                best, best_key = candidate, key
+        if best is None:
+            return None
+        best.load += 1  # until the next read shows the job itself
+        return best.queue
+
+    async def _candidates(self) -> dict[str, list[_Candidate]]:
+        if time.monotonic() - self._read_at < self.refresh_s:
+            return self._view
+        async with self._lock:  # one read serves every job enqueued meanwhile
+            if time.monotonic() - self._read_at >= self.refresh_s:
+                self._view = await self._read()
+                self._read_at = time.monotonic()
+        return self._view
+
+    async def _read(self) -> dict[str, list[_Candidate]]:
+        workers = [w for w in await live_workers(self.redis, self.keys) if w.prefix_filter]
+        if not workers:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for worker in workers:
+            pipe.llen(self.keys.worker_queue(worker.model, worker.worker_id))
+        lengths = await pipe.execute()
+        view: dict[str, list[_Candidate]] = {}
+        for worker, queued in zip(workers, lengths, strict=True):
+            view.setdefault(worker.model, []).append(self._candidate(worker, int(queued)))
+        return view
+
+    def _candidate(self, worker: WorkerInfo, queued: int) -> _Candidate:
+        try:
+            kv_usage = float(worker.stats.get("kv_usage", 0.0))
+        except (TypeError, ValueError):
+            kv_usage = 0.0
+        return _Candidate(
+            worker_id=worker.worker_id,
+            queue=self.keys.celery_worker_queue(worker.model, worker.worker_id),
+            prefixes=PrefixFilter.decode(worker.prefix_filter),
+            capacity=self.load_cap * max(1, worker.concurrency),
+            load=worker.jobs_running + queued,
+            kv_usage=kv_usage,
+            draining=worker.draining,
+        )
