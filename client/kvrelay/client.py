@@ -152,6 +152,9 @@ class AsyncClient(AsyncResource):
             subscribe_timeout=connect_timeout + reconnect_timeout,
         )
         self._celery: CeleryEnqueuer | None = None
+        placer: Placement | None = None
+        if enqueuer is None and placement_enabled(placement):
+            placer = Placement(self._redis, self._keys, load_cap=placement_load_cap)
         if enqueuer is None:
             self._celery = CeleryEnqueuer(
                 url,
@@ -160,8 +163,7 @@ class AsyncClient(AsyncResource):
                 where=self._where,
                 max_queue=max_queue,
                 keyspace=self._keys,
-                placement=(Placement(self._redis, self._keys, load_cap=placement_load_cap)
-                           if placement_enabled(placement) else None),
+                placement=placer,
             )
             enqueuer = self._celery
         self._jobs = JobLifecycle(
@@ -175,6 +177,7 @@ class AsyncClient(AsyncResource):
             max_queue=max_queue if self._celery is None else None,
             keys=self._keys,
             max_payload_bytes=max_payload_bytes,
+            on_job_end=placer.job_ended if placer is not None else None,
         )
         self._closed = False
 

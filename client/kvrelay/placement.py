@@ -7,11 +7,14 @@ worker's queue (the longest leading run wins; the least loaded among equals), so
 conversation's next turn lands where its prefix is cached; anything else, or when that
 worker is busy, goes to the shared queue, which every worker consumes.
 
-Busy means any of: draining; ``jobs_running`` + jobs waiting in its own queue + jobs
-this client placed on it since its last read reaching ``load_cap`` x ``concurrency``; or
-its KV cache fuller than ``MAX_KV_USAGE``. The workers' heartbeats and queue lengths are
-read at most once per ``refresh_s`` (one registry read and one pipelined round of
-``LLEN``), not per job.
+Busy means any of: draining; its load reaching ``load_cap`` x ``concurrency``; or its
+KV cache fuller than ``MAX_KV_USAGE``. Its load is this client's unfinished jobs placed
+on it (counted exactly: up when placed, down when the job's stream ends) plus everyone
+else's (its heartbeat's ``jobs_running`` and its own queue's length, less this client's
+jobs counted at that read). The heartbeats and queue lengths are read at most once per
+``refresh_s`` (one registry read and one pipelined round of ``LLEN``), not per job, so
+only the exact part moves between reads: a client sending a conversation's turns one
+after another never sees its own finished turns as load.
 
 Placement is advisory: a dead worker's queued jobs are moved to the shared queue by the
 live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
@@ -25,6 +28,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
@@ -45,6 +49,8 @@ PLACEMENT_VARIABLE: Final = "KVRELAY_PLACEMENT"
 # another prompt: its jobs go to the shared queue.
 MAX_KV_USAGE: Final = 0.95
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
+# Placed jobs remembered until their stream ends; past this many the oldest are forgotten.
+_MAX_TRACKED: Final = 100_000
 
 
 def placement_enabled(flag: bool | None) -> bool:
@@ -62,12 +68,9 @@ class _Candidate:
     queue: str  # its own Celery queue's name
     prefixes: PrefixFilter
     capacity: float  # load_cap x concurrency
-    load: int  # jobs running + waiting in its own queue + placed here since the read
+    others: int  # other clients' jobs running or queued on it, as last read
     kv_usage: float
     draining: bool
-
-    def busy(self) -> bool:
-        return self.draining or self.load >= self.capacity or self.kv_usage > MAX_KV_USAGE
 
 
 class Placement:
@@ -84,6 +87,30 @@ class Placement:
         self._view: dict[str, list[_Candidate]] = {}
         self._read_at = -float("inf")
         self._lock = asyncio.Lock()
+        # This client's unfinished placed jobs: which worker each went to, and per worker.
+        self._placed: OrderedDict[str, str] = OrderedDict()
+        self._inflight: Counter[str] = Counter()
+
+    def job_ended(self, job_id: str) -> None:
+        """A job's stream ended (the SDK calls this for every job; unplaced ones are no-ops)."""
+        worker_id = self._placed.pop(job_id, None)
+        if worker_id is not None:
+            self._inflight[worker_id] -= 1
+            if self._inflight[worker_id] <= 0:
+                del self._inflight[worker_id]
+
+    def _load(self, candidate: _Candidate) -> int:
+        return candidate.others + self._inflight[candidate.worker_id]
+
+    def _busy(self, candidate: _Candidate) -> bool:
+        return (candidate.draining or candidate.kv_usage > MAX_KV_USAGE
+                or self._load(candidate) >= candidate.capacity)
+
+    def _note_placed(self, job_id: str, worker_id: str) -> None:
+        self._placed[job_id] = worker_id
+        self._inflight[worker_id] += 1
+        while len(self._placed) > _MAX_TRACKED:  # streams never ended: forget the oldest
+            self.job_ended(next(iter(self._placed)))
 
     async def queue_for(self, request: GenerateRequest) -> str | None:
         """The Celery queue of the worker to place ``request`` on; None: the shared queue."""
@@ -95,14 +122,14 @@ class Placement:
         best_key = (0, 0)
         for candidate in candidates:
             matched = candidate.prefixes.leading_matches(chain)
-            if matched == 0 or candidate.busy():
+            if matched == 0 or self._busy(candidate):
                 continue
-            key = (matched, -candidate.load)
+            key = (matched, -self._load(candidate))
             if key > best_key:
                 best, best_key = candidate, key
         if best is None:
             return None
-        best.load += 1  # until the next read shows the job itself
+        self._note_placed(request.job_id, best.worker_id)
         return best.queue
 
     async def _candidates(self) -> dict[str, list[_Candidate]]:
@@ -137,7 +164,7 @@ class Placement:
             queue=self.keys.celery_worker_queue(worker.model, worker.worker_id),
             prefixes=PrefixFilter.decode(worker.prefix_filter),
             capacity=self.load_cap * max(1, worker.concurrency),
-            load=worker.jobs_running + queued,
+            others=max(0, worker.jobs_running + queued - self._inflight[worker.worker_id]),
             kv_usage=kv_usage,
             draining=worker.draining,
         )
