@@ -244,11 +244,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="words per system prompt (~1.1 SmolLM2 tokens each)")
     parser.add_argument("--user-words", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--concurrency", type=int, default=8, help="per worker")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="per worker: room for every conversation on either worker")
     parser.add_argument("--kv-cache-memory", type=int, default=512 << 20,
                         help="bytes per worker")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--load-cap", type=float, default=1.25,
+    parser.add_argument("--load-cap", type=float, default=1.0,
                         help="placement_load_cap: a worker takes placed jobs while its jobs "
                              "stay under this multiple of its concurrency")
     parser.add_argument("--quick", action="store_true",

@@ -69,10 +69,11 @@ class JobLifecycle:
         max_queue: int | None,
         keys: Keyspace | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        on_job_end: Callable[[str], None] | None = None,
+        on_job_end: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.redis = redis
-        # Told the id of every job whose stream ends (placement counts its jobs in flight).
+        # Told every job whose stream ends, with the worker that ran it (placement counts
+        # this client's jobs in flight on each worker).
         self._on_job_end = on_job_end
         self.dispatcher = dispatcher
         self.keys = keys if keys is not None else Keyspace()
@@ -194,7 +195,7 @@ class JobLifecycle:
     def untrack(self, stream: AsyncStream) -> None:
         self._live.discard(stream)
         if self._on_job_end is not None:
-            self._on_job_end(stream.job_id)
+            self._on_job_end(stream.job_id, stream.worker)
 
     async def aclose(self) -> None:
         """Abort every unfinished stream and wait (briefly) for pending aborts."""

@@ -9,9 +9,9 @@ worker is busy, goes to the shared queue, which every worker consumes.
 
 Busy means any of: draining; its load reaching ``load_cap`` x ``concurrency``; or its
 KV cache fuller than ``MAX_KV_USAGE``. Its load is this client's unfinished jobs placed
-on it (counted exactly: up when placed, down when the job's stream ends) plus everyone
-else's (its heartbeat's ``jobs_running`` and its own queue's length, less this client's
-jobs counted at that read). The heartbeats and queue lengths are read at most once per
+on it (counted exactly: up when placed, down when the job's stream ends) plus the rest
+(its heartbeat's ``jobs_running`` and its own queue's length, less this client's placed
+jobs counted at that read, less the jobs of this client that ended on it since). The heartbeats and queue lengths are read at most once per
 ``refresh_s`` (one registry read and one pipelined round of ``LLEN``), not per job, so
 only the exact part moves between reads: a client sending a conversation's turns one
 after another never sees its own finished turns as load.
@@ -91,13 +91,22 @@ class Placement:
         self._placed: OrderedDict[str, str] = OrderedDict()
         self._inflight: Counter[str] = Counter()
 
-    def job_ended(self, job_id: str) -> None:
-        """A job's stream ended (the SDK calls this for every job; unplaced ones are no-ops)."""
+    def job_ended(self, job_id: str, worker: str | None = None) -> None:
+        """A job's stream ended, after running on ``worker`` (``host:pid``) if known."""
         worker_id = self._placed.pop(job_id, None)
         if worker_id is not None:
             self._inflight[worker_id] -= 1
             if self._inflight[worker_id] <= 0:
                 del self._inflight[worker_id]
+            return
+        if worker is None:
+            return
+        # A job that went through the shared queue: the last read may still count it.
+        for candidates in self._view.values():
+            for candidate in candidates:
+                if candidate.worker_id.startswith(worker + ":") and candidate.others > 0:
+                    candidate.others -= 1
+                    return
 
     def _load(self, candidate: _Candidate) -> int:
         return candidate.others + self._inflight[candidate.worker_id]
