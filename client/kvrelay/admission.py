@@ -98,11 +98,13 @@ def publish_task(
     keys: Keyspace,
     model: str,
     max_queue: int | None = None,
+    queue: str | None = None,
 ) -> None:
     """``app.send_task`` to ``model``'s queue with a placement (blocking; raises
     ``AdmissionRefused`` when an ``admit`` finds the queue full).
 
-    ``max_queue`` is the caller's own limit ("refuse while more than this many wait").
+    ``max_queue`` is the caller's own limit ("refuse while more than this many wait");
+    ``queue`` a worker's own Celery queue instead of the shared one (``kvrelay.placement``).
     """
     _install()
     cap = None if max_queue is None else max_queue + 1
@@ -114,7 +116,7 @@ def publish_task(
             name,
             args=[payload],
             task_id=task_id,
-            queue=keys.celery_queue(model),
+            queue=queue or keys.celery_queue(model),
             serializer="json",
             ignore_result=True,
             argsrepr=task_argsrepr(task_id),

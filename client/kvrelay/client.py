@@ -7,6 +7,7 @@ few enqueue threads running Celery's producer. Create it once per process and sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Unpack
 
@@ -22,6 +23,7 @@ from kvrelay.errors import InvalidRequest, KvrelayError, UnknownJob
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
 from kvrelay.job_lookup import job_exists
 from kvrelay.keys import Keyspace, NamespaceError
+from kvrelay.placement import Placement, placement_enabled
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
 from kvrelay.request_builder import (
     MAX_JOB_ID_LENGTH,
@@ -71,6 +73,12 @@ class AsyncClient(AsyncResource):
         namespace: the tenant: every key, channel and queue this client uses starts
             with its prefix (``kvrelay:ns:<namespace>:``); workers of the same
             namespace (``KVRELAY_NAMESPACE``) serve it. Empty: the default ``kvrelay:``.
+        placement: prefix-aware placement (``kvrelay.placement``): a job goes to the
+            queue of the worker that served its prompt's prefix recently, when that worker
+            has room. None: ``$KVRELAY_PLACEMENT`` (on unless false); False: every job
+            goes to the model's shared queue.
+        placement_load_cap: a worker takes placed jobs while its running and own-queued
+            jobs stay under this multiple of its concurrency.
         enqueuer: replaces the Celery producer (testing hook).
     """
 
@@ -92,11 +100,18 @@ class AsyncClient(AsyncResource):
         redis: Redis | None = None,
         enqueuer: Enqueuer | None = None,
         namespace: str = "",
+        placement: bool | None = None,
+        placement_load_cap: float = 1.0,
     ) -> None:
         stream_timeout = seconds("stream_timeout", stream_timeout)
         connect_timeout = seconds("connect_timeout", connect_timeout)
         reconnect_timeout = seconds("reconnect_timeout", reconnect_timeout)
         health_check_interval = seconds("health_check_interval", health_check_interval)
+        if (isinstance(placement_load_cap, bool)
+                or not isinstance(placement_load_cap, (int, float))
+                or not math.isfinite(placement_load_cap) or placement_load_cap <= 0):
+            raise InvalidRequest(f"placement_load_cap must be a finite number > 0, got "
+                                 f"{placement_load_cap!r}")
         if max_queue is not None:
             max_queue = count("max_queue", max_queue, minimum=0)
         enqueue_threads = count("enqueue_threads", enqueue_threads, minimum=1)
@@ -150,6 +165,9 @@ class AsyncClient(AsyncResource):
             subscribe_timeout=connect_timeout + reconnect_timeout,
         )
         self._celery: CeleryEnqueuer | None = None
+        placer: Placement | None = None
+        if enqueuer is None and placement_enabled(placement):
+            placer = Placement(self._redis, self._keys, load_cap=placement_load_cap)
         if enqueuer is None:
             self._celery = CeleryEnqueuer(
                 url,
@@ -158,6 +176,7 @@ class AsyncClient(AsyncResource):
                 where=self._where,
                 max_queue=max_queue,
                 keyspace=self._keys,
+                placement=placer,
             )
             enqueuer = self._celery
         self._jobs = JobLifecycle(
@@ -171,6 +190,7 @@ class AsyncClient(AsyncResource):
             max_queue=max_queue if self._celery is None else None,
             keys=self._keys,
             max_payload_bytes=max_payload_bytes,
+            on_job_end=placer.job_ended if placer is not None else None,
         )
         self._closed = False
 

@@ -13,6 +13,7 @@ hands each thread its own connection). Celery is imported on first use so that
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ import redis.exceptions
 from kvrelay.admission import AdmissionRefused, publish_task
 from kvrelay.errors import BrokerUnavailable, QueueFull
 from kvrelay.keys import Keyspace
+from kvrelay.placement import Placement
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
 from kvrelay.sentinel_url import is_sentinel_url, kombu_sentinel_settings, parse_sentinel_url
 from kvrelay.tls import celery_ssl_options
@@ -34,6 +36,8 @@ __all__ = [
     "celery_broker_url",
     "task_argsrepr",
 ]
+
+log = logging.getLogger("kvrelay.enqueue")
 
 # Anything that puts a request on its model's queue. ``CeleryEnqueuer`` in production;
 # tests inject a coroutine function that plays the worker instead.
@@ -87,12 +91,15 @@ class CeleryEnqueuer:
         where: str | None = None,
         max_queue: int | None = None,
         keyspace: Keyspace | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self._keys = keyspace or Keyspace()
         self._broker_url, self._broker_options = celery_broker_settings(broker_url)
         # Behind sentinels a publish that meets a dying primary retries past the failover
         # (a copy sent twice is dropped at pickup: the job is owned or done).
         self._publish_retries = 40 if is_sentinel_url(broker_url) else 2
+        # Prefix-aware placement (None: every job goes to the shared queue).
+        self._placement = placement
         self._broker_ssl = celery_ssl_options(broker_url)
         self._threads = max(1, threads)
         self._connect_timeout = connect_timeout
@@ -140,8 +147,9 @@ class CeleryEnqueuer:
                 self._app = app
             return self._app
 
-    def publish(self, request: GenerateRequest) -> None:
-        """Blocking publish, admitted under the queue's limit; runs in the enqueue threads."""
+    def publish(self, request: GenerateRequest, queue: str | None = None) -> None:
+        """Blocking publish, admitted under the queue's limit; runs in the enqueue threads.
+        ``queue``: a worker's own queue (placement); None: the model's shared queue."""
         publish_task(
             self._celery(),
             TASK_NAME,
@@ -150,7 +158,18 @@ class CeleryEnqueuer:
             keys=self._keys,
             model=request.model,
             max_queue=self._max_queue,
+            queue=queue,
         )
+
+    async def _placed_queue(self, request: GenerateRequest) -> str | None:
+        """The worker queue placement picks; None (the shared queue) when it cannot tell."""
+        if self._placement is None:
+            return None
+        try:
+            return await self._placement.queue_for(request)
+        except Exception as exc:  # advisory: a failed read never fails the job
+            log.debug("placement unavailable (%s); using the shared queue", exc)
+            return None
 
     def warm_up(self) -> None:
         """Build the app and open one broker connection ahead of the first job."""
@@ -161,9 +180,10 @@ class CeleryEnqueuer:
     async def __call__(self, request: GenerateRequest) -> None:
         if self._closed:
             raise BrokerUnavailable("the enqueuer is closed")
+        queue = await self._placed_queue(request)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self.publish, request)
+            await loop.run_in_executor(self._executor, self.publish, request, queue)
         except AdmissionRefused as refused:
             raise QueueFull(
                 f"the queue of model {request.model!r} holds {refused.length} jobs, its "

@@ -69,8 +69,12 @@ class JobLifecycle:
         max_queue: int | None,
         keys: Keyspace | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        on_job_end: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.redis = redis
+        # Told every job whose stream ends, with the worker that ran it (placement counts
+        # this client's jobs in flight on each worker).
+        self._on_job_end = on_job_end
         self.dispatcher = dispatcher
         self.keys = keys if keys is not None else Keyspace()
         self._enqueuer = enqueuer
@@ -190,6 +194,8 @@ class JobLifecycle:
 
     def untrack(self, stream: AsyncStream) -> None:
         self._live.discard(stream)
+        if self._on_job_end is not None:
+            self._on_job_end(stream.job_id, stream.worker)
 
     async def aclose(self) -> None:
         """Abort every unfinished stream and wait (briefly) for pending aborts."""

@@ -104,6 +104,20 @@ class Keyspace:
         """The Celery queue's name for ``model``: ``queue(model)`` less kombu's prefix."""
         return self._celery_name(self.queue(model))
 
+    def worker_queue(self, model: str, worker_id: str) -> str:
+        """The Redis list of jobs placed on one worker (prefix-aware placement): the worker
+        consumes it beside ``queue(model)``; when it dies, live workers move its jobs there."""
+        return f"{self.prefix}worker-queue:{model}:{worker_id}"
+
+    def celery_worker_queue(self, model: str, worker_id: str) -> str:
+        """The Celery queue's name for ``worker_queue``: less kombu's prefix."""
+        return self._celery_name(self.worker_queue(model, worker_id))
+
+    def worker_queues(self, model: str) -> str:
+        """Sorted set of the workers of ``model`` that have a queue of their own, scored by
+        their latest heartbeat (ms): where live workers look for dead workers' queues."""
+        return f"{self.prefix}worker-queues:{model}"
+
     @property
     def celery_unacked(self) -> str:
         """kombu's hash of delivered-but-unacknowledged messages (its full Redis name)."""

@@ -446,6 +446,10 @@ class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     # Where the worker serves Prometheus metrics (None: not served); the bound port when
     # KVRELAY_METRICS_PORT=0 asked for any free one.
     metrics_port: int | None = None
+    # Prefix-aware placement: base64 ``kvrelay.prefix_filter.PrefixFilter`` of the prompt
+    # prefixes the worker served recently ('' : none, or a worker without a queue of its
+    # own, which placement then never picks).
+    prefix_filter: str = ""
 
 
 # ------------------------------------------------------------------------- encoding

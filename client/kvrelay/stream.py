@@ -200,6 +200,11 @@ class AsyncStream(AsyncResource):
         return self._request
 
     @property
+    def worker(self) -> str | None:
+        """The worker (``host:pid``) that started the job last; None before it started."""
+        return self._builder.worker
+
+    @property
     def last_seq(self) -> int:
         """The seq of the last event delivered (-1 before the first): resume from here."""
         return self._next_seq - 1

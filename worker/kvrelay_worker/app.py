@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 from celery.exceptions import Reject
 from kombu import Exchange, Queue
 
@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 settings = WorkerSettings.from_env()
 QUEUE = settings.keys.celery_queue(settings.served_model)
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
 def make_celery(s: WorkerSettings) -> Celery:
@@ -68,14 +72,27 @@ def make_celery(s: WorkerSettings) -> Celery:
         # Fails (and counts) messages that are not JSON instead of only logging them.
         worker_consumer="kvrelay_worker.undecodable_messages:KvrelayConsumer",
         task_default_queue=queue_name,
-        task_queues=(Queue(queue_name, Exchange(queue_name, type="direct"),
-                           routing_key=queue_name),),
+        task_queues=(_queue(queue_name),),
     )
     return celery_app
 
 
 app = make_celery(settings)
 
+
+@signals.celeryd_after_setup.connect
+def _consume_own_queue(sender: object = None, instance: Any = None, **_: object) -> None:
+    """Consume this worker's own queue (prefix-aware placement) beside the shared one,
+    whatever ``--queues`` said: its name holds the worker id, known only in here."""
+    global _consumes_own_queue
+    if instance is not None:
+        instance.app.amqp.queues.select_add(
+            _queue(settings.keys.celery_worker_queue(settings.served_model, settings.worker_id)))
+        _consumes_own_queue = True
+
+
+# Only a worker that consumes its own queue advertises prefixes (placement picks it).
+_consumes_own_queue = False
 _runtime: WorkerRuntime | None = None
 
 
@@ -97,7 +114,8 @@ class EngineBootstep(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         global _runtime
         if _runtime is None:
-            _runtime = WorkerRuntime(settings, requeue=requeue)
+            _runtime = WorkerRuntime(settings, requeue=requeue,
+                                     own_queue=_consumes_own_queue)
             _runtime.start()
 
     def stop(self, worker: Any) -> None:

@@ -3,6 +3,8 @@
 Looks for jobs of this model whose owner stopped refreshing its lease and requeues each
 (exactly one live worker wins each job), so a worker death costs about one lease period,
 not Celery's visibility timeout. A job that lost too many workers fails ``worker_lost``.
+The same watch moves the jobs waiting in dead workers' own queues (``orphan_queues``)
+onto the shared queue.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 
 from kvrelay.protocol import ErrorCode, Failed
 from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.orphan_queues import OrphanQueues
 from kvrelay_worker.periodic import Periodic
 from kvrelay_worker.settings import WorkerSettings
 
@@ -22,8 +25,10 @@ Requeue = Callable[[str, str], None]
 
 
 class Failover:
-    def __init__(self, store: JobStore, settings: WorkerSettings, requeue: Requeue) -> None:
+    def __init__(self, store: JobStore, settings: WorkerSettings, requeue: Requeue,
+                 orphans: OrphanQueues | None = None) -> None:
         self.store = store
+        self.orphans = orphans
         self.requeue = requeue
         self.max_attempts = settings.max_attempts
         self._thread = Periodic("kvrelay-failover", settings.watchdog_interval,
@@ -41,7 +46,13 @@ class Failover:
         self._thread.stop()
 
     def take_over_expired(self) -> None:
-        """Requeue jobs of dead workers (each claimed atomically, so only one requeues it)."""
+        """Requeue jobs of dead workers (each claimed atomically, so only one requeues it)
+        and move the jobs waiting in their own queues to the shared queue."""
+        if self.orphans is not None:
+            try:
+                self.orphans.sweep()
+            except Exception as exc:  # the lease takeover below must still run
+                log.warning("could not move dead workers' queued jobs (%s)", exc)
         for job_id in self.store.expired_candidates():
             status, payload = self.store.check_expired(job_id)
             if status == "requeue" and payload is not None:

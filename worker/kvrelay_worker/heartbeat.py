@@ -5,6 +5,7 @@ removed on shutdown, expiring by itself when the worker dies. The model's admiss
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import redis
@@ -47,5 +48,9 @@ class Heartbeat:
         pipe.set(self.keys.worker_heartbeat(self.worker_id), encode_worker_info(self.info()),
                  px=self.ttl_ms)
         pipe.sadd(self.keys.workers, self.worker_id)
+        # This worker consumes a queue of its own (placement): mark it alive for the
+        # watchdogs that empty dead workers' queues (``orphan_queues``).
+        pipe.zadd(self.keys.worker_queues(self.settings.served_model),
+                  {self.worker_id: int(time.time() * 1000)})
         advertise_admission(pipe, self.settings)
         pipe.execute()

@@ -36,9 +36,11 @@ from kvrelay_worker.job_request import (
 from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.lease_keeper import LeaseKeeper
 from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.orphan_queues import OrphanQueues
 from kvrelay_worker.owned_jobs import OwnedJobs
 from kvrelay_worker.pickup_checks import check_queue_wait
 from kvrelay_worker.publisher import EventItem, Publisher
+from kvrelay_worker.recent_prefixes import RecentPrefixes, prefix_capacity
 from kvrelay_worker.redis_client import worker_redis
 from kvrelay_worker.served_engine import ServedEngine
 from kvrelay_worker.settings import WorkerSettings
@@ -56,8 +58,11 @@ _PUBLISH_GRACE_S = 30.0
 
 class WorkerRuntime:
     def __init__(self, settings: WorkerSettings, requeue: Requeue,
-                 engine: LLMEngine | None = None) -> None:
+                 engine: LLMEngine | None = None, *, own_queue: bool = False) -> None:
         self.settings = settings
+        # Whether Celery consumes this worker's own queue: only then may clients place
+        # jobs on it, so only then does the heartbeat advertise prefixes.
+        self.own_queue = own_queue
         self.requeue = requeue
         self.metrics = WorkerMetrics(settings.served_model)
         self.started_at = time.time()
@@ -87,9 +92,14 @@ class WorkerRuntime:
         self.jobs = OwnedJobs(self.service, self.store)
         self.engine = self.service.start()  # loads the model (on the engine's own thread)
         self.metrics.watch_engine(self.service.stats)
+        engine_stats = self.engine.stats()
+        # What the prefix cache most likely holds, advertised for placement.
+        self.prefixes = RecentPrefixes(prefix_capacity(
+            int(engine_stats["total_blocks"]) * int(engine_stats["block_size"])))
         self.leases = LeaseKeeper(self.store, settings, self.jobs)
         self.heartbeat = Heartbeat(self.redis, settings, self.worker_info)
-        self.failover = Failover(self.store, settings, requeue)
+        self.orphans = OrphanQueues(self.redis, settings, self.heartbeat.ttl_ms / 1000)
+        self.failover = Failover(self.store, settings, requeue, self.orphans)
         self.control = ControlListener(self.redis, settings.keys.control_channel,
                                        on_abort=self.jobs.abort)
         self.draining = False
@@ -133,10 +143,19 @@ class WorkerRuntime:
         self.failover.stop()
         self.leases.stop()
         self.heartbeat.stop()
+        self._release_own_queue()
         self.control.stop()
         self.service.stop()
         self.publisher.stop()
         log.info("kvrelay worker stopped")
+
+    def _release_own_queue(self) -> None:
+        """Hand the jobs placed on this worker to the shared queue (its heartbeat is gone)."""
+        try:
+            self.orphans.move(self.settings.worker_id)
+        except Exception as exc:  # live workers' watchdogs move them anyway
+            log.warning("could not move this worker's queued jobs to the shared queue (%s)",
+                        exc)
 
     def worker_info(self) -> WorkerInfo:
         return WorkerInfo(
@@ -146,6 +165,7 @@ class WorkerRuntime:
             updated_at=time.time(), jobs_running=len(self.jobs), draining=self.draining,
             stats=self.service.stats(), metrics_port=self.metrics_port,
             max_payload_bytes=self.settings.max_payload_bytes,
+            prefix_filter=self.prefixes.advertised() if self.own_queue else "",
         )
 
     # ------------------------------------------------------------------- jobs
@@ -242,6 +262,8 @@ class WorkerRuntime:
             started = Started(seq=0, worker=self.settings.worker_name, attempt=attempt,
                               prompt_tokens=len(prompt_ids))
             self.publisher.put([EventItem(job, started)])
+            if self.settings.enable_prefix_caching:
+                self.prefixes.note(request)
             self.service.submit(job)
             self._wait_for_end(job)
         return job.outcome or "unknown"

@@ -1,0 +1,100 @@
+"""Moving the jobs waiting in a dead worker's own queue onto the model's shared queue.
+
+Placement puts a job on one worker's queue (``Keyspace.worker_queue``); only that worker
+consumes it. When the worker dies, its waiting jobs would wait forever, so the live
+workers' watchdog looks, once per ``watchdog_interval``, at the workers whose heartbeat
+stopped refreshing their entry in ``Keyspace.worker_queues(model)`` and moves each dead
+worker's lists onto the shared queue in one script (the heartbeat is checked inside it,
+so a worker that is merely late keeps its jobs, and two live workers never both move
+the same job).
+
+kombu keeps a queue as one Redis list per priority step (``<name>\\x06\\x16<step>``, the
+plain name for 0): each moves to the same step of the shared queue, at the front (the
+end consumers pop), oldest job next, since these jobs have waited longest. A job the dead
+worker had taken but not acknowledged sits in kombu's unacked hash and is either taken
+over through its lease (failover) or, without one, restored by kombu to the dead
+worker's list after the visibility timeout: the entry is kept until then, so that late
+copy is moved too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Final
+
+import redis
+from kombu.transport.redis import Channel
+
+from kvrelay_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+# KEYS: registry, the worker's heartbeat, then (source, destination) list pairs
+# ARGV: worker id, forget-before (ms) -> jobs moved, or -1 when the worker is alive
+_MOVE: Final = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local moved = 0
+for i = 3, #KEYS, 2 do
+  local items = redis.call('LRANGE', KEYS[i], 0, -1)
+  for first = 1, #items, 1000 do
+    redis.call('RPUSH', KEYS[i + 1], unpack(items, first, math.min(first + 999, #items)))
+  end
+  if #items > 0 then redis.call('DEL', KEYS[i]) end
+  moved = moved + #items
+end
+local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if moved == 0 and seen and tonumber(seen) < tonumber(ARGV[2]) then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return moved
+"""
+
+
+def _priority_lists(queue: str) -> list[str]:
+    """kombu's lists of one queue, one per priority step."""
+    return [queue if step == 0 else f"{queue}{Channel.sep}{step}"
+            for step in Channel.priority_steps]
+
+
+class OrphanQueues:
+    """Finds dead workers' own queues and empties them onto the shared queue."""
+
+    def __init__(self, client: redis.Redis, settings: WorkerSettings,
+                 heartbeat_ttl_s: float) -> None:
+        self.redis = client
+        self.keys = settings.keys
+        self.model = settings.served_model
+        self.heartbeat_ttl_ms = int(heartbeat_ttl_s * 1000)
+        # kombu restores an unacknowledged message after the visibility timeout, on one
+        # of its restore sweeps: the registry keeps a dead worker's entry past that.
+        self.keep_ms = int((settings.visibility_timeout + settings.unacked_restore_interval
+                            * settings.unacked_restore_throttle + 60.0) * 1000)
+        self._script = self.redis.register_script(_MOVE)
+
+    def sweep(self) -> int:
+        """Move the queues of every worker that looks dead; the number of jobs moved."""
+        now_ms = int(time.time() * 1000)
+        registry = self.keys.worker_queues(self.model)
+        stale = self.redis.zrangebyscore(registry, "-inf", now_ms - self.heartbeat_ttl_ms)
+        moved = 0
+        for raw in stale:
+            worker_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            moved += self.move(worker_id, forget_before_ms=now_ms - self.keep_ms)
+        return moved
+
+    def move(self, worker_id: str, *, forget_before_ms: int = 0) -> int:
+        """Move ``worker_id``'s waiting jobs to the shared queue unless it is alive."""
+        pairs: list[str] = []
+        sources = _priority_lists(self.keys.worker_queue(self.model, worker_id))
+        for source, destination in zip(sources, _priority_lists(self.keys.queue(self.model)),
+                                       strict=True):
+            pairs += [source, destination]
+        result = int(self._script(
+            keys=[self.keys.worker_queues(self.model), self.keys.worker_heartbeat(worker_id),
+                  *pairs],
+            args=[worker_id, forget_before_ms]))
+        if result > 0:
+            log.warning("worker %s is gone; moved the %d jobs waiting in its own queue to "
+                        "the shared queue", worker_id, result)
+        return max(result, 0)
