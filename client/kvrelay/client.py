@@ -75,7 +75,7 @@ class AsyncClient(AsyncResource):
             namespace (``KVRELAY_NAMESPACE``) serve it. Empty: the default ``kvrelay:``.
         placement: prefix-aware placement (``kvrelay.placement``): a job goes to the
             queue of the worker that served its prompt's prefix recently, when that worker
-            has room. None: ``$KVRELAY_PLACEMENT`` (on unless false); False: every job
+            has room. None: ``$KVRELAY_PLACEMENT`` (off unless true); False: every job
             goes to the model's shared queue.
         placement_load_cap: a worker takes placed jobs while its running and own-queued
             jobs stay under this multiple of its concurrency.

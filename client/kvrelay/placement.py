@@ -18,8 +18,8 @@ after another never sees its own finished turns as load.
 
 Placement is advisory: a dead worker's queued jobs are moved to the shared queue by the
 live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
-depend on where a job was queued. ``KVRELAY_PLACEMENT=false`` (or
-``AsyncClient(placement=False)``) sends every job to the shared queue.
+depend on where a job was queued. It is off unless ``KVRELAY_PLACEMENT=true`` (or
+``AsyncClient(placement=True)``): the placement benchmark has not yet shown it pays.
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ PLACEMENT_VARIABLE: Final = "KVRELAY_PLACEMENT"
 # A worker whose KV cache is fuller than this would have to evict or preempt to take
 # another prompt: its jobs go to the shared queue.
 MAX_KV_USAGE: Final = 0.95
-_FALSE: Final = frozenset({"0", "false", "no", "off"})
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
 # Placed jobs remembered until their stream ends; past this many the oldest are forgotten.
 _MAX_TRACKED: Final = 100_000
 
 
 def placement_enabled(flag: bool | None) -> bool:
-    """``flag`` when given, else ``$KVRELAY_PLACEMENT`` (on unless 0/false/no/off)."""
+    """``flag`` when given, else ``$KVRELAY_PLACEMENT`` (off unless 1/true/yes/on)."""
     if flag is not None:
         return flag
-    return os.environ.get(PLACEMENT_VARIABLE, "").strip().lower() not in _FALSE
+    return os.environ.get(PLACEMENT_VARIABLE, "").strip().lower() in _TRUE
 
 
 @dataclass(slots=True)

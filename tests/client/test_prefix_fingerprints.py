@@ -108,7 +108,7 @@ def test_filter_false_positives_stay_rare_at_its_cap() -> None:
 
 def test_switch_reads_the_keyword_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PLACEMENT_VARIABLE, raising=False)
-    assert placement_enabled(None) is True
+    assert placement_enabled(None) is False  # off by default
     monkeypatch.setenv(PLACEMENT_VARIABLE, "false")
     assert placement_enabled(None) is False
     assert placement_enabled(True) is True

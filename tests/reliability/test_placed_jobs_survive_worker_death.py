@@ -48,7 +48,7 @@ async def test_jobs_in_a_killed_workers_own_queue_complete_elsewhere(
     assert info is not None
     first_id = str(info["worker_id"])
     # A cap the one-slot worker stays under with the long job and the waiting ones.
-    async with AsyncClient(url, model=MODEL, stream_timeout=300,
+    async with AsyncClient(url, model=MODEL, stream_timeout=300, placement=True,
                            placement_load_cap=float(WAITING + 2)) as client:
         seed = await client.generate(prompt_token_ids=[*prefix, 1, 2], max_tokens=2,
                                      temperature=0.0, ignore_eos=True)

@@ -55,7 +55,7 @@ async def test_a_repeated_prefix_goes_back_to_the_worker_that_served_it(
     url = clean_redis_url
     workers = [start_worker("w1", concurrency=2), start_worker("w2", concurrency=2)]
     prefix = _prefix(1)
-    async with AsyncClient(url, model=MODEL, stream_timeout=120) as client:
+    async with AsyncClient(url, model=MODEL, stream_timeout=120, placement=True) as client:
         seed = await _generate(client, [*prefix, 5, 6, 7])
         holder = _ran_on(seed, workers)
         await wait_advertised(url, _worker_id(holder), prompt_fingerprints(
@@ -77,7 +77,7 @@ async def test_a_busy_holder_or_the_switch_off_sends_jobs_to_the_shared_queue(
     url = clean_redis_url
     workers = [start_worker("w1", concurrency=1), start_worker("w2", concurrency=1)]
     prefix = _prefix(2)
-    async with AsyncClient(url, model=MODEL, stream_timeout=300) as client:
+    async with AsyncClient(url, model=MODEL, stream_timeout=300, placement=True) as client:
         seed = await _generate(client, [*prefix, 5, 6, 7])
         holder = _ran_on(seed, workers)
         other = next(worker for worker in workers if worker is not holder)
@@ -100,7 +100,7 @@ async def test_a_busy_holder_or_the_switch_off_sends_jobs_to_the_shared_queue(
                                placement_load_cap=10.0) as off:
             assert _ran_on(await _generate(off, prefix + [12] * 8), workers) is other
         # Control: a cap the holder is under places the job behind the long one.
-        async with AsyncClient(url, model=MODEL, stream_timeout=300,
+        async with AsyncClient(url, model=MODEL, stream_timeout=300, placement=True,
                                placement_load_cap=10.0) as roomy:
             queued = asyncio.create_task(_generate(roomy, prefix + [13] * 8))
             await asyncio.sleep(2.0)
