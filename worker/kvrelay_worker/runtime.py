@@ -24,6 +24,7 @@ from kvrelay.protocol import (
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.control_listener import ControlListener
 from kvrelay_worker.engine.config import EngineConfig
+from kvrelay_worker.engine.cpu_threads import describe_cpu_threads
 from kvrelay_worker.engine.llm_engine import LLMEngine
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.failover import Failover, Requeue
@@ -97,9 +98,10 @@ class WorkerRuntime:
         self.heartbeat.start()
         self.failover.start()
         stats = self.engine.stats()
-        log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens",
-                 self.settings.worker_id, self.settings.served_model, self.engine.device,
-                 stats["total_blocks"], stats["block_size"])
+        log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens; "
+                 "CPU threads: %s", self.settings.worker_id, self.settings.served_model,
+                 self.engine.device, stats["total_blocks"], stats["block_size"],
+                 describe_cpu_threads())
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop taking jobs; let running ones finish within ``grace``; hand back the rest."""
