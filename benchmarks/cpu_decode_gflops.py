@@ -18,7 +18,8 @@ finishes), every engine step timed. Decode: ``--batch`` other requests prefill u
 then ``--steps`` steps in which every sequence decodes one token are timed. GFLOP/s =
 counted FLOPs / wall time of the engine steps (scheduling, sampling and detokenisation
 included: what a server sees); the model's share (``ModelRunner.execute``) is also given.
-``--profile`` adds a ``torch.profiler`` table of three decode steps.
+``--profile`` adds a ``torch.profiler`` table of three decode steps, ``--gemm`` each
+matmul's GFLOP/s alone at decode's and prefill's row counts.
 
     python benchmarks/cpu_decode_gflops.py                  # batch 48, ~220-token prompts
     python benchmarks/cpu_decode_gflops.py --quick          # a smoke run
@@ -195,6 +196,51 @@ def profile_decode(engine: Any, steps: int) -> str:
     return table
 
 
+# --------------------------------------------------------------------------- GEMMs alone
+
+
+def gemm_shapes(config: Any) -> dict[str, tuple[int, int]]:
+    """``name -> (out, in)`` of each dense matmul one token goes through."""
+    hidden = config.hidden_size
+    return {"qkv_proj": (config.q_size + 2 * config.kv_size, hidden),
+            "o_proj": (hidden, config.q_size),
+            "gate_up_proj": (2 * config.intermediate_size, hidden),
+            "down_proj": (hidden, config.intermediate_size),
+            "lm_head": (config.vocab_size, hidden)}
+
+
+def gemm_table(config: Any, rows: Sequence[int], reps: int = 10) -> list[dict[str, Any]]:
+    """GFLOP/s of ``F.linear`` at each shape for ``rows`` tokens (the 20th-percentile time
+    of ``reps``: the machine is shared), with the arithmetic intensity in float32."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    for name, (n, k) in gemm_shapes(config).items():
+        weight = torch.randn(n, k) * 0.02
+        for m in rows:
+            x = torch.randn(m, k)
+            F.linear(x, weight)
+            times = []
+            for _ in range(reps):
+                start = time.perf_counter()
+                F.linear(x, weight)
+                times.append(time.perf_counter() - start)
+            best = sorted(times)[len(times) // 5]
+            flops = 2 * m * n * k
+            out.append({"matmul": name, "rows": m, "ms": best * 1e3,
+                        "gflops": flops / best / 1e9,
+                        "flop_per_byte": flops / (4 * (n * k + m * k + m * n))})
+    return out
+
+
+def format_gemm_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [f"{'matmul':<13} {'rows':>5} {'ms':>8} {'GFLOP/s':>8} {'flop/byte':>9}"]
+    lines += [f"{r['matmul']:<13} {r['rows']:>5} {r['ms']:>8.3f} {r['gflops']:>8.1f} "
+              f"{r['flop_per_byte']:>9.1f}" for r in rows]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -234,6 +280,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as is)")
     parser.add_argument("--profile", action="store_true",
                         help="print a torch.profiler table of 3 decode steps")
+    parser.add_argument("--gemm", action="store_true",
+                        help="also time each matmul alone at --batch and --budget rows")
     parser.add_argument("--quick", action="store_true", help="batch 8, 4 steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=RESULTS / "cpu-decode-gflops.json")
@@ -270,8 +318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(prefill, decode))
     if decode["profile"]:
         print(decode["profile"])
+    gemms = gemm_table(engine.model.config, (args.batch, args.budget)) if args.gemm else []
+    if gemms:
+        print(format_gemm_table(gemms))
     result = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "environment": env, "prefill": prefill, "decode": decode,
+              "environment": env, "prefill": prefill, "decode": decode, "gemms": gemms,
               "decode_over_prefill": decode["gflops"] / prefill["gflops"],
               "decode_over_prefill_model": decode["gflops_model"] / prefill["gflops_model"],
               "flops_formula": "2*matmul_params*tokens + 2*vocab*hidden*sampled_rows "
