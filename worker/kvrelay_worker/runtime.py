@@ -120,9 +120,18 @@ class WorkerRuntime:
         self.heartbeat.start()
         self.failover.start()
         stats = self.engine.stats()
-        log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens",
-                 self.settings.worker_id, self.settings.served_model, self.engine.device,
-                 stats["total_blocks"], stats["block_size"])
+        log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens; "
+                 "CPU threads: %s", self.settings.worker_id, self.settings.served_model,
+                 self.engine.device, stats["total_blocks"], stats["block_size"],
+                 self._cpu_threads())
+
+    def _cpu_threads(self) -> str:
+        """The torch thread settings for the ready line (a simulated worker has no torch)."""
+        if self.settings.simulated:
+            return "none (simulated engine)"
+        from kvrelay_worker.engine.cpu_threads import describe_cpu_threads  # imports torch
+
+        return describe_cpu_threads()
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop taking jobs; let running ones finish within ``grace``; hand back the rest."""

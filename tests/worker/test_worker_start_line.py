@@ -1,0 +1,63 @@
+"""The worker's start line says which CPU threading its engine runs under (issue 18)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+from helpers.worker_process import WorkerProcess
+
+from kvrelay_worker.engine.cpu_threads import (
+    THREAD_ENV_VARS,
+    cpu_thread_settings,
+    describe_cpu_threads,
+)
+
+
+def test_the_settings_name_both_pools_and_every_thread_variable_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_PROC_BIND", "close")
+    monkeypatch.setenv("KMP_AFFINITY", "granularity=fine,compact")
+    settings = cpu_thread_settings()
+    assert settings["intra_op_threads"] == torch.get_num_threads()
+    assert settings["inter_op_threads"] == torch.get_num_interop_threads()
+    assert settings["OMP_PROC_BIND"] == "close"
+    assert "OMP_NUM_THREADS" not in settings
+    line = describe_cpu_threads()
+    assert line.startswith(f"intra-op {torch.get_num_threads()}, "
+                           f"inter-op {torch.get_num_interop_threads()}, of ")
+    assert line.endswith("OMP_PROC_BIND=close KMP_AFFINITY=granularity=fine,compact")
+
+
+def test_without_thread_variables_the_line_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert describe_cpu_threads().endswith("no OMP/KMP/MKL variables set")
+
+
+def _ready_line(worker: WorkerProcess, timeout: float = 30.0) -> str:
+    """The worker logs its ready line just after its first heartbeat: wait for it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in worker.log_path.read_text(errors="replace").splitlines():
+            if "kvrelay worker" in line and " ready: " in line:
+                return line
+        time.sleep(0.1)
+    raise AssertionError(f"no ready line in the worker's log:\n{worker.tail()}")
+
+
+@pytest.mark.integration
+def test_a_real_workers_start_line_carries_its_thread_settings(
+        start_worker: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    # The worker process inherits these; torch sizes its intra-op pool from the first.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")
+    line = _ready_line(start_worker("threads"))
+    assert "CPU threads: intra-op 1, inter-op " in line, line
+    assert "OMP_NUM_THREADS=1 KMP_BLOCKTIME=0" in line, line
