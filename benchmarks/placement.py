@@ -68,27 +68,10 @@ def _text(rng: random.Random, words: int) -> str:
 
 def random_small_model(folder: Path, seed: int = 0) -> Path:
     """Write (once) the ``random-small`` model into ``folder``."""
-    if (folder / "config.json").is_file():
-        return folder
-    import shutil
+    from tiny_model import make_random_llama
 
-    import torch
-    from tiny_model import _TOKENIZER_FILES
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from kvrelay_worker.loading import prepare_model
-
-    smollm2 = prepare_model("smollm2-135m-instruct", progress=False)
-    config = LlamaConfig(vocab_size=49152, max_position_embeddings=4096,
-                         initializer_range=0.05, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=2, **_RANDOM_SMALL)
-    torch.manual_seed(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    for name in _TOKENIZER_FILES:
-        if (smollm2 / name).is_file():
-            shutil.copyfile(smollm2 / name, folder / name)
-    return folder
+    return make_random_llama(folder, {**_RANDOM_SMALL, "max_position_embeddings": 4096,
+                                      "initializer_range": 0.05}, seed)
 
 
 def make_workload(args: argparse.Namespace) -> Workload:
