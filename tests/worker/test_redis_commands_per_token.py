@@ -40,7 +40,7 @@ def test_event_writes_cost_what_the_design_says(
     worker = start_worker("w", concurrency=JOBS, lease_ttl=30, lease_refresh=REFRESH_S)
     client = redis.Redis.from_url(clean_redis_url)
     try:
-        steps_before = int(worker.info()["stats"]["steps"])  # type: ignore[index]
+        steps_before = int(worker.wait_for_stats(lambda s: True)["steps"])
         before = _calls(client)
         started = time.monotonic()
         requests = [GenerateRequest(job_id=uuid.uuid4().hex, model=MODEL,
@@ -52,7 +52,9 @@ def test_event_writes_cost_what_the_design_says(
         logs = [wait_terminal(clean_redis_url, r.job_id, 120) for r in requests]
         after = _calls(client)
         elapsed = time.monotonic() - started
-        steps = _steps_after(worker, steps_before)
+        # A heartbeat written after every job ended (an older one may predate the run).
+        steps = int(worker.wait_for_stats(lambda s: s.get("jobs", 1) == 0)["steps"]) \
+            - steps_before
     finally:
         client.close()
     assert all(isinstance(log[-1], Finished) for log in logs)
@@ -78,17 +80,3 @@ def test_event_writes_cost_what_the_design_says(
     refreshes = math.ceil(elapsed / REFRESH_S) + 1
     assert delta("get") <= JOBS * (2 + refreshes)
     assert delta("expire") <= 5 * JOBS < events
-
-
-def _steps_after(worker: WorkerProcess, before: int, timeout: float = 20.0) -> int:
-    """Engine steps since ``before``, once a heartbeat reports the idle engine's count."""
-    deadline = time.monotonic() + timeout
-    last = -1
-    while time.monotonic() < deadline:
-        info = worker.info()
-        steps = int(info["stats"]["steps"]) if info else -1  # type: ignore[index]
-        if steps == last and info is not None and int(info["stats"].get("jobs", 1)) == 0:
-            return steps - before
-        last = steps
-        time.sleep(1.2)
-    raise TimeoutError("the worker's heartbeat did not settle")
