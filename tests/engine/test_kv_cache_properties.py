@@ -28,6 +28,13 @@ it was copied or a wrong block table after swap-in reads a wrong identity. A swa
 sequence holds no device block and exactly its host blocks, resumes with the computed
 tokens it had, and host reference counts are checked like device ones: no host block
 leaks, whatever is aborted.
+
+Some runs speculate: before each step every decoding sequence gets 0-3 random draft
+tokens; the fake model writes their identities (context plus drafts) like any token's,
+and a random number of them is accepted (the sampled token then differs from the next
+draft, as a real verification's would). A rejected draft's KV has a wrong identity for
+the sequence's real tokens, so counting it as computed, or caching a block holding it,
+shows up as a wrong read later.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.preemption import PreemptionPolicy, SwapCostModel
 from kvrelay_worker.engine.prefill_pacing import PrefillPacer
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
+from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.step_cost import StepShape
 from kvrelay_worker.engine.stop_conditions import StopConditions
@@ -98,10 +105,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         block_bytes=st.sampled_from([1, 2, 3, 4]),
         # A latency target (ms of synthetic_step_ms) sizing prompt chunks, or none.
         target_ms=st.sampled_from([None, None, 0.5, 3.0]),
+        speculate=st.booleans(),
     )
     def setup(self, num_blocks: int, max_num_seqs: int, budget: int, chunked: bool,
               caching: bool, window: int | None, mode: str, host_blocks: int,
-              block_bytes: int, target_ms: float | None) -> None:
+              block_bytes: int, target_ms: float | None, speculate: bool) -> None:
+        self.speculate = speculate
         # As the engine guarantees: one sequence of max_model_len fits the pool, and
         # without chunked prefill one step's budget fits a whole sequence.
         self.max_len = min(num_blocks * BLOCK_SIZE, 40)
@@ -181,8 +190,28 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.live.remove(seq)
         self.finished.append(seq)
 
-    def _identity(self, seq: Sequence, position: int) -> Identity:
-        return (seq.cache_salt, tuple(seq.token_ids[: position + 1]))
+    def _identity(self, seq: Sequence, position: int,
+                  drafts: tuple[int, ...] = ()) -> Identity:
+        return (seq.cache_salt, tuple([*seq.token_ids, *drafts][: position + 1]))
+
+    def _propose(self, rng: random.Random) -> None:
+        """Random drafts for the decoding sequences, as a proposer would set them."""
+        for seq in self.live:
+            seq.draft_token_ids = []
+        if not self.speculate:
+            return
+        for seq in self.sched.running:
+            if seq.num_tokens - seq.num_computed_tokens == 1:
+                seq.draft_token_ids = [rng.randrange(ALPHABET)
+                                       for _ in range(rng.randrange(4))]
+
+    def _verify(self, rng: random.Random, item: ScheduledSequence) -> tuple[int, int]:
+        """(accepted drafts, sampled token) of a verification, as a real one could end."""
+        accepted = rng.randrange(len(item.drafts) + 1)
+        if accepted == len(item.drafts):
+            return accepted, rng.randrange(ALPHABET)
+        rejected = item.drafts[accepted]
+        return accepted, rng.choice([t for t in range(ALPHABET) if t != rejected])
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
@@ -202,6 +231,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         waiting_before = set(self.sched.waiting_sequences())
         swapped_before = {seq: seq.num_computed_tokens for seq in waiting_before
                           if seq.status is SequenceStatus.SWAPPED}
+        self._propose(rng)
         out = self.sched.schedule()
         self.num_steps += 1
         self._check_schedule(out, waiting_before)
@@ -224,27 +254,42 @@ class SchedulerMachine(RuleBasedStateMachine):
                 block = pool.blocks[seq.block_table[position // BLOCK_SIZE]]
                 assert block.ref_cnt == 1, "writing into a block another sequence holds"
                 assert block.block_hash is None, "writing into a published (cached) block"
-                self.kv_content[self._slot(seq, position)] = self._identity(seq, position)
-        sampling = [item.seq for item in out.scheduled if item.samples]
-        for seq in sampling:
-            assert seq.num_computed_tokens + next(
-                i.num_new_tokens for i in out.scheduled if i.seq is seq) == seq.num_tokens
-        tokens = [rng.randrange(ALPHABET) for _ in sampling]
+                self.kv_content[self._slot(seq, position)] = self._identity(
+                    seq, position, item.drafts)
+        items = [item for item in out.scheduled if item.samples]
+        sampling = [item.seq for item in items]
+        for item in items:
+            assert (item.seq.num_computed_tokens + item.num_new_tokens - len(item.drafts)
+                    == item.seq.num_tokens)
+        verdicts = [self._verify(rng, item) for item in items]
+        tokens = [token for _, token in verdicts]
+        accepted = [n for n, _ in verdicts]
         stops = {seq.seq_id: rng.random() < stop_chance for seq in sampling}
+        before = [(seq.num_tokens, seq.num_output_tokens) for seq in sampling]
         grown = self.sched.update_from_output(out.scheduled, tokens,
-                                              lambda seq, _token: stops[seq.seq_id])
+                                              lambda seq, _token: stops[seq.seq_id],
+                                              accepted)
         self.sched.observe_step(out, synthetic_step_ms(out.shape))
         assert grown == sampling
-        for seq, token in zip(sampling, tokens, strict=True):
-            assert seq.token_ids[-1] == token
-            length_done = (seq.num_output_tokens >= (seq.params.max_tokens or 0)
-                           or seq.num_tokens >= self.max_len)
-            if stops[seq.seq_id]:
-                expected: SequenceStatus | None = SequenceStatus.FINISHED_STOPPED
-            else:
-                expected = SequenceStatus.FINISHED_LENGTH if length_done else None
+        for item, (n, token), (num_tokens, num_out) in zip(items, verdicts, before,
+                                                          strict=True):
+            seq = item.seq
+            expected: SequenceStatus | None = None
+            appended: list[int] = []
+            for t in [*item.drafts[:n], token]:  # each appended token is checked in turn
+                appended.append(t)
+                length_done = (num_out + len(appended) >= (seq.params.max_tokens or 0)
+                               or num_tokens + len(appended) >= self.max_len)
+                if stops[seq.seq_id]:
+                    expected = SequenceStatus.FINISHED_STOPPED
+                elif length_done:
+                    expected = SequenceStatus.FINISHED_LENGTH
+                if expected is not None:
+                    break
+            assert seq.token_ids[num_tokens:] == appended
             if expected is None:
                 assert not seq.is_finished
+                assert seq.num_computed_tokens == seq.num_tokens - 1
             else:
                 assert seq.status is expected
                 assert list(seq.block_table) == []
@@ -264,7 +309,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert item.num_new_tokens >= 1
             assert seq.status is SequenceStatus.RUNNING
             assert seq in sched.running
-            assert seq.num_computed_tokens + item.num_new_tokens <= seq.num_tokens
+            assert (seq.num_computed_tokens + item.num_new_tokens - len(item.drafts)
+                    <= seq.num_tokens)
+            if item.drafts:  # a decoding sequence's proposed drafts, in order
+                assert seq.num_computed_tokens == seq.num_tokens - 1
+                assert list(item.drafts) == seq.draft_token_ids[: len(item.drafts)]
             if not sched.enable_chunked_prefill:
                 assert item.samples, "without chunked prefill a prompt runs whole"
             assert seq.num_cached_tokens >= 0

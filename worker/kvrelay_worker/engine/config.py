@@ -79,6 +79,11 @@ class EngineConfig:
     # The fewest prompt tokens a step with a prompt to compute gives it under the target
     # (at most max_num_batched_tokens).
     min_prefill_chunk: int = 32
+    # Speculative decoding: "off", "ngram" or "draft:<model>"; k and the n-gram range.
+    speculative: str = "off"
+    num_speculative_tokens: int = 4
+    speculative_ngram_min: int = 2
+    speculative_ngram_max: int = 4
 
     def __post_init__(self) -> None:
         self.validate()
@@ -156,3 +161,14 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+    @property
+    def speculative_method(self) -> str:
+        """"off", "ngram" or "draft"."""
+        return self.speculative.split(":", 1)[0] if self.speculative else "off"
+
+    @property
+    def speculative_draft_model(self) -> str | None:
+        if self.speculative_method != "draft":
+            return None
+        return self.speculative.split(":", 1)[1]

@@ -232,6 +232,20 @@ class KVCacheManager:
         self.pool.free(reversed(blocks[released:]))
         del seq.block_table[:]
 
+    def free_blocks_after(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first ``num_tokens`` slots (rejected drafts' room).
+
+        Such blocks hold no computed token, so none is cached or shared with a prefix.
+        """
+        blocks = self._blocks.get(seq.seq_id)
+        keep = self.blocks_for_tokens(num_tokens)
+        if not blocks or len(blocks) <= keep:
+            return
+        tail = blocks[keep:]
+        del blocks[keep:]
+        del seq.block_table[keep:]
+        self.pool.free(reversed(tail))
+
     # ------------------------------------------------------------------------ swap
 
     def detach_for_swap(self, seq: Sequence) -> tuple[list[int], int]:

@@ -47,6 +47,8 @@ from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder, build_sam
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.speculative.speculator import Speculator
+from kvrelay_worker.engine.speculative.verification import accepted_length
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
@@ -78,10 +80,12 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, config: EngineConfig, model: CausalLM, tokenizer: Any,
-                   model_id: str = "custom") -> LLMEngine:
-        """An engine around an already built model (random-weight benchmarks, tests)."""
+                   model_id: str = "custom", *,
+                   draft_model: CausalLM | None = None) -> LLMEngine:
+        """An engine around an already built model (random-weight benchmarks, tests);
+        ``draft_model`` is the draft when ``config.speculative`` is ``draft:...``."""
         engine = cls.__new__(cls)
-        engine._setup(config, model, tokenizer, model_id)
+        engine._setup(config, model, tokenizer, model_id, draft_model)
         return engine
 
     @staticmethod
@@ -108,7 +112,7 @@ class LLMEngine:
         return min(max_len, windowed)
 
     def _setup(self, config: EngineConfig, model: CausalLM, tokenizer: Any,
-               model_id: str) -> None:
+               model_id: str, draft_model: CausalLM | None = None) -> None:
         bind_device(config.torch_device)
         self.config = config
         self.model = model
@@ -159,11 +163,32 @@ class LLMEngine:
         self.sampler = Sampler(generator)
         self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
                                                      self.device)
+        self.speculator = self._speculator(config, max_len, draft_model)
         self.requests: dict[str, RequestState] = {}
         self.beam_groups: dict[str, BeamGroup] = {}
         self._pending: list[StepOutput] = []
         self._arrivals = itertools.count()
         self.num_steps = 0
+
+    def _speculator(self, config: EngineConfig, max_len: int,
+                    draft_model: CausalLM | None) -> Speculator | None:
+        method = config.speculative_method
+        if method == "off":
+            return None
+        draft = None
+        if method == "draft":
+            from kvrelay_worker.engine.speculative.draft_model import DraftModel
+
+            name = config.speculative_draft_model or "draft"
+            draft = (DraftModel.of_model(draft_model, config, self.vocab_size,
+                                         self.kv.num_blocks, name)
+                     if draft_model is not None else
+                     DraftModel.load(name, config, self.vocab_size, max_len,
+                                     self.kv.num_blocks))
+        return Speculator(max_drafts=config.num_speculative_tokens,
+                          ngram_min=config.speculative_ngram_min,
+                          ngram_max=config.speculative_ngram_max,
+                          max_model_len=max_len, draft=draft)
 
     @staticmethod
     def _pacer(config: EngineConfig) -> PrefillPacer | None:
@@ -321,6 +346,8 @@ class LLMEngine:
         """
         outputs, self._pending = self._pending, []
         started = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self._prefill_estimate())
         sched = self.scheduler.schedule()
         # Before the forward pass, which may write the blocks a swap-out just freed.
         copy_to_host(self.runner.kv_caches, self.host_kv_caches, sched.swap_out)
@@ -339,7 +366,10 @@ class LLMEngine:
         else:
             self._update(sched.scheduled, sampled, touched)
             # The whole step, as a decoding stream waits for it (tokens are on the host).
-            self.scheduler.observe_step(sched, (time.perf_counter() - started) * 1e3)
+            ms = (time.perf_counter() - started) * 1e3
+            self.scheduler.observe_step(sched, ms)
+            if self.speculator is not None:
+                self.speculator.observe_step(sched.num_batched_tokens, ms)
         for request_id, state in touched.items():
             outputs.append(state.step_output())
             if state.finished:
@@ -347,13 +377,30 @@ class LLMEngine:
                 self.beam_groups.pop(request_id, None)
         return outputs
 
+    def _prefill_estimate(self) -> int:
+        """Prompt tokens the next step will likely compute (for the speculation policy)."""
+        pending = sum(s.num_tokens - s.num_computed_tokens for s in self.scheduler.running
+                      if s.num_tokens - s.num_computed_tokens > 1)
+        if self.scheduler.num_waiting:
+            pending += self.config.max_num_batched_tokens
+        return min(pending, self.config.max_num_batched_tokens)
+
     def _execute_and_sample(self, scheduled: Seq[ScheduledSequence]) -> SamplerOutput | None:
-        """Run the model on ``scheduled`` and sample its sampling rows; changes no sequence."""
+        """Run the model on ``scheduled`` and sample its sampling rows; changes no sequence.
+
+        A sequence verifying drafts has one row per draft plus one, each sampled as its
+        output position would be without speculation (``speculative/verification.py``).
+        """
         logits = self.runner.execute(scheduled)
-        sampling = [item.seq for item in scheduled if item.samples]
+        sampling: list[Sequence] = []
+        offsets: list[int] = []
+        for item in scheduled:
+            for j in range(item.num_sampling_rows):
+                sampling.append(item.seq)
+                offsets.append(j)
         if not sampling:
             return None
-        result = self.sampler(logits, self.sampling_batches.build(sampling))
+        result = self.sampler(logits, self.sampling_batches.build(sampling, offsets))
         beams = [row for row, seq in enumerate(sampling) if seq.params.is_beam_search]
         if beams:  # what beam search ranks: log_softmax of the raw logits, as transformers
             result.beam_log_probs = logits[beams].float().log_softmax(dim=-1).cpu()
@@ -363,7 +410,19 @@ class LLMEngine:
     def _update(self, scheduled: Seq[ScheduledSequence], result: SamplerOutput | None,
                 touched: dict[str, RequestState]) -> None:
         """Let the scheduler apply the step, then record each new token for its request."""
-        tokens = result.token_ids if result is not None else []
+        rows = result.token_ids if result is not None else []
+        sampling = [item for item in scheduled if item.samples]
+        tokens: list[int] = []
+        accepted: list[int] = []
+        first_rows: list[int] = []
+        row = 0
+        for item in sampling:  # each item's target token follows its accepted drafts
+            n = accepted_length(rows[row : row + len(item.drafts) + 1], item.drafts)
+            first_rows.append(row)
+            accepted.append(n)
+            tokens.append(rows[row + n])
+            row += len(item.drafts) + 1
+        before = [item.seq.num_tokens for item in sampling]
         detok_failures: dict[str, Exception] = {}
 
         def stop_string(seq: Sequence, token: int) -> bool:
@@ -374,29 +433,35 @@ class LLMEngine:
                 detok_failures.setdefault(seq.request_id, exc)
                 return False
 
-        grown = self.scheduler.update_from_output(scheduled, tokens, stop_string)
+        grown = self.scheduler.update_from_output(scheduled, tokens, stop_string, accepted)
         if result is not None and result.beam_log_probs is not None:
-            self._advance_beams(grown, result, touched)
-        for row, seq in enumerate(grown):
+            self._advance_beams(grown, first_rows, result, touched)
+        for i, seq in enumerate(grown):
+            if sampling[i].drafts and self.speculator is not None:
+                self.speculator.verified(seq, len(sampling[i].drafts), accepted[i])
             if seq.params.is_beam_search:
                 continue
             # A scheduled sequence's request is always here: requests leave only once
             # every choice is finished, and a finished sequence is never scheduled.
             state = self.requests[seq.request_id]
             assert result is not None
-            self._record_token(state.choices[seq.choice_index], result, row)
+            for j in range(seq.num_tokens - before[i]):  # accepted drafts, then its own
+                self._record_token(state.choices[seq.choice_index], result,
+                                   first_rows[i] + j)
             touched[seq.request_id] = state
         for request_id, exc in detok_failures.items():
             self._fail_request(request_id, exc, touched)
 
-    def _advance_beams(self, grown: list[Sequence], result: SamplerOutput,
-                       touched: dict[str, RequestState]) -> None:
+    def _advance_beams(self, grown: list[Sequence], first_rows: list[int],
+                       result: SamplerOutput, touched: dict[str, RequestState]) -> None:
         """Hand each beam its row; step every beam search whose beams all have one."""
         assert result.beam_log_probs is not None
+        seq_of_row = {row: seq for row, seq in zip(first_rows, grown, strict=True)}
         ready: list[BeamGroup] = []
         for i, row in enumerate(result.beam_rows):
-            group = self.beam_groups[grown[row].request_id]
-            group.add_row(grown[row], result.beam_log_probs[i])
+            beam = seq_of_row[row]  # a beam never verifies drafts: its one row
+            group = self.beam_groups[beam.request_id]
+            group.add_row(beam, result.beam_log_probs[i])
             if group.ready and group not in ready:
                 ready.append(group)
         for group in ready:
@@ -493,4 +558,5 @@ class LLMEngine:
             "steps": self.num_steps,
             "max_model_len": self.max_model_len,
             "block_size": self.config.block_size,
+            **(self.speculator.stats.as_dict() if self.speculator is not None else {}),
         }

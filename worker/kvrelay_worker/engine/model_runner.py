@@ -102,13 +102,17 @@ class ModelRunner:
             query_lens[i] = n
             table = seq.block_table
             tables[i, : len(table)] = table
+            drafts = item.drafts
             if n == 1:
                 input_ids.append(seq.token_ids[start])
+            elif drafts:  # the real next token, then the drafts to verify
+                input_ids.extend(seq.token_ids[start : start + n - len(drafts)])
+                input_ids.extend(drafts)
             else:
                 input_ids.extend(seq.token_ids[start : start + n])
             offset += n
             if item.samples:
-                sampling_rows.append(offset - 1)
+                sampling_rows.extend(range(offset - 1 - len(drafts), offset))
         seq_lens = starts + query_lens
         ends = np.cumsum(query_lens)
         if offset == num_seqs:  # pure decode: one token per sequence
@@ -154,7 +158,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:
-        """Run the batch; return logits ``[num_sampling_seqs, vocab]`` in float32."""
+        """Run the batch; return logits ``[num_sampling_rows, vocab]`` in float32: one row
+        per sampling sequence, plus one per draft token of a sequence verifying drafts."""
         host = self.prepare_host(scheduled)
         if self.decode_runner is not None and self.decode_runner.handles(host):
             return self.decode_runner.run(host)

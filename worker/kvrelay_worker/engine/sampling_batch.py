@@ -79,9 +79,15 @@ class SamplingBatchBuilder:
         penalty_rows = self._penalties.num_tracked if self._penalties is not None else 0
         return len(self._tables) + penalty_rows
 
-    def build(self, seqs: Seq[Sequence]) -> SamplingBatch:
-        """One row per sequence, in order; tensors for unused features stay ``None``."""
+    def build(self, seqs: Seq[Sequence], offsets: Seq[int] | None = None) -> SamplingBatch:
+        """One row per sequence, in order; tensors for unused features stay ``None``.
+
+        ``offsets[row]`` > 0 makes a row sample as if that many more output tokens came
+        before it (speculative decoding's rows after draft tokens): its seeded noise and
+        ``min_tokens`` ban follow that position. Such rows carry no penalty or grammar.
+        """
         self._release_finished()
+        shift = list(offsets) if offsets is not None else [0] * len(seqs)
         params = [s.params for s in seqs]
         greedy = [p.greedy for p in params]
         device = self.device
@@ -100,13 +106,14 @@ class SamplingBatchBuilder:
             if any(p.min_p > 0.0 for p in params):
                 batch.min_p = _row_tensor([p.min_p for p in params], device)
             batch.seeded_rows = tuple(
-                (row, noise_seed(s.params.seed, s.choice_index, s.num_output_tokens))
+                (row, noise_seed(s.params.seed, s.choice_index,
+                                 s.num_output_tokens + shift[row]))
                 for row, s in enumerate(seqs)
                 if s.params.seed is not None and not s.params.greedy
             )
         if any(p.needs_penalties for p in params):
             self._add_penalties(batch, seqs)
-        self._add_bias_and_bans(batch, seqs)
+        self._add_bias_and_bans(batch, seqs, shift)
         constrained = [(row, s.grammar) for row, s in enumerate(seqs) if s.grammar is not None]
         if constrained:
             batch.grammar_bitmask, batch.grammar_rows = self._grammar_mask.fill(
@@ -148,13 +155,14 @@ class SamplingBatchBuilder:
             self._tables[seq.seq_id] = entry
         return entry[1]
 
-    def _add_bias_and_bans(self, batch: SamplingBatch, seqs: Seq[Sequence]) -> None:
+    def _add_bias_and_bans(self, batch: SamplingBatch, seqs: Seq[Sequence],
+                           shift: Seq[int]) -> None:
         bias: list[tuple[int, RequestTokenTables]] = []
         bans: list[tuple[int, RequestTokenTables]] = []
         for row, s in enumerate(seqs):
             p = s.params
             # A grammar alone decides where a constrained row may end (EOS included).
-            banning = s.num_output_tokens < p.min_tokens and s.grammar is None
+            banning = s.num_output_tokens + shift[row] < p.min_tokens and s.grammar is None
             if not p.logit_bias and not banning:
                 continue
             tables = self._tables_of(s)

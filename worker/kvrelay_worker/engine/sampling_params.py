@@ -66,6 +66,7 @@ class SamplingParams:
     beam_width: int = _WIRE.beam_width
     length_penalty: float = _WIRE.length_penalty
     early_stopping: bool | str = _WIRE.early_stopping
+    speculative: bool = True
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:

@@ -55,13 +55,22 @@ StopStringCheck = Callable[[Sequence, int], bool]
 
 @dataclass
 class ScheduledSequence:
+    """A sequence's share of a step: ``num_new_tokens`` queries, the last ``len(drafts)``
+    of them draft tokens to verify (speculative decoding) after its one real new token."""
+
     seq: Sequence
     num_new_tokens: int
+    drafts: tuple[int, ...] = ()
 
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the end of the sequence, so a token is sampled."""
         return self.seq.num_computed_tokens + self.num_new_tokens >= self.seq.num_tokens
+
+    @property
+    def num_sampling_rows(self) -> int:
+        """Logit rows this item yields: one per draft plus the target's own next token."""
+        return len(self.drafts) + 1 if self.samples else 0
 
 
 @dataclass
@@ -164,30 +173,52 @@ class Scheduler:
     # ------------------------------------------------------------------------ update
 
     def update_from_output(self, scheduled: Seq[ScheduledSequence], sampled: Seq[int],
-                           stop_string: StopStringCheck | None = None) -> list[Sequence]:
+                           stop_string: StopStringCheck | None = None,
+                           accepted: Seq[int] | None = None) -> list[Sequence]:
         """Apply what a step did for ``scheduled``: the one place sequences advance.
 
         Every item's computed tokens advance, its newly full blocks go to the prefix
-        cache and blocks behind a sliding window go back to the pool; then each item that sampled (``sampled`` holds their tokens, in order)
-        gets its token appended, ``stop_string`` is asked about it, and a sequence that
-        is done is finished and its blocks freed. Returns the sequences that got a token.
+        cache and blocks behind a sliding window go back to the pool; then each item that
+        sampled (``sampled`` holds their tokens, in order) gets its token appended,
+        ``stop_string`` is asked about it, and a sequence that is done is finished and its
+        blocks freed. Returns the sequences that got a token.
+
+        Speculative decoding: ``accepted[i]`` drafts of sampling item ``i`` were verified;
+        they are appended (each checked like any token) before its sampled token, their
+        KV counts as computed, and the slots of the rejected ones are simply not counted
+        (later steps overwrite them; blocks wholly past the sequence go back to the pool).
         """
-        sampling = [item.seq for item in scheduled if item.samples]
+        sampling = [item for item in scheduled if item.samples]
         if len(sampling) != len(sampled):
             raise ValueError(f"{len(sampled)} sampled tokens for {len(sampling)} rows")
+        num_accepted = list(accepted) if accepted is not None else [0] * len(sampling)
+        accepted_of = {id(item): n for item, n in zip(sampling, num_accepted, strict=True)}
         for item in scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            n = accepted_of.get(id(item), 0)
+            if not 0 <= n <= len(item.drafts):
+                raise ValueError(f"{n} accepted drafts of {len(item.drafts)}")
+            item.seq.num_computed_tokens += item.num_new_tokens - len(item.drafts)
             self.kv.publish_computed_blocks(item.seq)
             self.kv.release_out_of_window(item.seq)
-        for seq, token in zip(sampling, sampled, strict=True):
+        for item, token in zip(sampling, sampled, strict=True):
+            seq = item.seq
             if seq.params.is_beam_search:
                 continue  # beams advance together, by ``reseat_beams``
-            seq.append_token(token)
-            stopped = stop_string(seq, token) if stop_string is not None else False
-            status = self.stop.finish_status(seq, token, stopped)
-            if status is not None:
-                self.finish(seq, status)
-        return sampling
+            drafts = item.drafts[: accepted_of[id(item)]]
+            for i, t in enumerate((*drafts, token)):
+                seq.append_token(t)
+                if i < len(drafts):  # an accepted draft's KV was computed by this step
+                    seq.num_computed_tokens += 1
+                stopped = stop_string(seq, t) if stop_string is not None else False
+                status = self.stop.finish_status(seq, t, stopped)
+                if status is not None:
+                    self.finish(seq, status)
+                    break
+            if item.drafts and not seq.is_finished:
+                self.kv.publish_computed_blocks(seq)
+                self.kv.release_out_of_window(seq)
+                self.kv.free_blocks_after(seq, seq.num_tokens)
+        return [item.seq for item in sampling]
 
     # ---------------------------------------------------------------------- schedule
 
@@ -207,9 +238,12 @@ class Scheduler:
             num_new = self._chunk(plan, seq.num_computed_tokens, remaining, budget)
             if num_new <= 0 or num_new > budget:
                 continue
-            if not self._make_room(seq, num_new, out, scheduled_ids):
+            drafts = self._drafts_that_fit(seq, remaining, budget - num_new)
+            if drafts:
+                num_new += len(drafts)
+            elif not self._make_room(seq, num_new, out, scheduled_ids):
                 continue
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.scheduled.append(ScheduledSequence(seq, num_new, drafts))
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
 
@@ -219,9 +253,21 @@ class Scheduler:
 
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(out.scheduled))
         out.copies = self.kv.take_copies()
-        out.shape = StepShape.of((item.seq.num_computed_tokens, item.num_new_tokens)
-                                 for item in out.scheduled)
+        out.shape = StepShape.of((item.seq.num_computed_tokens, item.num_new_tokens,
+                                  len(item.drafts)) for item in out.scheduled)
         return out
+
+    def _drafts_that_fit(self, seq: Sequence, remaining: int, budget: int) -> tuple[int, ...]:
+        """The proposed drafts of a decoding ``seq`` this step verifies: as many as the
+        token budget leaves, and only if the pool has their slots without preempting
+        anyone (speculation is optional work: it never costs another sequence its place).
+        """
+        if remaining != 1 or not seq.draft_token_ids or budget <= 0:
+            return ()
+        drafts = tuple(seq.draft_token_ids[:budget])
+        if not self.kv.allocate_slots(seq, 1 + len(drafts)):
+            return ()
+        return drafts
 
     def observe_step(self, out: SchedulerOutput, ms: float) -> None:
         """The engine ran ``out`` in ``ms`` milliseconds: teach the pacer's cost model."""

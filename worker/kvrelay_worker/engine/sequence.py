@@ -72,6 +72,9 @@ class Sequence:
     waits_for: Sequence | None = None
     # The response_format matcher of a constrained sequence (one per choice).
     grammar: SequenceGrammar | None = None
+    # Speculative decoding: tokens a proposer guessed to follow ``token_ids``, set before a
+    # step schedules; never part of ``token_ids`` until the target model verified them.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

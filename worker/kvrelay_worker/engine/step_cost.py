@@ -60,12 +60,22 @@ class StepShape:
                          self.prefill_tokens, self.prefill_attention_pairs)
 
     @classmethod
-    def of(cls, rows: Iterable[tuple[int, int]]) -> StepShape:
-        """The shape of a step of (computed tokens, new tokens) rows."""
+    def of(cls, rows: Iterable[tuple[int, int] | tuple[int, int, int]]) -> StepShape:
+        """The shape of a step of (computed tokens, new tokens[, draft tokens]) rows.
+
+        A decode row verifying drafts (speculative decoding) is a decode row plus its
+        drafts as prompt tokens after the row's context: what it computes.
+        """
         shape = cls()
-        for context, num_new in rows:
-            shape = (shape.plus_decode(context) if num_new == 1
-                     else shape.plus_prefill(context, num_new))
+        for row in rows:
+            context, num_new = row[0], row[1]
+            drafts = row[2] if len(row) == 3 else 0
+            if num_new - drafts == 1:
+                shape = shape.plus_decode(context)
+                if drafts:
+                    shape = shape.plus_prefill(context + 1, drafts)
+            else:
+                shape = shape.plus_prefill(context, num_new)
         return shape
 
 

@@ -1,0 +1,114 @@
+"""A draft model: a second, smaller model that guesses the target's next tokens.
+
+It keeps its own paged KV cache, run by the same machinery as the target's (a
+``ModelRunner`` and a ``KVCacheManager`` without prefix caching), and a shadow
+``Sequence`` per target sequence holding the tokens its cache has seen. Before each
+proposal the shadow takes the target's tokens and keeps its KV only for the prefix they
+share (the drafts the target accepted); the rest is recomputed. Guesses are the draft's
+argmax: one token per position, which ``verification.py`` turns into exact output.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+
+import torch
+
+from kvrelay_worker.engine.config import EngineConfig
+from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine.kv_cache import KVCacheManager
+from kvrelay_worker.engine.model_runner import ModelRunner
+from kvrelay_worker.engine.scheduler import ScheduledSequence
+from kvrelay_worker.engine.sequence import Sequence
+from kvrelay_worker.models.decoder import CausalLM
+
+log = logging.getLogger(__name__)
+
+
+class DraftModel:
+    """Greedy drafts from a smaller model with the target's vocabulary."""
+
+    def __init__(self, model: CausalLM, config: EngineConfig, num_blocks: int) -> None:
+        self.runner = ModelRunner(model, config.block_size, config.torch_device,
+                                  config.torch_dtype)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.kv = KVCacheManager(num_blocks, config.block_size, False, "draft",
+                                 sliding_window=model.config.kv_window)
+        self._shadows: dict[int, Sequence] = {}
+        self._bases: dict[int, int] = {}  # target length when the shadow last proposed
+
+    @classmethod
+    def load(cls, name: str, config: EngineConfig, vocab_size: int, max_len: int,
+             num_blocks: int) -> DraftModel:
+        from kvrelay_worker.loading import load_model_source
+        from kvrelay_worker.models.factory import build_model
+
+        files = load_model_source(name)
+        return cls.of_model(build_model(files.config, files.weights(), config.torch_dtype,
+                                        config.torch_device, max_position=max_len),
+                            config, vocab_size, num_blocks, name)
+
+    @classmethod
+    def of_model(cls, model: CausalLM, config: EngineConfig, vocab_size: int,
+                 num_blocks: int, name: str = "draft") -> DraftModel:
+        if model.config.vocab_size != vocab_size:
+            raise EngineConfigError(
+                f"draft model {name!r} has a vocabulary of {model.config.vocab_size} tokens, "
+                f"the target {vocab_size}: a draft must share the target's tokenizer")
+        log.info("speculative decoding with draft model %s", name)
+        return cls(model, config, num_blocks)
+
+    def forget(self, seq: Sequence) -> None:
+        shadow = self._shadows.pop(seq.seq_id, None)
+        self._bases.pop(seq.seq_id, None)
+        if shadow is not None:
+            self.kv.free(shadow)
+
+    @torch.inference_mode()
+    def propose(self, seqs: Seq[Sequence], depths: Seq[int]) -> list[list[int]]:
+        """Up to ``depths[i]`` greedy guesses after each of ``seqs`` (fewer when the
+        draft's pool cannot hold them)."""
+        drafts: list[list[int]] = [[] for _ in seqs]
+        live = [i for i, seq in enumerate(seqs) if self._catch_up(seq)]
+        first = True
+        while live:
+            items = []
+            for i in live:
+                shadow = self._shadows[seqs[i].seq_id]
+                n = 1 if not first else shadow.num_tokens - shadow.num_computed_tokens
+                items.append(ScheduledSequence(shadow, n))
+            logits = self.runner.execute(items)
+            guesses = logits.argmax(dim=-1).tolist()
+            still: list[int] = []
+            for i, item, guess in zip(live, items, guesses, strict=True):
+                item.seq.num_computed_tokens += item.num_new_tokens
+                drafts[i].append(guess)
+                item.seq.token_ids.append(guess)
+                if len(drafts[i]) < depths[i] and self.kv.allocate_slots(item.seq, 1):
+                    still.append(i)
+            live = still
+            first = False
+        return drafts
+
+    def _catch_up(self, seq: Sequence) -> bool:
+        """Point the shadow at ``seq``'s tokens, keeping the KV of their shared prefix,
+        and make room for what it must compute; False when the pool has no room."""
+        shadow = self._shadows.get(seq.seq_id)
+        target = seq.token_ids
+        if shadow is None:
+            shadow = Sequence(request_id=seq.request_id, choice_index=seq.choice_index,
+                              token_ids=[], num_prompt_tokens=seq.num_prompt_tokens,
+                              params=seq.params)
+            self._shadows[seq.seq_id] = shadow
+        base = self._bases.get(seq.seq_id, 0)
+        kept = min(base, shadow.num_computed_tokens)
+        for pos in range(base, min(shadow.num_computed_tokens, len(target))):
+            if shadow.token_ids[pos] != target[pos]:
+                break
+            kept = pos + 1
+        shadow.num_computed_tokens = min(kept, len(target) - 1)
+        shadow.token_ids = list(target)
+        self._bases[seq.seq_id] = len(target)
+        self.kv.free_blocks_after(shadow, shadow.num_computed_tokens)
+        return self.kv.allocate_slots(shadow, len(target) - shadow.num_computed_tokens)
