@@ -9,6 +9,17 @@ import torch
 
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.preemption import PREEMPTION_MODES
+from kvrelay_worker.engine.speculative_config import (
+    DEFAULT_NGRAM_MAX,
+    DEFAULT_NGRAM_MIN,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_SPECULATIVE,
+    SpeculativeMethod,
+    SpeculativeSettingError,
+    check_ngram_range,
+    check_num_speculative_tokens,
+    parse_speculative,
+)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -50,6 +61,14 @@ class EngineConfig:
     prompts keep progressing, and ``max_num_batched_tokens`` stays the upper bound. None
     (the default) keeps the fixed budget: every step takes as many prompt tokens as
     ``max_num_batched_tokens`` allows (``engine/prefill_pacing.py``).
+
+    ``speculative`` turns on speculative decoding: ``"ngram"`` matches a request's last n
+    tokens (n from ``speculative_ngram_min`` to ``speculative_ngram_max``) against its own
+    prompt and output and proposes what followed; ``"draft:<model>"`` lets a smaller model
+    with the same vocabulary propose. At most ``num_speculative_tokens`` are proposed per
+    sequence per step and the target verifies them in one pass; requests whose
+    ``SamplingParams.speculative`` is False decode without it. ``"off"`` (the default):
+    never (``engine/speculative_config.py`` holds the forms and limits).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -79,6 +98,13 @@ class EngineConfig:
     # The fewest prompt tokens a step with a prompt to compute gives it under the target
     # (at most max_num_batched_tokens).
     min_prefill_chunk: int = 32
+    # "off", "ngram" or "draft:<model name or path>"; see the class docstring.
+    speculative: str = DEFAULT_SPECULATIVE
+    # k: the most draft tokens per sequence per step, 1 to 16.
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
+    # The n-gram lengths prompt lookup tries: 1 <= min <= max <= 8.
+    speculative_ngram_min: int = DEFAULT_NGRAM_MIN
+    speculative_ngram_max: int = DEFAULT_NGRAM_MAX
 
     def __post_init__(self) -> None:
         self.validate()
@@ -120,6 +146,12 @@ class EngineConfig:
         for ok, message in checks:
             if not ok:
                 raise EngineConfigError(message)
+        try:
+            parse_speculative(self.speculative)
+            check_num_speculative_tokens(self.num_speculative_tokens)
+            check_ngram_range(self.speculative_ngram_min, self.speculative_ngram_max)
+        except SpeculativeSettingError as exc:
+            raise EngineConfigError(str(exc)) from None
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise EngineConfigError(
                 f"unknown dtype {self.dtype!r}; use auto, float32, float16 or bfloat16"
@@ -138,6 +170,16 @@ class EngineConfig:
             )
         if device.type not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
+
+    @property
+    def speculative_method(self) -> SpeculativeMethod:
+        """"off", "ngram" or "draft" (the part of ``speculative`` before any colon)."""
+        return parse_speculative(self.speculative).method
+
+    @property
+    def speculative_draft_model(self) -> str | None:
+        """The draft model's name or path for ``"draft:<model>"``; None otherwise."""
+        return parse_speculative(self.speculative).draft_model
 
     @property
     def has_swap_space(self) -> bool:
