@@ -196,6 +196,9 @@ class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     beam_width: Annotated[int, Meta(ge=1, le=MAX_BEAM_WIDTH)] = 1
     length_penalty: Annotated[float, Meta(ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY)] = 1.0
     early_stopping: bool | Literal["never"] = False
+    # False: this request decodes without speculation, whatever the worker's
+    # KVRELAY_SPECULATIVE says (README, "Speculative decoding").
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         # Runs on decode and convert too: the rules that span two fields.

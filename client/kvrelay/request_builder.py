@@ -61,6 +61,7 @@ class GenerateOptions(TypedDict, total=False):
     beam_width: int
     length_penalty: float
     early_stopping: bool | Literal["never"]
+    speculative: bool
     # {"type": "json_schema" | "json_object" | "regex" | "choice", ...} (OpenAI's form).
     response_format: Mapping[str, Any] | ResponseFormat | None
     # Scheduling and client-side behaviour.

@@ -79,6 +79,8 @@ TABLE: dict[str, list[tuple[Any, bool]]] = {
     "length_penalty": floats(-10.0, 10.0),
     "early_stopping": [(True, True), (False, True), ("never", True), ("always", False),
                        (1, False), (NAN, False)],
+    "speculative": [(True, True), (False, True), (0, False), ("no", False), (BIG, False),
+                    (NAN, False)],
     "response_format": [
         (None, True), ({"type": "text"}, True), ({"type": "json_object"}, True),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},

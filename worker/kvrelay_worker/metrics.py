@@ -63,6 +63,17 @@ _ENGINE_GAUGES = (
     ("kvrelay_swap_free_blocks", "free_swap_blocks", "Free blocks in the host swap pool"),
     ("kvrelay_max_batch_size", "max_batch_size", "Largest batch so far"),
     ("kvrelay_jobs_running", "jobs", "Jobs held by the engine"),
+    # Speculative decoding (KVRELAY_SPECULATIVE); all 0 while it is off.
+    ("kvrelay_spec_proposed_tokens", "spec_proposed_tokens",
+     "Draft tokens proposed since start"),
+    ("kvrelay_spec_accepted_tokens", "spec_accepted_tokens",
+     "Draft tokens the model accepted since start"),
+    ("kvrelay_spec_verify_steps", "spec_verify_steps",
+     "Verifications since start: one per speculating sequence per step"),
+    ("kvrelay_spec_acceptance_rate", "spec_acceptance_rate",
+     "Accepted / proposed draft tokens since start"),
+    ("kvrelay_spec_mean_accepted_length", "spec_mean_accepted_length",
+     "Tokens emitted per verification (accepted drafts + 1), mean since start"),
 )
 
 

@@ -121,9 +121,15 @@ class WorkerRuntime:
         self.failover.start()
         stats = self.engine.stats()
         log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens; "
-                 "CPU threads: %s", self.settings.worker_id, self.settings.served_model,
-                 self.engine.device, stats["total_blocks"], stats["block_size"],
-                 self._cpu_threads())
+                 "speculative decoding: %s; CPU threads: %s", self.settings.worker_id,
+                 self.settings.served_model, self.engine.device, stats["total_blocks"],
+                 stats["block_size"], self._speculative(), self._cpu_threads())
+
+    def _speculative(self) -> str:
+        """The speculative setting for the ready line (the simulated engine never does)."""
+        if self.settings.simulated:
+            return "off (simulated engine)"
+        return self.settings.speculative_summary
 
     def _cpu_threads(self) -> str:
         """The torch thread settings for the ready line (a simulated worker has no torch)."""

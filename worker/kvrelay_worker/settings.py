@@ -21,6 +21,17 @@ from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 from kvrelay.tls import TlsConfigError, celery_ssl_options
+from kvrelay_worker.engine.speculative_config import (  # torch-free
+    DEFAULT_NGRAM_MAX,
+    DEFAULT_NGRAM_MIN,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_SPECULATIVE,
+    SpeculativeSettingError,
+    check_num_speculative_tokens,
+    describe_speculative,
+    parse_ngram_range,
+    parse_speculative,
+)
 
 # The reserved model name of the simulated engine (kvrelay_worker/simulated; also
 # ``simulated:<name>``): no weights, steps that sleep as a GPU's would.
@@ -105,6 +116,11 @@ class WorkerSettings:
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True
     seed: int = 0
+    # Speculative decoding: off, ngram or draft:<model>; k, the most draft tokens per
+    # sequence per step; the n-gram lengths prompt lookup tries, "MIN-MAX" or one number.
+    speculative: str = DEFAULT_SPECULATIVE
+    speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
+    speculative_ngram: str = f"{DEFAULT_NGRAM_MIN}-{DEFAULT_NGRAM_MAX}"
     # The simulated engine (model ``simulated`` or ``simulated:<name>``): each step takes
     # step_ms + token_ms x the tokens it batches, as a GPU would (kvrelay_worker/simulated).
     simulated_step_ms: float = 20.0
@@ -155,6 +171,12 @@ class WorkerSettings:
         if self.preemption_mode is not None and self.preemption_mode not in _PREEMPTION_MODES:
             raise SettingsError(f"KVRELAY_PREEMPTION_MODE must be one of "
                                 f"{', '.join(_PREEMPTION_MODES)}, got {self.preemption_mode!r}")
+        try:
+            parse_speculative(self.speculative, "KVRELAY_SPECULATIVE")
+            check_num_speculative_tokens(self.speculative_tokens, "KVRELAY_SPECULATIVE_TOKENS")
+            parse_ngram_range(self.speculative_ngram, "KVRELAY_SPECULATIVE_NGRAM")
+        except SpeculativeSettingError as exc:
+            raise SettingsError(str(exc)) from None
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise SettingsError(f"KVRELAY_TARGET_STEP_MS must be positive (milliseconds), "
                                 f"got {self.target_step_ms}")
@@ -224,8 +246,16 @@ class WorkerSettings:
         host, pid, _ = self.worker_id.split(":", 2)
         return f"{host}:{pid}"
 
+    @property
+    def speculative_summary(self) -> str:
+        """The speculative-decoding setting in one phrase, for the worker's ready line."""
+        low, high = parse_ngram_range(self.speculative_ngram)
+        return describe_speculative(self.speculative, self.speculative_tokens, low, high)
+
     def engine_options(self) -> dict[str, object]:
-        """Keyword arguments for ``EngineConfig``: only what was set."""
+        """Keyword arguments for ``EngineConfig``: only what was set, and the speculative
+        settings (their defaults are the engine's, from one module)."""
+        ngram_min, ngram_max = parse_ngram_range(self.speculative_ngram)
         options: dict[str, object] = {
             "model": self.model,
             "device": self.device,
@@ -234,6 +264,10 @@ class WorkerSettings:
             "enable_cuda_graphs": self.enable_cuda_graphs,
             "seed": self.seed,
             "max_num_seqs": self.max_num_seqs or max(self.concurrency, 1),
+            "speculative": self.speculative,
+            "num_speculative_tokens": self.speculative_tokens,
+            "speculative_ngram_min": ngram_min,
+            "speculative_ngram_max": ngram_max,
         }
         optional = {
             "max_num_batched_tokens": self.max_num_batched_tokens,

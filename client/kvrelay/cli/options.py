@@ -29,7 +29,7 @@ WORKER_SETTING_FLAGS = (
 )
 # The flags of ``sampling_options`` that are ``client.stream`` keywords of the same name.
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "seed", "best_of", "beam_width",
-                  "length_penalty", "early_stopping")
+                  "length_penalty", "early_stopping", "speculative")
 
 
 def _apply(func: F, decorators: list[Callable[[F], F]]) -> F:
@@ -233,6 +233,12 @@ def sampling_options(temperature: float) -> Callable[[F], F]:
                     callback=_early_stopping,
                     help="Beam search: stop when K beams are done (true), when no beam "
                     "can do better (false, the default), or never before max tokens.",
+                ),
+                click.option(
+                    "--speculative/--no-speculative",
+                    default=None,
+                    help="--no-speculative: decode without speculation, even on a worker "
+                    "that speculates (KVRELAY_SPECULATIVE) [default: the worker's setting].",
                 ),
                 click.option(
                     "--system",

@@ -54,6 +54,8 @@ class _Common(msgspec.Struct, kw_only=True):
     guided_choice: list[str] | None = None
     # kvrelay: keep the job running when the caller's connection drops (to resume it).
     resumable: bool = False
+    # kvrelay: false decodes this request without speculation (the SDK's keyword).
+    speculative: bool | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -63,7 +65,7 @@ class _Common(msgspec.Struct, kw_only=True):
         """The SDK keywords given (None = the wire default)."""
         names = ("temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens",
-                 "ignore_eos", "priority", "stop_token_ids")
+                 "ignore_eos", "priority", "stop_token_ids", "speculative")
         options = {name: getattr(self, name) for name in names}
         if self.logit_bias is not None:
             options["logit_bias"] = dict(self.logit_bias)

@@ -9,6 +9,17 @@ import torch
 
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.preemption import PREEMPTION_MODES
+from kvrelay_worker.engine.speculative_config import (
+    DEFAULT_NGRAM_MAX,
+    DEFAULT_NGRAM_MIN,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_SPECULATIVE,
+    SpeculativeMethod,
+    SpeculativeSettingError,
+    check_ngram_range,
+    check_num_speculative_tokens,
+    parse_speculative,
+)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -50,6 +61,17 @@ class EngineConfig:
     prompts keep progressing, and ``max_num_batched_tokens`` stays the upper bound. None
     (the default) keeps the fixed budget: every step takes as many prompt tokens as
     ``max_num_batched_tokens`` allows (``engine/prefill_pacing.py``).
+
+    ``speculative`` turns on speculative decoding: ``"ngram"`` matches a request's last n
+    tokens (n from ``speculative_ngram_min`` to ``speculative_ngram_max``) against its own
+    prompt and output and proposes what followed; ``"draft:<model>"`` lets a smaller model
+    with the same vocabulary propose. At most ``num_speculative_tokens`` are proposed per
+    sequence per step and the target verifies them in one pass; requests whose
+    ``SamplingParams.speculative`` is False decode without it. ``"off"`` (the default):
+    never (``engine/speculative_config.py`` holds the forms and limits).
+    ``speculative_adaptive`` (default True) lets each step verify only the drafts that its
+    measured step costs and each request's acceptance say will pay; False verifies every
+    proposal (tests and measurements).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -79,11 +101,16 @@ class EngineConfig:
     # The fewest prompt tokens a step with a prompt to compute gives it under the target
     # (at most max_num_batched_tokens).
     min_prefill_chunk: int = 32
-    # Speculative decoding: "off", "ngram" or "draft:<model>"; k and the n-gram range.
-    speculative: str = "off"
-    num_speculative_tokens: int = 4
-    speculative_ngram_min: int = 2
-    speculative_ngram_max: int = 4
+    # "off", "ngram" or "draft:<model name or path>"; see the class docstring.
+    speculative: str = DEFAULT_SPECULATIVE
+    # k: the most draft tokens per sequence per step, 1 to 16.
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
+    # The n-gram lengths prompt lookup tries: 1 <= min <= max <= 8.
+    speculative_ngram_min: int = DEFAULT_NGRAM_MIN
+    speculative_ngram_max: int = DEFAULT_NGRAM_MAX
+    # True: each step verifies only the drafts its measured cost and acceptance pay for
+    # (engine/speculative/policy.py); False: every proposed draft, every step.
+    speculative_adaptive: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -125,6 +152,12 @@ class EngineConfig:
         for ok, message in checks:
             if not ok:
                 raise EngineConfigError(message)
+        try:
+            parse_speculative(self.speculative)
+            check_num_speculative_tokens(self.num_speculative_tokens)
+            check_ngram_range(self.speculative_ngram_min, self.speculative_ngram_max)
+        except SpeculativeSettingError as exc:
+            raise EngineConfigError(str(exc)) from None
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise EngineConfigError(
                 f"unknown dtype {self.dtype!r}; use auto, float32, float16 or bfloat16"
@@ -145,6 +178,16 @@ class EngineConfig:
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
 
     @property
+    def speculative_method(self) -> SpeculativeMethod:
+        """"off", "ngram" or "draft" (the part of ``speculative`` before any colon)."""
+        return parse_speculative(self.speculative).method
+
+    @property
+    def speculative_draft_model(self) -> str | None:
+        """The draft model's name or path for ``"draft:<model>"``; None otherwise."""
+        return parse_speculative(self.speculative).draft_model
+
+    @property
     def has_swap_space(self) -> bool:
         if self.num_swap_blocks is not None:
             return self.num_swap_blocks > 0
@@ -161,14 +204,3 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
-
-    @property
-    def speculative_method(self) -> str:
-        """"off", "ngram" or "draft"."""
-        return self.speculative.split(":", 1)[0] if self.speculative else "off"
-
-    @property
-    def speculative_draft_model(self) -> str | None:
-        if self.speculative_method != "draft":
-            return None
-        return self.speculative.split(":", 1)[1]

@@ -188,7 +188,8 @@ class LLMEngine:
         return Speculator(max_drafts=config.num_speculative_tokens,
                           ngram_min=config.speculative_ngram_min,
                           ngram_max=config.speculative_ngram_max,
-                          max_model_len=max_len, draft=draft)
+                          max_model_len=max_len, draft=draft,
+                          adaptive=config.speculative_adaptive)
 
     @staticmethod
     def _pacer(config: EngineConfig) -> PrefillPacer | None:

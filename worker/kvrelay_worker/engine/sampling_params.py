@@ -66,7 +66,8 @@ class SamplingParams:
     beam_width: int = _WIRE.beam_width
     length_penalty: float = _WIRE.length_penalty
     early_stopping: bool | str = _WIRE.early_stopping
-    speculative: bool = True
+    # False: this request decodes without speculation.
+    speculative: bool = _WIRE.speculative
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:

@@ -76,8 +76,10 @@ class Speculator:
     """Proposes drafts (n-gram lookup or a draft model) and keeps acceptance statistics."""
 
     def __init__(self, *, max_drafts: int, ngram_min: int, ngram_max: int,
-                 max_model_len: int, draft: DraftSource | None = None) -> None:
+                 max_model_len: int, draft: DraftSource | None = None,
+                 adaptive: bool = True) -> None:
         self.max_drafts = max_drafts
+        self.adaptive = adaptive
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
         self.max_model_len = max_model_len
@@ -106,7 +108,7 @@ class Speculator:
             if limit <= 0 or not speculation_allowed(seq):
                 continue
             tracked = self._track(seq)
-            if tracked.acceptance.rate < MIN_RATE:
+            if self.adaptive and tracked.acceptance.rate < MIN_RATE:
                 tracked.skipped += 1
                 if tracked.skipped < PROBE_EVERY:
                     continue
@@ -122,8 +124,9 @@ class Speculator:
             by_key[seq.seq_id] = seq
         if not candidates:
             return
-        depths = choose_depths(candidates, len(decoding) + prefill_tokens, len(decoding),
-                               self.curve)
+        depths = (choose_depths(candidates, len(decoding) + prefill_tokens, len(decoding),
+                                self.curve) if self.adaptive
+                  else {c.key: c.max_drafts for c in candidates})
         chosen = [(by_key[key], n) for key, n in depths.items() if n > 0]
         if self.draft is not None and chosen:
             guesses = self.draft.propose([s for s, _ in chosen], [n for _, n in chosen])
