@@ -3,7 +3,10 @@
 One ``generate`` call of 8 prompts (lengths 1 to 300, 32 new tokens each) per engine
 configuration: prefix caching on, off, chunked prefill forced by a 64-token budget, prompt
 chunks sized by a latency target (whatever sizes the measured step times give), and a
-KV pool so small that sequences get preempted and recomputed. Every model family runs it.
+KV pool so small that sequences get preempted and recomputed; then the same with
+speculative decoding verifying every proposal (n-gram lookup, and a draft model: the
+tiny random MQA Llama, a poor draft for every other model, so most drafts are rejected
+and rolled back). Every model family runs it.
 Greedy tokens cannot see a monotone change of the logits (Gemma 2's final soft-cap), so
 the log-probabilities of the chosen tokens are compared too.
 """
@@ -37,6 +40,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # recompute (the default, "auto", mostly swaps; test_swap_preemption.py covers swap).
     "preemption": {"num_kv_blocks": 32, "max_model_len": 512, "preemption_mode": "recompute"},
 }
+# Speculation verifying every proposal, with chunked prefill (a 64-token budget), prefix
+# caching and preemption (the small pool above) all at once. n-gram lookup from one
+# token; random models' outputs rarely repeat, so only SmolLM2 runs it. Three drafts: a
+# verification of four tokens, the CPU attention kernel's query size.
+SPECULATIVE = {"speculative_adaptive": False, **CONFIGS["preemption"],
+               "max_num_batched_tokens": 64}
+CONFIGS |= {
+    "speculative-ngram": {**SPECULATIVE, "speculative": "ngram", "speculative_ngram_min": 1},
+    "speculative-draft": {**SPECULATIVE, "speculative": "draft:llama-mqa",
+                          "num_speculative_tokens": 3},
+}
+DRAFT = "llama-mqa"
 
 # Mistral's window releases blocks as sequences advance, so the shared "preemption" pool
 # never runs out for it; a pool of 12 blocks (less than one sequence's length, enough for
@@ -53,6 +68,13 @@ MODELS = ["smollm2", "llama-mha-untied", "qwen2-gqa-bias-tied", "llama-mqa", "ll
 _cache: dict[str, tuple[Any, list[list[int]], list[list[int]]]] = {}
 
 
+def _draft_model(folder: Path) -> Any:
+    """A fresh instance every time: a draft binds its own KV cache to its layers."""
+    files = load_model_source(str(folder))
+    return build_model(files.config, files.weights(), torch.float32, torch.device("cpu"),
+                       max_position=files.config.max_position_embeddings)
+
+
 def _model_and_reference(name: str, folder: Path) -> tuple[Any, list[list[int]], list[list[int]]]:
     """Our model (built once) plus prompts and Hugging Face's outputs for them."""
     if name not in _cache:
@@ -65,23 +87,23 @@ def _model_and_reference(name: str, folder: Path) -> tuple[Any, list[list[int]],
     return _cache[name]
 
 
-@pytest.fixture(params=MODELS)
-def model_folder(request: pytest.FixtureRequest, smollm2_folder: Path,
-                 tiny_model: Callable[[str], Path]) -> tuple[str, Path]:
-    name = request.param
-    return name, smollm2_folder if name == "smollm2" else tiny_model(name)
+CASES = [(name, config) for name in MODELS for config in CONFIGS
+         if name == "smollm2" or config != "speculative-ngram"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config_name", list(CONFIGS))
-def test_greedy_matches_transformers(model_folder: tuple[str, Path], config_name: str) -> None:
-    name, folder = model_folder
+@pytest.mark.parametrize(("name", "config_name"), CASES, ids=[f"{m}-{c}" for m, c in CASES])
+def test_greedy_matches_transformers(name: str, config_name: str, smollm2_folder: Path,
+                                    tiny_model: Callable[[str], Path]) -> None:
+    folder = smollm2_folder if name == "smollm2" else tiny_model(name)
     (model, tokenizer), prompts, reference = _model_and_reference(name, folder)
     options = CONFIGS[config_name]
-    if config_name == "preemption" and name == "mistral-window":
-        options = WINDOWED_PREEMPTION
+    preempting = config_name == "preemption" or config_name.startswith("speculative")
+    if preempting and name == "mistral-window":
+        options = {**options, **WINDOWED_PREEMPTION}
     config = EngineConfig(model=name, device="cpu", dtype="float32", **options)
-    engine = LLMEngine.from_model(config, model, tokenizer, model_id=name)
+    draft = _draft_model(tiny_model(DRAFT)) if "draft" in config_name else None
+    engine = LLMEngine.from_model(config, model, tokenizer, model_id=name, draft_model=draft)
     llm = LLM.from_engine(engine)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(prompts, params)
@@ -91,8 +113,12 @@ def test_greedy_matches_transformers(model_folder: tuple[str, Path], config_name
         assert out.finish_reason == "length"
     stats = engine.stats()
     assert stats["free_blocks"] == stats["total_blocks"], "blocks leaked"
-    if config_name == "preemption":
+    if preempting:
         assert stats["recomputes"] > 0
+    if config_name.startswith("speculative"):
+        assert stats["spec_verify_steps"] > 0, "nothing was speculated"
+        if "draft" in config_name and name != DRAFT:  # a poor draft: rejections rolled back
+            assert stats["spec_accepted_tokens"] < stats["spec_proposed_tokens"]
     if config_name == "chunked-prefill-64":
         # The 300-token prompt cannot fit one step: it must have been chunked.
         assert stats["steps"] >= 300 // 64 + NEW_TOKENS

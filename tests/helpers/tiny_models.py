@@ -251,10 +251,10 @@ def tiny_hf_config(
 
 
 def build_tiny_hf_model(
-    name: str, vocab_size: int = SMOLLM2_VOCAB_SIZE, seed: int = 0
+    name: str, vocab_size: int = SMOLLM2_VOCAB_SIZE, seed: int = 0, **overrides: Any
 ) -> PreTrainedModel:
-    """The model in memory, deterministic for ``(name, vocab_size, seed)``."""
-    config = tiny_hf_config(name, vocab_size)
+    """The model in memory, deterministic for ``(name, vocab_size, seed, overrides)``."""
+    config = tiny_hf_config(name, vocab_size, **overrides)
     torch.manual_seed(seed)
     model_class = ARCHITECTURES[TINY_MODELS[name]["arch"]][1]
     model = model_class(config).to(torch.float32).eval()
@@ -274,6 +274,7 @@ def build_tiny_model(
     tokenizer_folder: Path | None = None,
     vocab_size: int = SMOLLM2_VOCAB_SIZE,
     seed: int = 0,
+    **overrides: Any,
 ) -> Path:
     """Write tiny model ``name`` to ``folder`` as a Hugging Face checkpoint (safetensors).
 
@@ -282,7 +283,7 @@ def build_tiny_model(
     complete model that ``AutoTokenizer`` and our loader both read.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    build_tiny_hf_model(name, vocab_size, seed).save_pretrained(folder)
+    build_tiny_hf_model(name, vocab_size, seed, **overrides).save_pretrained(folder)
     if tokenizer_folder is not None:
         for file_name in TOKENIZER_FILES:
             source = tokenizer_folder / file_name
