@@ -118,7 +118,8 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = eos_token_ids_of(model, tokenizer)
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
-        self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype)
+        self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
+                                  config.torch_kv_cache_dtype)
         num_blocks = decide_num_blocks(config, self.runner)
         capacity = num_blocks * config.block_size
         max_len = self._default_max_len(config, model.config.max_position_embeddings)
@@ -181,7 +182,7 @@ class LLMEngine:
         if num_host_blocks < 1:
             return None, PreemptionPolicy("recompute")
         self.host_kv_caches = allocate_host_kv(self.runner.kv_caches, num_host_blocks)
-        per_block = kv_bytes_per_block(model, config.block_size, config.torch_dtype)
+        per_block = kv_bytes_per_block(model, config.block_size, config.torch_kv_cache_dtype)
         num_params = sum(p.numel() for p in model.parameters())
         cost = SwapCostModel.estimate(num_params, per_block, self.device)
         return SwapSpace(num_host_blocks), PreemptionPolicy(mode, cost)
