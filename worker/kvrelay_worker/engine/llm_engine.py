@@ -146,6 +146,10 @@ class LLMEngine:
             max_len = config.max_num_batched_tokens
         self.max_model_len = max_len
         self.runner.allocate_kv_cache(num_blocks)
+        log.info("KV cache: %d blocks of %d tokens, %s (kv_cache_dtype=%s), %.1f MiB",
+                 num_blocks, config.block_size, config.torch_kv_cache_dtype,
+                 config.kv_cache_dtype, num_blocks * kv_bytes_per_block(
+                     model, config.block_size, config.torch_kv_cache_dtype) / 2**20)
         self.runner.prepare_decode(min(config.max_num_seqs, config.cuda_graph_max_batch),
                                    max_len, config.enable_cuda_graphs)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
