@@ -93,8 +93,8 @@ def test_round_trip_error_is_within_the_step(kv_dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("kv_dtype", QUANT_DTYPES)
 @pytest.mark.parametrize("key_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_triton_store_writes_the_reference_bytes(kv_dtype: torch.dtype,
-                                                 key_dtype: torch.dtype) -> None:
+def test_triton_store_writes_the_reference_bytes(kv_dtype: torch.dtype, key_dtype: torch.dtype,
+                                                 device: str) -> None:
     # Head size 80 (not a power of two), 3 KV heads, a padding slot, scattered slots.
     tokens, kv_heads, head = 10, 3, 80
     scale = torch.logspace(-5, 3, tokens)[:, None, None]
@@ -102,16 +102,18 @@ def test_triton_store_writes_the_reference_bytes(kv_dtype: torch.dtype,
     value = (torch.randn(tokens, kv_heads, head) * scale).to(key_dtype)
     key[4] = 0.0
     slots = torch.tensor([0, 5, 9, -1, 17, 18, 19, 20, 31, 2])
-    caches = [torch.zeros((4, 8, kv_heads, head + 1), dtype=kv_dtype) for _ in range(4)]
+    caches = [torch.zeros((4, 8, kv_heads, head + 1), dtype=kv_dtype) for _ in range(2)]
     store_kv_cache_reference(key, value, caches[0], caches[1], slots)
-    store_kv_cache_triton(key, value, caches[2], caches[3], slots)
-    for ref, got in ((caches[0], caches[2]), (caches[1], caches[3])):
-        assert torch.equal(ref.view(torch.int8), got.view(torch.int8))
-    flat = caches[0].view(-1, kv_heads, head + 1)
-    assert (flat[3].view(torch.int8) == 0).all(), "slot -1 must write nothing"
+    on_device = [torch.zeros_like(c, device=device) for c in caches]
+    store_kv_cache_triton(key.to(device), value.to(device), on_device[0], on_device[1],
+                          slots.to(device))
+    for ref, got in zip(caches, on_device, strict=True):
+        assert torch.equal(ref.view(torch.int8), got.cpu().view(torch.int8))
+    flat = on_device[0].cpu().view(-1, kv_heads, head + 1)
+    assert (flat[3].view(torch.int8) == 0).all(), "slot 3 is no token's: untouched"
 
 
-def test_triton_e4m3_rounding_equals_torch_everywhere() -> None:
+def test_triton_e4m3_rounding_equals_torch_everywhere(device: str) -> None:
     """Every e4m3 value, every midpoint between neighbours (ties go to even) and points
     just off them, each in a row whose 448 pins the scale to 1: the Triton store's
     integer-built e4m3 bits must equal torch's cast."""
@@ -128,11 +130,11 @@ def test_triton_e4m3_rounding_equals_torch_everywhere() -> None:
     key = key.view(rows, 1, 64)
     slots = torch.arange(rows)
     ref = [torch.zeros((rows, 1, 1, 65), dtype=torch.float8_e4m3fn) for _ in range(2)]
-    got = [torch.zeros_like(ref[0]) for _ in range(2)]
+    got = [torch.zeros_like(ref[0], device=device) for _ in range(2)]
     store_kv_cache_reference(key, key, ref[0], ref[1], slots)
-    store_kv_cache_triton(key, key, got[0], got[1], slots)
+    store_kv_cache_triton(key.to(device), key.to(device), got[0], got[1], slots.to(device))
     assert (_exponents(ref[0]) == 0).all()
-    assert torch.equal(ref[0].view(torch.int8), got[0].view(torch.int8))
+    assert torch.equal(ref[0].view(torch.int8), got[0].cpu().view(torch.int8))
 
 
 @pytest.mark.parametrize("kv_dtype", QUANT_DTYPES)
