@@ -89,6 +89,7 @@ def quantize_rows(rows: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
 
 def dequantize_rows(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Float rows ``[..., head_size]`` of ``dtype`` back from quantized ``[..., head_size + 1]``."""
-    exponent = packed.view(torch.int8)[..., -1].to(torch.int32)
-    values = packed[..., :-1].float() * power_of_two(exponent)[..., None]
-    return values.to(dtype)
+    scale = power_of_two(packed.view(torch.int8)[..., -1].to(torch.int32))[..., None]
+    # One cast into a fresh float32 tensor, then an in-place multiply (faster on CPU than
+    # a mixed int8 * float32 multiply, and float8 has no mixed kernels at all).
+    return packed[..., :-1].float().mul_(scale).to(dtype)
