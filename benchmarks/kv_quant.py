@@ -12,6 +12,8 @@ configuration gets from one ``--kv-cache-memory``.
     python benchmarks/kv_quant.py                 # prints the table, writes JSON
     python benchmarks/kv_quant.py --quick         # two windows (smoke test)
     python benchmarks/kv_quant.py --decode-batch 8  # also decode tokens/s per cache dtype
+      (512-token prompts; rounds after the first hit the prefix cache, so they time
+      mostly decoding, which is where the cache dtype matters)
 
 ``window_logits`` / ``kv_cache_perplexity`` are the functions a quality benchmark can call.
 """
@@ -22,6 +24,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from array import array
@@ -70,16 +73,17 @@ class QualityResult:
     top1_agreement: float | None  # with the first configuration, teacher-forced
     total_blocks: int
     seconds: float
-    decode_tokens_per_s: float | None = None  # with --decode-batch
+    decode_tokens_per_s: float | None = None  # with --decode-batch: median of the rounds
 
 
 def decode_tokens_per_s(engine: Any, token_ids: Sequence[int], batch: int,
-                        new_tokens: int) -> float:
-    """Output tokens/s of ``batch`` greedy requests (prompts: 128-token slices of the text)
-    each generating ``new_tokens``; the prompts' prefill is included in the time."""
+                        new_tokens: int, prompt_len: int = 512) -> float:
+    """Output tokens/s of ``batch`` greedy requests (prompts: ``prompt_len``-token slices of
+    the text) each generating ``new_tokens``; the prompts' prefill is included."""
     from kvrelay_worker.engine import LLM, SamplingParams
 
-    prompts = [list(token_ids[i * 128 : (i + 1) * 128]) for i in range(batch)]
+    prompts = [list(token_ids[i * prompt_len % len(token_ids):][:prompt_len])
+               for i in range(batch)]
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     llm = LLM.from_engine(engine)
     llm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
@@ -144,11 +148,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         token_ids = token_ids[: 2 * args.window]
     results: list[QualityResult] = []
     reference: list[torch.Tensor] | None = None
+    engines = {}
     for kv_dtype in args.kv_cache_dtypes:
         config = EngineConfig(model=args.model, device=args.device,
                               kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=kv_dtype)
         engine = LLMEngine.from_model(config, base.engine.model, base.tokenizer,
                                       model_id=base.engine.model_id)
+        engines[kv_dtype] = engine
         began = time.perf_counter()
         nll, scored, argmaxes = kv_cache_perplexity(engine, token_ids, args.window)
         seconds = time.perf_counter() - began
@@ -158,18 +164,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             same = sum(int((a == b).sum()) for a, b in zip(argmaxes, reference, strict=True))
             agreement = same / scored
-        speed = None
-        if args.decode_batch:
-            speed = decode_tokens_per_s(engine, token_ids, args.decode_batch, args.decode_tokens)
         results.append(QualityResult(
             kv_cache_dtype=kv_dtype, tokens_scored=scored, windows=len(argmaxes), nll=nll,
             perplexity=math.exp(nll), top1_agreement=agreement,
-            total_blocks=engine.stats()["total_blocks"], seconds=seconds,
-            decode_tokens_per_s=speed))
-        del engine
+            total_blocks=engine.stats()["total_blocks"], seconds=seconds))
+    if args.decode_batch:  # rounds alternate between the configurations: drift hits all
+        speeds: dict[str, list[float]] = {k: [] for k in engines}
+        for _ in range(args.decode_rounds):
+            for kv_dtype, engine in engines.items():
+                speeds[kv_dtype].append(decode_tokens_per_s(
+                    engine, token_ids, args.decode_batch, args.decode_tokens))
+        for result in results:
+            result.decode_tokens_per_s = statistics.median(speeds[result.kv_cache_dtype])
     return {"model": args.model, "device": args.device, "window": args.window,
             "kv_cache_memory": args.kv_cache_memory, "threads": args.threads,
             "decode_batch": args.decode_batch, "decode_tokens": args.decode_tokens,
+            "decode_rounds": args.decode_rounds,
             "text_chars": len(text), "tokens": len(token_ids), "quick": args.quick,
             "machine": platform.machine(), "torch": torch.__version__,
             "results": [asdict(r) for r in results]}
@@ -211,6 +221,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--decode-batch", type=int, default=0,
                         help="also time greedy decoding of this many requests (0: off)")
     parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--decode-rounds", type=int, default=3,
+                        help="rounds of decode timing, alternating configurations (median)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "measured" / "cpu-kv-quant.json")
