@@ -19,6 +19,7 @@ from kvrelay_kernels.checks import (
     check_same_dtype,
     check_shape,
 )
+from kvrelay_kernels.kv_quant import QUANTIZED_KV_DTYPES, kv_row_size
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 
 SUPPORTED_HEAD_SIZES = (64, 80, 96, 128, 256)
@@ -41,7 +42,9 @@ def check_paged_attention_args(
     num_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[2]
     num_seqs = seq_lens.shape[0]
-    check_shape("key_cache", key_cache, (None, None, num_kv_heads, head_size))
+    check_dtype("key_cache", key_cache, FLOAT_DTYPES + QUANTIZED_KV_DTYPES)
+    row = kv_row_size(head_size, key_cache.dtype)
+    check_shape("key_cache", key_cache, (None, None, num_kv_heads, row))
     check_shape("value_cache", value_cache, tuple(key_cache.shape))
     check_shape("block_tables", block_tables, (num_seqs, None))
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
@@ -50,7 +53,6 @@ def check_paged_attention_args(
             f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})"
         )
     check_dtype("query", query, FLOAT_DTYPES)
-    check_dtype("key_cache", key_cache, FLOAT_DTYPES)
     check_same_dtype(key_cache=key_cache, value_cache=value_cache)
     for name, t in (("block_tables", block_tables), ("query_start_loc", query_start_loc),
                     ("seq_lens", seq_lens)):
@@ -113,7 +115,9 @@ def paged_attention(
     - ``query``: ``[num_tokens, num_heads, head_size]``, the sequences' new tokens back to
       back (no padding); ``query_start_loc`` (``[num_seqs + 1]``) gives their offsets.
     - ``key_cache``/``value_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]``;
-      the new tokens' K/V must already be stored (see ``store_kv_cache``).
+      the new tokens' K/V must already be stored (see ``store_kv_cache``). A quantized
+      cache (int8 or float8_e4m3fn, rows of ``head_size + 1``: see ``kv_quant``) is
+      dequantized as it is read.
     - ``block_tables``: ``[num_seqs, max_blocks]``; entries past a sequence's last block
       are never read. ``seq_lens``: ``[num_seqs]``, each context length including the new
       tokens, so new token ``j`` of a sequence with ``q`` new tokens sits at position

@@ -17,6 +17,7 @@ from kvrelay_kernels.checks import (
     check_same_dtype,
     check_shape,
 )
+from kvrelay_kernels.kv_quant import QUANTIZED_KV_DTYPES, is_quantized_kv, kv_row_size
 from kvrelay_kernels.reference.kv_store import store_kv_cache_reference
 
 
@@ -29,14 +30,17 @@ def check_store_kv_cache_args(
 ) -> None:
     check_dims("key", key, 3)
     check_dims("key_cache", key_cache, 4)
-    num_tokens = key.shape[0]
-    _, _, num_kv_heads, head_size = key_cache.shape
+    check_dims("value", value, 3)
+    check_dtype("key_cache", key_cache, FLOAT_DTYPES + QUANTIZED_KV_DTYPES)
+    num_tokens, head_size = key.shape[0], key.shape[2]
+    num_kv_heads = key_cache.shape[2]
     check_shape("key", key, (num_tokens, num_kv_heads, head_size))
     check_shape("value", value, (num_tokens, num_kv_heads, head_size))
+    check_shape("key_cache", key_cache,
+                (None, None, num_kv_heads, kv_row_size(head_size, key_cache.dtype)))
     check_shape("value_cache", value_cache, tuple(key_cache.shape))
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_dtype("key", key, FLOAT_DTYPES)
-    check_dtype("key_cache", key_cache, FLOAT_DTYPES)
     check_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
     check_same_dtype(key=key, value=value)
     check_same_dtype(key_cache=key_cache, value_cache=value_cache)
@@ -46,7 +50,7 @@ def check_store_kv_cache_args(
     check_contiguous("value_cache", value_cache)
     check_last_dim_contiguous("key", key)
     check_last_dim_contiguous("value", value)
-    if key.dtype != key_cache.dtype:
+    if key.dtype != key_cache.dtype and not is_quantized_kv(key_cache.dtype):
         raise KernelArgumentError(
             f"key is {key.dtype} but the cache is {key_cache.dtype}; cast before storing"
         )
@@ -62,7 +66,9 @@ def store_kv_cache(
     """Copy each token's K/V (``[num_tokens, num_kv_heads, head_size]``) to its slot.
 
     Caches are ``[num_blocks, block_size, num_kv_heads, head_size]``; ``slot_mapping[i]``
-    is ``block * block_size + offset``, or -1 to skip token ``i`` (padding).
+    is ``block * block_size + offset``, or -1 to skip token ``i`` (padding). A quantized
+    cache (int8 or float8_e4m3fn, rows of ``head_size + 1``: see ``kv_quant``) gets each
+    token's rows quantized with their scale.
     """
     check_store_kv_cache_args(key, value, key_cache, value_cache, slot_mapping)
     if key.shape[0] == 0:

@@ -44,6 +44,8 @@ def is_simulated_model(model: str) -> bool:
 
 # The engine's preemption modes (engine/preemption.py; not imported: it needs torch).
 _PREEMPTION_MODES = ("auto", "swap", "recompute")
+# The engine's KV cache dtypes (engine/config.py: "auto" and KV_CACHE_DTYPES).
+_KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
 
 
 class SettingsError(ValueError):
@@ -110,6 +112,7 @@ class WorkerSettings:
     target_step_ms: float | None = None
     max_model_len: int | None = None
     kv_cache_memory: int | None = None
+    kv_cache_dtype: str | None = None
     gpu_memory_utilization: float | None = None
     preemption_mode: str | None = None
     swap_space_gib: float | None = None
@@ -177,6 +180,9 @@ class WorkerSettings:
             parse_ngram_range(self.speculative_ngram, "KVRELAY_SPECULATIVE_NGRAM")
         except SpeculativeSettingError as exc:
             raise SettingsError(str(exc)) from None
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+            raise SettingsError(f"KVRELAY_KV_CACHE_DTYPE must be one of "
+                                f"{', '.join(_KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise SettingsError(f"KVRELAY_TARGET_STEP_MS must be positive (milliseconds), "
                                 f"got {self.target_step_ms}")
@@ -274,6 +280,7 @@ class WorkerSettings:
             "target_step_ms": self.target_step_ms,
             "max_model_len": self.max_model_len,
             "kv_cache_memory": self.kv_cache_memory,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "preemption_mode": self.preemption_mode,
             "swap_space_gib": self.swap_space_gib,

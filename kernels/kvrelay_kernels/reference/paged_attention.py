@@ -26,15 +26,35 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from kvrelay_kernels.kv_quant import dequantize_rows, is_quantized_kv
+
+
+def _readable(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gathered cache rows as ``dtype`` floats: quantized rows are dequantized here, after
+    the gather, so only the context's rows are ever expanded."""
+    if is_quantized_kv(rows.dtype):
+        return dequantize_rows(rows, dtype)
+    return rows.to(dtype)
+
+
+def _gather_rows(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``cache.index_select(0, index)`` for any cache dtype (float8 has no CPU kernel for
+    it: its bytes are gathered instead)."""
+    if is_quantized_kv(cache.dtype):
+        return cache.view(torch.int8).index_select(0, index).view(cache.dtype)
+    return cache.index_select(0, index)
+
 
 def _gather_context(
-    cache: torch.Tensor, block_table: torch.Tensor, length: int
+    cache: torch.Tensor, block_table: torch.Tensor, length: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """Return ``[length, num_kv_heads, head_size]``: a sequence's first tokens in order."""
+    """Return ``[length, num_kv_heads, head_size]`` of ``dtype``: a sequence's first tokens
+    in order."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    blocks = cache[block_table[:num_blocks].to(torch.int64)]
-    return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
+    blocks = _gather_rows(cache, block_table[:num_blocks].to(torch.int64))
+    rows = blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
+    return _readable(rows, dtype)
 
 
 def _attend(
@@ -98,14 +118,15 @@ def _decode_batch(
     view (no further copy); the batch pads to its longest context under a mask. On CPU
     this is several times faster than batched matmuls over permuted copies.
     """
-    batch, head_size = query.shape[0], query.shape[2]
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    batch = query.shape[0]
+    block_size, num_kv_heads, row = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // block_size)
     index = block_tables[:, :num_blocks].reshape(-1).to(torch.int64)
     padded = num_blocks * block_size
-    keys = key_cache.index_select(0, index).view(batch, padded, num_kv_heads, head_size)
-    values = value_cache.index_select(0, index).view(batch, padded, num_kv_heads, head_size)
+    shape = (batch, padded, num_kv_heads, row)
+    keys = _readable(_gather_rows(key_cache, index).view(shape), query.dtype)
+    values = _readable(_gather_rows(value_cache, index).view(shape), query.dtype)
     positions = torch.arange(padded, device=query.device)
     mask = positions[None, :] < seq_lens.to(query.device)[:, None]
     return _attend_decode(query, keys, values, mask, scale, softcap)
@@ -129,8 +150,8 @@ def _decode_window_batch(
     ``0 * NaN``. Here every gathered slot holds a real key: a row shorter than the widest
     window repeats its last token (masked out) instead of reading past its context.
     """
-    batch, head_size = query.shape[0], query.shape[2]
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    batch = query.shape[0]
+    block_size, num_kv_heads, row = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     lens = seq_lens.to(device=block_tables.device, dtype=torch.int64)
     width = min(window, int(lens.max()))
     first = (lens - window).clamp(min=0)
@@ -139,9 +160,11 @@ def _decode_window_batch(
     positions = torch.minimum(positions, lens[:, None] - 1)
     blocks = block_tables.to(torch.int64).gather(1, positions // block_size)
     slots = (blocks * block_size + positions % block_size).reshape(-1)
-    shape = (batch, width, num_kv_heads, head_size)
-    keys = key_cache.view(-1, num_kv_heads, head_size).index_select(0, slots).view(shape)
-    values = value_cache.view(-1, num_kv_heads, head_size).index_select(0, slots).view(shape)
+    shape = (batch, width, num_kv_heads, row)
+    keys = _readable(_gather_rows(key_cache.view(-1, num_kv_heads, row), slots).view(shape),
+                     query.dtype)
+    values = _readable(
+        _gather_rows(value_cache.view(-1, num_kv_heads, row), slots).view(shape), query.dtype)
     return _attend_decode(query, keys, values, visible.to(query.device), scale, softcap)
 
 
@@ -165,8 +188,8 @@ def _prefill_one(
     skip = first // block_size  # whole blocks before the first window: never read
     offset = skip * block_size
     table = block_table[skip:]
-    keys = _gather_context(key_cache, table, seq_len - offset)[first - offset :]
-    values = _gather_context(value_cache, table, seq_len - offset)[first - offset :]
+    keys = _gather_context(key_cache, table, seq_len - offset, query.dtype)[first - offset :]
+    values = _gather_context(value_cache, table, seq_len - offset, query.dtype)[first - offset :]
     key_pos = torch.arange(first, seq_len, device=query.device)
     query_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
     mask = key_pos[None, :] <= query_pos[:, None]
@@ -174,8 +197,8 @@ def _prefill_one(
         mask &= key_pos[None, :] > query_pos[:, None] - window
     out = _attend(
         query.transpose(0, 1),
-        keys.transpose(0, 1).to(query.dtype),
-        values.transpose(0, 1).to(query.dtype),
+        keys.transpose(0, 1),
+        values.transpose(0, 1),
         mask[None],
         scale,
         softcap,

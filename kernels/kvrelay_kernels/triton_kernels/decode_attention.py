@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from kvrelay_kernels.triton_kernels.dot import mma_precision, mma_widen
+from kvrelay_kernels.triton_kernels.kv_store import quant_code
 from kvrelay_kernels.triton_kernels.launch_config import DecodeConfig
 from kvrelay_kernels.triton_kernels.online_softmax import attend_tile
 
@@ -67,7 +68,7 @@ def _decode_split_kernel(
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
     DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_WIDEN: tl.constexpr,
-    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -108,6 +109,7 @@ def _decode_split_kernel(
             stride_cache_block, stride_cache_slot, qk_scale_log2, window, softcap_log2,
             BLOCK_SIZE, False, DOT_PRECISION, DOT_WIDEN,
             False, SOFTCAP,  # the split range is the window already: no window mask
+            HEAD, QUANT,
         )
 
     if DIRECT:
@@ -197,6 +199,9 @@ def decode_attention(
         part_sum = torch.empty_like(part_max)
         part_acc = torch.empty((num_seqs, num_heads, num_splits, head_size),
                                dtype=torch.float32, device=query.device)
+    quant = quant_code(key_cache.dtype)
+    if quant:  # the kernel reads quantized caches as bytes (values, then the scale byte)
+        key_cache, value_cache = key_cache.view(torch.int8), value_cache.view(torch.int8)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
         out, part_max, part_sum, part_acc,
@@ -212,7 +217,7 @@ def decode_attention(
         BLOCK_SIZE=block_size, TILE_N=config.tile_n,
         DIRECT=direct,
         DOT_PRECISION=mma_precision(query.dtype), DOT_WIDEN=mma_widen(query.dtype),
-        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None,
+        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None, QUANT=quant,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if direct:

@@ -21,6 +21,10 @@ Two constexpr options, off by default so the plain kernels compile exactly as be
   ``log2(e)`` and ``tanh`` commutes with that scaling as ``k * tanh(x / k)``). Triton has
   no ``tanh`` in every version; ``(1 - e) / (1 + e)`` with ``e = exp(-2|y|)`` in ``(0, 1]``
   never overflows.
+
+``QUANT`` (1 int8, 2 float8 e4m3; 0 float) reads a quantized cache (``kv_quant``): the
+caches come as int8 bytes with rows of ``HEAD + 1``, the last byte the row's power-of-two
+exponent; each tile's values are scaled back to floats right after their load.
 """
 
 from __future__ import annotations
@@ -40,6 +44,22 @@ def _tanh(y):
 
 
 @triton.jit
+def _load_rows(cache_ptr, kv_offset, token_offset, kv_mask, n_mask, dtype,
+               HEAD: tl.constexpr, QUANT: tl.constexpr):
+    """A tile's K or V rows as ``dtype``, dequantized when the cache is quantized."""
+    if QUANT:
+        raw = tl.load(cache_ptr + kv_offset, mask=kv_mask, other=0)
+        if QUANT == 1:
+            values = raw.to(tl.float32)
+        else:
+            values = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        exponent = tl.load(cache_ptr + token_offset + HEAD, mask=n_mask, other=0)
+        scale = ((exponent.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+        return (values * scale[:, None]).to(dtype)
+    return tl.load(cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(dtype)
+
+
+@triton.jit
 def attend_tile(
     q, acc, row_max, row_sum, q_pos,
     k_cache_ptr, v_cache_ptr, table, head_offset,
@@ -48,6 +68,7 @@ def attend_tile(
     BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_WIDEN: tl.constexpr,
     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
+    HEAD: tl.constexpr = 0, QUANT: tl.constexpr = 0,
 ):
     """Fold context tokens ``tile_start + offs_n`` into ``(acc, row_max, row_sum)``.
 
@@ -60,7 +81,7 @@ def attend_tile(
                     + head_offset)
     kv_offset = token_offset[:, None] + offs_d[None, :]
     kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
+    k = _load_rows(k_cache_ptr, kv_offset, token_offset, kv_mask, n_mask, q.dtype, HEAD, QUANT)
     scores = mma(q, tl.trans(k), DOT_PRECISION, DOT_WIDEN) * qk_scale_log2
     if SOFTCAP:  # constexprs below too: resolved when the kernel is compiled
         scores = softcap_log2 * _tanh(scores * (1.0 / softcap_log2))
@@ -77,6 +98,6 @@ def attend_tile(
     alpha = tl.exp2(row_max - shift)
     probs = tl.exp2(scores - shift[:, None])
     row_sum = row_sum * alpha + tl.sum(probs, 1)
-    v = tl.load(v_cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(q.dtype)
+    v = _load_rows(v_cache_ptr, kv_offset, token_offset, kv_mask, n_mask, q.dtype, HEAD, QUANT)
     acc = acc * alpha[:, None] + mma(probs.to(q.dtype), v, DOT_PRECISION, DOT_WIDEN)
     return acc, new_max, row_sum

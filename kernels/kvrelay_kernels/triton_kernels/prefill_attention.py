@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kvrelay_kernels.triton_kernels.dot import mma_precision, mma_widen
+from kvrelay_kernels.triton_kernels.kv_store import quant_code
 from kvrelay_kernels.triton_kernels.launch_config import PrefillConfig
 from kvrelay_kernels.triton_kernels.online_softmax import attend_tile
 
@@ -61,7 +62,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_WIDEN: tl.constexpr,
-    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, QUANT: tl.constexpr,
 ):
     virtual_tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -104,7 +105,7 @@ def _prefill_kernel(
             k_cache_ptr, v_cache_ptr, table, head_offset,
             tile_start, kv_end, offs_n, offs_d, d_mask,
             stride_cache_block, stride_cache_slot, qk_scale_log2, window, softcap_log2,
-            BLOCK_SIZE, True, DOT_PRECISION, DOT_WIDEN, WINDOWED, SOFTCAP,
+            BLOCK_SIZE, True, DOT_PRECISION, DOT_WIDEN, WINDOWED, SOFTCAP, HEAD, QUANT,
         )
 
     if WINDOWED:  # padding rows may have seen no key at all: 0 / 0 (never stored)
@@ -139,6 +140,9 @@ def prefill_attention(
     num_seqs = seq_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     grid = (num_tokens // config.block_q + num_seqs, num_kv_heads)
+    quant = quant_code(key_cache.dtype)
+    if quant:  # the kernel reads quantized caches as bytes (values, then the scale byte)
+        key_cache, value_cache = key_cache.view(torch.int8), value_cache.view(torch.int8)
     _prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
         scale * math.log2(math.e), sliding_window or 0,
@@ -152,6 +156,6 @@ def prefill_attention(
         BLOCK_SIZE=block_size, BLOCK_M=config.block_m, BLOCK_Q=config.block_q,
         TILE_N=config.tile_n,
         DOT_PRECISION=mma_precision(query.dtype), DOT_WIDEN=mma_widen(query.dtype),
-        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None,
+        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None, QUANT=quant,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

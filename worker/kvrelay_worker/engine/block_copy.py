@@ -18,5 +18,13 @@ def copy_blocks(caches: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]
     device = caches[0].device
     src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=device)
     dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device)
-    for cache in caches:  # [2, blocks, block_size, kv_heads, head_dim]
-        cache.index_copy_(1, dst, cache.index_select(1, src))
+    for cache in caches:  # [2, blocks, block_size, kv_heads, row]
+        raw = as_bytes(cache)
+        raw.index_copy_(1, dst, raw.index_select(1, src))
+
+
+def as_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """A float8 cache viewed as int8 (torch has no index_copy_ for float8); others as is.
+
+    A quantized block is moved as its bytes, values and scales together."""
+    return cache.view(torch.int8) if cache.dtype == torch.float8_e4m3fn else cache

@@ -32,6 +32,13 @@ _DTYPES = {
     "bf16": torch.bfloat16,
 }
 
+# kv_cache_dtype choices: "auto" stores K/V in the model's dtype; the others quantize
+# each token's row per KV head with a power-of-two scale (kvrelay_kernels/kv_quant.py).
+KV_CACHE_DTYPES = {
+    "int8": torch.int8,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
+
 # KV block sizes (tokens per block) the engine accepts; tests/kernels/test_block_sizes.py
 # runs the attention and KV-store kernels at every one of them.
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -53,6 +60,12 @@ class EngineConfig:
     falls back to recompute whenever the host pool is full. ``swap_space_gib`` sizes that
     host pool, on the GPU (pinned memory) as on the CPU (a second set of CPU tensors);
     ``num_swap_blocks`` overrides it, in blocks. The recompute mode allocates no host pool.
+
+    ``kv_cache_dtype``: ``"auto"`` keeps K/V in ``dtype``; ``"int8"`` and ``"fp8_e4m3"``
+    store each (token, KV head) row as one-byte values plus a one-byte power-of-two scale
+    (``kvrelay_kernels/kv_quant.py``), so the same memory holds about 4x the blocks of a
+    float32 cache (2x of bfloat16), at a small quality cost (``benchmarks/kv_quant.py``).
+    Both run on CPU (the reference attention) and CUDA (the Triton kernels).
 
     ``target_step_ms`` is an inter-token latency target: when set, each step's prompt
     chunks are sized by a cost model fitted to the measured step times so that the step
@@ -77,6 +90,8 @@ class EngineConfig:
     model: str = "smollm2-135m-instruct"
     device: str = "auto"
     dtype: str = "auto"
+    # "auto" (the model's dtype), "int8" or "fp8_e4m3"; see the class docstring.
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
@@ -162,6 +177,11 @@ class EngineConfig:
             raise EngineConfigError(
                 f"unknown dtype {self.dtype!r}; use auto, float32, float16 or bfloat16"
             )
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise EngineConfigError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; use auto, "
+                f"{', '.join(KV_CACHE_DTYPES)}"
+            )
         try:
             device = self.torch_device
         except RuntimeError as exc:
@@ -204,3 +224,10 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+    @property
+    def torch_kv_cache_dtype(self) -> torch.dtype:
+        """The KV cache tensors' dtype: the model's, or a quantized one (int8, float8)."""
+        if self.kv_cache_dtype == "auto":
+            return self.torch_dtype
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]

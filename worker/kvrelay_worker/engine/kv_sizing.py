@@ -24,7 +24,8 @@ _CUDA_RESERVE_BYTES = 512 << 20
 
 
 def decide_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
-    per_block = kv_bytes_per_block(runner.model, config.block_size, config.torch_dtype)
+    per_block = kv_bytes_per_block(runner.model, config.block_size,
+                                   config.torch_kv_cache_dtype)
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if runner.device.type != "cuda":
@@ -73,7 +74,8 @@ def decide_num_swap_blocks(config: EngineConfig, runner: ModelRunner) -> int:
         return 0
     if config.num_swap_blocks is not None:
         return config.num_swap_blocks
-    per_block = kv_bytes_per_block(runner.model, config.block_size, config.torch_dtype)
+    per_block = kv_bytes_per_block(runner.model, config.block_size,
+                                   config.torch_kv_cache_dtype)
     blocks = int(config.swap_space_gib * 2**30) // per_block
     if blocks < 1 and config.preemption_mode == "swap":
         raise EngineConfigError(

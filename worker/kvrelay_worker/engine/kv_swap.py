@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from kvrelay_worker.engine.block_copy import as_bytes
+
 # (source block id, destination block id): device->host for a swap-out, host->device back.
 BlockPairs = Sequence[tuple[int, int]]
 
@@ -59,6 +61,7 @@ def copy_to_host(device_caches: Sequence[torch.Tensor], host_caches: Sequence[to
     device_ids = torch.tensor([d for d, _ in pairs], dtype=torch.int64, device=device)
     runs = contiguous_runs([h for _, h in pairs])
     for dev, host in zip(device_caches, host_caches, strict=True):
+        dev, host = as_bytes(dev), as_bytes(host)
         # Gathered into block-major order on the device, so each run is one copy.
         staged = dev.index_select(1, device_ids).transpose(0, 1).contiguous()
         for start, first, length in runs:
@@ -75,6 +78,7 @@ def copy_to_device(host_caches: Sequence[torch.Tensor], device_caches: Sequence[
     device_ids = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device)
     runs = contiguous_runs([h for h, _ in pairs])
     for dev, host in zip(device_caches, host_caches, strict=True):
+        dev, host = as_bytes(dev), as_bytes(host)
         staged = torch.empty((len(pairs), *host.shape[1:]), dtype=host.dtype, device=device)
         for start, first, length in runs:
             staged[start : start + length].copy_(host[first : first + length],

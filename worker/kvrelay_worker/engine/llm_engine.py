@@ -122,7 +122,8 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = eos_token_ids_of(model, tokenizer)
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
-        self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype)
+        self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
+                                  config.torch_kv_cache_dtype)
         num_blocks = decide_num_blocks(config, self.runner)
         capacity = num_blocks * config.block_size
         max_len = self._default_max_len(config, model.config.max_position_embeddings)
@@ -149,6 +150,10 @@ class LLMEngine:
             max_len = config.max_num_batched_tokens
         self.max_model_len = max_len
         self.runner.allocate_kv_cache(num_blocks)
+        log.info("KV cache: %d blocks of %d tokens, %s (kv_cache_dtype=%s), %.1f MiB",
+                 num_blocks, config.block_size, config.torch_kv_cache_dtype,
+                 config.kv_cache_dtype, num_blocks * kv_bytes_per_block(
+                     model, config.block_size, config.torch_kv_cache_dtype) / 2**20)
         self.runner.prepare_decode(min(config.max_num_seqs, config.cuda_graph_max_batch),
                                    max_len, config.enable_cuda_graphs)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
@@ -207,7 +212,7 @@ class LLMEngine:
         if num_host_blocks < 1:
             return None, PreemptionPolicy("recompute")
         self.host_kv_caches = allocate_host_kv(self.runner.kv_caches, num_host_blocks)
-        per_block = kv_bytes_per_block(model, config.block_size, config.torch_dtype)
+        per_block = kv_bytes_per_block(model, config.block_size, config.torch_kv_cache_dtype)
         num_params = sum(p.numel() for p in model.parameters())
         cost = SwapCostModel.estimate(num_params, per_block, self.device)
         return SwapSpace(num_host_blocks), PreemptionPolicy(mode, cost)

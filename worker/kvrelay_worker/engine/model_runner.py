@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvrelay_kernels.kv_quant import kv_row_size
 from kvrelay_worker.engine.cuda_graphs import DecodeRunner
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.host_batch import HostBatch
@@ -35,21 +36,26 @@ class ModelInputs:
 
 log = logging.getLogger(__name__)
 
-def kv_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(model: CausalLM, block_size: int, kv_dtype: torch.dtype) -> int:
+    """Bytes of one block over all layers, K and V, in a cache of ``kv_dtype`` (a quantized
+    cache's rows include their scale byte)."""
     cfg = model.config
-    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-    return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+    row = kv_row_size(cfg.head_dim, kv_dtype)
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * row
+    return per_token * block_size * torch.empty((), dtype=kv_dtype).element_size()
 
 
 class ModelRunner:
     """Runs one step of the model over a flattened batch, reading and writing the KV cache."""
 
     def __init__(self, model: CausalLM, block_size: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, kv_cache_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
         self.dtype = dtype
+        # The cache tensors' dtype: the model's, or int8 / float8 (quantized rows).
+        self.kv_cache_dtype = dtype if kv_cache_dtype is None else kv_cache_dtype
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.decode_runner: DecodeRunner | None = None
@@ -72,9 +78,10 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         cfg = self.model.config
-        shape = (2, num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        row = kv_row_size(cfg.head_dim, self.kv_cache_dtype)
+        shape = (2, num_blocks, self.block_size, cfg.num_key_value_heads, row)
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
             for _ in range(cfg.num_hidden_layers)
         ]
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
