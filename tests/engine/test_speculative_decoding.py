@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from helpers.engine_run import final_outputs, run_engine
 
-from kvrelay_worker.engine import LLM, LLMEngine, RequestOutput, SamplingParams
+from kvrelay_worker.engine import LLM, RequestOutput, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
