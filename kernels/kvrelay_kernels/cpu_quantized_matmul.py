@@ -1,0 +1,121 @@
+"""Weight-only quantized matmul on CPU: a dequantize-multiply-reduce loop compiled by inductor.
+
+Batch-1 decode streams every weight byte once per token, so its speed is the bytes read.
+Measured (issue 17, one 576x1536 projection, 2 threads): float32 ``F.linear`` 340 us,
+``aten._weight_int8pack_mm`` 397 us, the loop below compiled by ``torch.compile`` 55 us.
+The generated C++ reads the packed bytes, converts them to float in vector registers and
+multiplies into the running sum; the float weight is never written out.
+
+For many rows (prefill, large batches) the loop re-reads the weight once per row and loses
+to dequantizing the matrix once and calling the float GEMM: rows above
+``DEQUANTIZE_ABOVE_ROWS`` take that path (measured by ``benchmarks/quant_matmul_rows.py``).
+
+One compiled function per weight shape, so only the row count is dynamic (inductor then
+compiles at most twice per shape: one row, then any number). Compiled code is cached on
+disk in inductor's cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the kvrelay cache),
+so a restarted worker loads it instead of compiling again. Any failure to compile (no C++
+compiler) switches this process to the reference path, once, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kvrelay_kernels.quantized_weight import QuantizedWeight
+
+log = logging.getLogger(__name__)
+
+# Rows (tokens) above which dequantize-then-GEMM beats the fused loop; see module docstring.
+DEQUANTIZE_ABOVE_ROWS = 4
+
+Kernel = Callable[..., torch.Tensor]
+_compiled: dict[tuple[str, int, int, int, int], Kernel] = {}
+_broken: list[str] = []  # the reason compilation failed in this process, once it has
+
+
+def _int8_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    n, k = qweight.shape
+    g = k // scales.shape[1]
+    scale = scales.float()[:, :, None].expand(n, k // g, g).reshape(n, k)
+    return (x.float()[:, None, :] * (qweight.float() * scale)[None]).sum(-1)
+
+
+def _int4_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+               mins: torch.Tensor) -> torch.Tensor:
+    n, half = qweight.shape
+    k = 2 * half
+    g = k // scales.shape[1]
+    scale = scales.float()[:, :, None].expand(n, k // g, g).reshape(n, k)
+    low_min = mins.float()[:, :, None].expand(n, k // g, g).reshape(n, k)
+    low = (qweight & 15).float() * scale[:, :half] + low_min[:, :half]
+    high = (qweight >> 4).float() * scale[:, half:] + low_min[:, half:]
+    xf = x.float()
+    return (xf[:, None, :half] * low[None] + xf[:, None, half:] * high[None]).sum(-1)
+
+
+def _dequantize(qweight: torch.Tensor, scales: torch.Tensor,
+                mins: torch.Tensor | None) -> torch.Tensor:
+    n = qweight.shape[0]
+    groups = scales.shape[1]
+    if mins is None:
+        values = qweight.float()
+    else:
+        values = torch.cat((qweight & 15, qweight >> 4), dim=-1).float()
+    k = values.shape[1]
+    grouped = values.reshape(n, groups, k // groups) * scales.float()[..., None]
+    if mins is not None:
+        grouped = grouped + mins.float()[..., None]
+    return grouped.reshape(n, k)
+
+
+def _default_cache_dir() -> None:
+    """Keep inductor's artefacts beside kvrelay's other caches unless told otherwise."""
+    root = Path(os.environ.get("KVRELAY_CACHE_DIR", "~/.cache/kvrelay")).expanduser()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+
+
+def _kernel(kind: str, weight: QuantizedWeight) -> Kernel:
+    key = (kind, weight.bits, weight.out_features, weight.in_features, weight.group_size)
+    kernel = _compiled.get(key)
+    if kernel is None:
+        _default_cache_dir()
+        body: Kernel = _dequantize
+        if kind == "rows":
+            body = _int8_rows if weight.bits == 8 else _int4_rows
+        kernel = torch.compile(body, fullgraph=True)
+        _compiled[key] = kernel
+    return kernel
+
+
+def compiled_matmul_available() -> bool:
+    """False once compiling failed in this process (the reference path is used from then)."""
+    return not _broken
+
+
+def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,
+                         bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``x @ dequantize(weight).T + bias`` (2-D ``x``), or None if compiling is impossible."""
+    if _broken:
+        return None
+    try:
+        if x.shape[0] > DEQUANTIZE_ABOVE_ROWS:
+            matrix = _kernel("dequantize", weight)(weight.qweight, weight.scales, weight.mins)
+            out = F.linear(x.float(), matrix, None if bias is None else bias.float())
+            return out.to(x.dtype)
+        args = (weight.qweight, weight.scales) if weight.bits == 8 else (
+            weight.qweight, weight.scales, weight.mins)
+        out = _kernel("rows", weight)(x, *args)
+    except Exception as exc:
+        _broken.append(f"{type(exc).__name__}: {exc}")
+        log.warning("compiling the quantized CPU matmul failed; using the (slower) reference "
+                    "path from now on: %s", _broken[0][:500])
+        return None
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
