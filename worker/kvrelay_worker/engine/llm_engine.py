@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,6 +51,10 @@ from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
+from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
+
+if TYPE_CHECKING:
+    from kvrelay_worker.loading.model_files import LoadedModelFiles
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +76,22 @@ class LLMEngine:
         bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)
         max_len = self._default_max_len(config, files.config.max_position_embeddings)
+        model = self._build_model(config, files, max_len)
+        self._setup(config, model, files.tokenizer, model_id=files.name)
+
+    @staticmethod
+    def _build_model(config: EngineConfig, files: LoadedModelFiles, max_len: int) -> CausalLM:
+        """The model with float weights, or quantized as ``config.quantization`` says."""
+        method = config.weight_quantization
         model = build_model(files.config, files.weights(), config.torch_dtype,
                             config.torch_device, max_position=max_len)
-        self._setup(config, model, files.tokenizer, model_id=files.name)
+        if method in ("int8", "int4"):
+            quantize_model(model, method, config.quantization_group_size)
+        elif method != "none":
+            raise EngineConfigError(f"quantization {method!r} is not available yet")
+        log.info("model weights: %.1f MiB (%s)", weight_bytes(model) / 2**20,
+                 "float" if method == "none" else method)
+        return model
 
     @classmethod
     def from_model(cls, config: EngineConfig, model: CausalLM, tokenizer: Any,
