@@ -83,14 +83,36 @@ class LLMEngine:
     def _build_model(config: EngineConfig, files: LoadedModelFiles, max_len: int) -> CausalLM:
         """The model with float weights, or quantized as ``config.quantization`` says."""
         method = config.weight_quantization
+        if method == "gguf":
+            return LLMEngine._build_gguf_model(config, files, max_len)
         model = build_model(files.config, files.weights(), config.torch_dtype,
                             config.torch_device, max_position=max_len)
         if method in ("int8", "int4"):
             quantize_model(model, method, config.quantization_group_size)
-        elif method != "none":
-            raise EngineConfigError(f"quantization {method!r} is not available yet")
         log.info("model weights: %.1f MiB (%s)", weight_bytes(model) / 2**20,
                  "float" if method == "none" else method)
+        return model
+
+    @staticmethod
+    def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
+                          max_len: int) -> CausalLM:
+        """Read the GGUF file itself, its quantized blocks kept (``gguf_quantized_model``)."""
+        from kvrelay_worker.loading.gguf_file import GGUFCheckpoint
+        from kvrelay_worker.loading.gguf_quantized_model import build_gguf_quantized_model
+
+        if files.source.kind != "gguf":
+            raise EngineConfigError(
+                f"quantization='gguf' keeps a GGUF file's quantized blocks, but "
+                f"{files.name!r} is a Hugging Face folder; use int8 or int4 to quantize it"
+            )
+        model, formats = build_gguf_quantized_model(
+            GGUFCheckpoint(files.source.path), config.torch_dtype, config.torch_device, max_len)
+        counts: dict[str, int] = {}
+        for fmt in formats.values():
+            key = f"{fmt.gguf_type} {fmt.how}"
+            counts[key] = counts.get(key, 0) + 1
+        log.info("model weights: %.1f MiB kept from GGUF (%s)", weight_bytes(model) / 2**20,
+                 ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         return model
 
     @classmethod
