@@ -19,6 +19,8 @@ from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.teacher_forcing import sequence_logits
 from kvrelay_worker.loading import cache_layout
 from kvrelay_worker.loading.gguf_blocks import repack_blocks
+from kvrelay_worker.loading.gguf_storage import gguf_storage
+from kvrelay_worker.models.quantize_model import weight_bytes
 from kvrelay_worker.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
 Q = gguf.GGMLQuantizationType
@@ -80,6 +82,8 @@ def test_kept_quantized_engine_matches_the_dequantised_one(
     assert isinstance(model.layers[0].mlp.gate_up_proj, QuantizedLinear)
     assert isinstance(model.lm_head, QuantizedLinear)
     assert isinstance(model.embed_tokens, QuantizedEmbedding)
+    # what `kvrelay models` predicts from the tensor headers is what is resident
+    assert gguf_storage(path).kept_quantized_bytes == weight_bytes(model)
     expected = sequence_logits(dequantised.engine, PROMPT)
     torch.testing.assert_close(sequence_logits(kept.engine, PROMPT), expected,
                                rtol=1e-4, atol=1e-4)

@@ -120,10 +120,11 @@ class WorkerRuntime:
         self.heartbeat.start()
         self.failover.start()
         stats = self.engine.stats()
-        log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens; "
-                 "CPU threads: %s", self.settings.worker_id, self.settings.served_model,
-                 self.engine.device, stats["total_blocks"], stats["block_size"],
-                 self._cpu_threads())
+        log.info("kvrelay worker %s ready: model %s on %s, weights %.1f MiB (quantization "
+                 "%s), %d KV blocks of %d tokens; CPU threads: %s", self.settings.worker_id,
+                 self.settings.served_model, self.engine.device,
+                 stats.get("weight_bytes", 0) / 2**20, self.settings.quantization,
+                 stats["total_blocks"], stats["block_size"], self._cpu_threads())
 
     def _cpu_threads(self) -> str:
         """The torch thread settings for the ready line (a simulated worker has no torch)."""

@@ -151,6 +151,7 @@ class LLMEngine:
         bind_device(config.torch_device)
         self.config = config
         self.model = model
+        self.weight_bytes = weight_bytes(model)
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = config.torch_device
@@ -530,6 +531,7 @@ class LLMEngine:
             "total_swap_blocks": swap.num_blocks if swap is not None else 0,
             "max_batch_size": s.max_batch_size,
             "steps": self.num_steps,
+            "weight_bytes": self.weight_bytes,
             "max_model_len": self.max_model_len,
             "block_size": self.config.block_size,
         }

@@ -33,7 +33,7 @@ BLOCK = 32
 LOSSLESS_TYPES = ("Q8_0", "Q4_0", "Q4_1")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # Types of at most this many bits per weight are requantized to int4, others to int8.
-_FOUR_BIT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XXS",
+FOUR_BIT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XXS",
                    "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
 
 
@@ -74,7 +74,7 @@ def requantize(weight: torch.Tensor, kind: GGMLQuantizationType) -> QuantizedWei
     channel: a second rounding, so not bit-exact with the file (``kvrelay models`` and
     the load log say so).
     """
-    if kind.name in _FOUR_BIT_TYPES:
+    if kind.name in FOUR_BIT_TYPES:
         return quantize_int4(weight, BLOCK)
     return quantize_int8(weight)
 
