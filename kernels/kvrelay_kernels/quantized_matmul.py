@@ -1,6 +1,7 @@
 """Public entry point of weight-only quantized matmuls (int8 / int4 weights, float inputs).
 
-CPU tensors take the compiled
+CUDA tensors take the Triton W8A16/W4A16 kernel (dequantization fused into its tile
+loop); CPU tensors take the compiled
 dequantize-multiply-reduce loop (``cpu_quantized_matmul``) unless ``KVRELAY_KERNELS`` forces
 the reference, which is also where a machine without a C++ compiler ends up.
 """
@@ -44,7 +45,12 @@ def _matmul_2d(x: torch.Tensor, weight: QuantizedWeight,
                bias: torch.Tensor | None) -> torch.Tensor:
     if x.shape[0] == 0:
         return torch.empty((0, weight.out_features), dtype=x.dtype, device=x.device)
-    if select_backend(x.device) == "reference" and x.device.type == "cpu" and cpu_kernels_allowed():
+    backend = select_backend(x.device)
+    if backend == "triton":
+        from kvrelay_kernels.triton_kernels.quantized_matmul import quantized_matmul_triton
+
+        return quantized_matmul_triton(x, weight, bias)
+    if x.device.type == "cpu" and cpu_kernels_allowed():
         from kvrelay_kernels.cpu_quantized_matmul import quantized_matmul_cpu
 
         out = quantized_matmul_cpu(x, weight, bias)
