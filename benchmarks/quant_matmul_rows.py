@@ -70,7 +70,7 @@ def main() -> None:
         results.append(row)
         print(f"{rows:>4} {row['float32_us']:>11.0f} " + " ".join(
             f"{row[k + '_fused_us']:>11.0f} {row[k + '_dequant_us']:>11.0f}" for k in kinds))
-    out = Path(__file__).parent / "measured" / "quant_matmul_rows.json"
+    out = Path(__file__).parent / "measured" / "cpu-quant-matmul-rows.json"
     out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": results}, indent=1))
 
 
