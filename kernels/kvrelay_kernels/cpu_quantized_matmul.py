@@ -6,9 +6,10 @@ Measured (issue 17, one 576x1536 projection, 2 threads): float32 ``F.linear`` 34
 The generated C++ reads the packed bytes, converts them to float in vector registers and
 multiplies into the running sum; the float weight is never written out.
 
-For many rows (prefill, large batches) the loop re-reads the weight once per row and loses
-to dequantizing the matrix once and calling the float GEMM: rows above
-``DEQUANTIZE_ABOVE_ROWS`` take that path (measured by ``benchmarks/quant_matmul_rows.py``).
+For many rows (prefill, large batches) the loop's per-row vector arithmetic loses to the
+float GEMM's blocked kernels: rows above ``DEQUANTIZE_ABOVE_ROWS`` dequantize
+``TILE_ROWS`` output channels at a time (a tile that stays in cache) and multiply each
+tile with ``F.linear`` (``benchmarks/quant_matmul_rows.py`` measures the crossing).
 
 One compiled function per weight shape, so only the row count is dynamic (inductor then
 compiles at most twice per shape: one row, then any number). Compiled code is cached on
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # Rows (tokens) above which dequantize-then-GEMM beats the fused loop; see module docstring.
 DEQUANTIZE_ABOVE_ROWS = 4
+# Output channels dequantized at a time on that path: 256 x 1536 float32 is 1.5 MiB.
+TILE_ROWS = 256
 
 Kernel = Callable[..., torch.Tensor]
 _compiled: dict[tuple[str, int, int, int, int], Kernel] = {}
@@ -115,6 +118,26 @@ def _kernel(kind: str, weight: QuantizedWeight) -> Kernel:
     return kernel
 
 
+def _dequantize_tiles_then_gemm(x: torch.Tensor, weight: QuantizedWeight,
+                                 bias: torch.Tensor | None) -> torch.Tensor:
+    """Many rows: dequantize ``TILE_ROWS`` output channels at a time into a float tile that
+    stays in cache, and multiply it with the float GEMM; the whole float matrix never
+    goes through memory."""
+    xf = x.float()
+    parts = []
+    for start in range(0, weight.out_features, TILE_ROWS):
+        rows = slice(start, start + TILE_ROWS)
+        mins = None if weight.mins is None else weight.mins[rows]
+        tile = QuantizedWeight(weight.qweight[rows], weight.scales[rows], mins, weight.bits,
+                               weight.group_size, weight.in_features)
+        parts.append(F.linear(xf, _kernel("dequantize", tile)(tile.qweight, tile.scales,
+                                                              tile.mins)))
+    out = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
 def compiled_matmul_available() -> bool:
     """False once compiling failed in this process (the reference path is used from then)."""
     return not _broken
@@ -127,9 +150,7 @@ def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,
         return None
     try:
         if x.shape[0] > DEQUANTIZE_ABOVE_ROWS:
-            matrix = _kernel("dequantize", weight)(weight.qweight, weight.scales, weight.mins)
-            out = F.linear(x.float(), matrix, None if bias is None else bias.float())
-            return out.to(x.dtype)
+            return _dequantize_tiles_then_gemm(x, weight, bias)
         args = (weight.qweight, weight.scales) if weight.bits == 8 else (
             weight.qweight, weight.scales, weight.mins)
         out = _kernel("rows", weight)(x, *args)

@@ -51,6 +51,7 @@ def test_int4_error_is_within_half_a_step(group_size: int) -> None:
         (8, (40, 96), 32, 3, False),
         (4, (40, 96), 32, 1, True),
         (4, (40, 96), 32, 7, False),   # above the fused loop's row limit: dequantize + GEMM
+        (8, (300, 64), 32, 6, True),   # ... in tiles of 256 output channels (one partial)
         (4, (40, 128), 64, 2, True),
     ],
 )
