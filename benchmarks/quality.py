@@ -4,7 +4,8 @@ Every row of ``quant_configs.CONFIGS`` in one run:
 
 - perplexity over the English text of ``/work/shared/seeds`` (lines whose characters are
   at least 95% ASCII), tokenized once and cut into fixed, non-overlapping windows of
-  ``WINDOW`` tokens; every token of a window after its first is scored (the count is
+  ``WINDOW`` tokens (the first ``--max-windows``, 12 by default: a run on a shared 2-core
+  machine must finish); every token of a window after its first is scored (the count is
   printed). The float32 row is today's path: the Q4_1 GGUF dequantised to float32.
 - top-1 agreement with float32, teacher-forced: float32 greedily continues each prompt of
   ``PROMPTS`` by 64 tokens; every row then predicts each of those 64 tokens from the same
@@ -70,6 +71,8 @@ def perplexity(llm: Any, windows: list[list[int]]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=Path, default=Path("/work/shared/seeds"))
+    parser.add_argument("--max-windows", type=int, default=12,
+                        help="score only the first N windows (0: all; 7,399 tokens = 28)")
     args = parser.parse_args()
     options = {"num_kv_blocks": 64, "max_num_seqs": 8, "enable_prefix_caching": False}
     rows: list[dict[str, Any]] = []
@@ -83,6 +86,7 @@ def main() -> None:
         if not windows:
             ids = llm.tokenizer.encode(english_text(args.seeds), add_special_tokens=False)
             windows = [ids[i:i + WINDOW] for i in range(0, len(ids) - WINDOW + 1, WINDOW)]
+            windows = windows[:args.max_windows or None]
         if not sequences:  # the float32 row comes first and fixes the continuations
             params = SamplingParams(max_tokens=CONTINUATION, temperature=0.0, ignore_eos=True)
             prompts = [llm.tokenizer.encode(p) for p in PROMPTS]

@@ -11,8 +11,9 @@ float GEMM's blocked kernels: rows above ``DEQUANTIZE_ABOVE_ROWS`` dequantize
 ``TILE_ROWS`` output channels at a time (a tile that stays in cache) and multiply each
 tile with ``F.linear`` (``benchmarks/quant_matmul_rows.py`` measures the crossing).
 
-One compiled function per weight shape, so only the row count is dynamic (inductor then
-compiles at most twice per shape: one row, then any number). Compiled code is cached on
+Shapes are static (one compiled kernel per weight shape and row count up to
+``DEQUANTIZE_ABOVE_ROWS``, so at most 4 per shape; the tiled path's dequantize kernel does
+not depend on the row count): symbolic shapes made inductor's loops far slower. Compiled code is cached on
 disk in inductor's cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the kvrelay cache),
 so a restarted worker loads it instead of compiling again. Any failure to compile (no C++
 compiler) switches this process to the reference path, once, with a warning.
@@ -99,6 +100,19 @@ def _dequantize(qweight: torch.Tensor, scales: torch.Tensor,
     return grouped.reshape(n, k)
 
 
+def _allow_one_compile_per_shape() -> None:
+    """Every weight shape (and row count up to ``DEQUANTIZE_ABOVE_ROWS``) gets its own
+    static-shape kernel. Dynamo keys its cache on the Python function, which all shapes
+    share: at its default limit of 8 entries the later shapes would silently run eagerly,
+    and its automatic dynamic shapes would turn N and K symbolic, which made inductor's
+    loops 10-100x slower when measured. So the limit is raised for this process."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 256)
+    dynamo_config.accumulated_recompile_limit = max(
+        dynamo_config.accumulated_recompile_limit, 1024)
+
+
 def _default_cache_dir() -> None:
     """Keep inductor's artefacts beside kvrelay's other caches unless told otherwise."""
     root = Path(os.environ.get("KVRELAY_CACHE_DIR", "~/.cache/kvrelay")).expanduser()
@@ -113,7 +127,8 @@ def _kernel(kind: str, weight: QuantizedWeight) -> Kernel:
         body: Kernel = _dequantize
         if kind == "rows":
             body = _int8_rows if weight.bits == 8 else _int4_rows
-        kernel = torch.compile(body, fullgraph=True)
+        _allow_one_compile_per_shape()
+        kernel = torch.compile(body, fullgraph=True, dynamic=False)
         _compiled[key] = kernel
     return kernel
 
