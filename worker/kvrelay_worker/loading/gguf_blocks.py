@@ -46,7 +46,8 @@ def repack_blocks(data: np.ndarray, kind: GGMLQuantizationType,
     rows = data.shape[0]
     blocks = in_features // BLOCK
     size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[name]
-    raw = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8).reshape(rows, blocks, size))
+    # a writable copy: the reader's arrays are read-only views of the memory map
+    raw = torch.from_numpy(np.array(data, dtype=np.uint8).reshape(rows, blocks, size))
     scales = raw[:, :, 0:2].contiguous().view(torch.float16).reshape(rows, blocks)
     if name == "Q8_0":
         q = raw[:, :, 2:].contiguous().view(torch.int8).reshape(rows, in_features)
