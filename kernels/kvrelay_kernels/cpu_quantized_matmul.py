@@ -33,7 +33,10 @@ from kvrelay_kernels.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
 
-# Rows (tokens) above which dequantize-then-GEMM beats the fused loop; see module docstring.
+# Rows (tokens) above which the tiled dequantize-then-GEMM path is taken. Set from a
+# first, very noisy measurement (load 5-11 on 2 cores): the fused loop lost from about 8
+# rows on; 4 keeps a margin and compiles at most 4 row counts per shape. Re-measure with
+# benchmarks/quant_matmul_rows.py on an idle machine.
 DEQUANTIZE_ABOVE_ROWS = 4
 # Output channels dequantized at a time on that path: 256 x 1536 float32 is 1.5 MiB.
 TILE_ROWS = 256
