@@ -33,10 +33,11 @@ from kvrelay_kernels.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
 
-# Rows (tokens) above which the tiled dequantize-then-GEMM path is taken. Set from a
-# first, very noisy measurement (load 5-11 on 2 cores): the fused loop lost from about 8
-# rows on; 4 keeps a margin and compiles at most 4 row counts per shape. Re-measure with
-# benchmarks/quant_matmul_rows.py on an idle machine.
+# Rows (tokens) above which the tiled dequantize-then-GEMM path is taken. NOT settled by
+# measurement yet: the one run of benchmarks/quant_matmul_rows.py (load 5-11 on 2 cores,
+# older code) showed no clear crossing up to 32 rows. 4 bounds the compiled row counts
+# per shape; end to end, 32 concurrent requests (tiled path) ran at 0.94-1.04x float32
+# and batch-1 decode (fused loop) at 1.5-2.8x. Re-measure on an idle machine.
 DEQUANTIZE_ABOVE_ROWS = 4
 # Output channels dequantized at a time on that path: 256 x 1536 float32 is 1.5 MiB.
 TILE_ROWS = 256
