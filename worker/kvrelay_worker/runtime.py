@@ -120,10 +120,12 @@ class WorkerRuntime:
         self.heartbeat.start()
         self.failover.start()
         stats = self.engine.stats()
-        log.info("kvrelay worker %s ready: model %s on %s, %d KV blocks of %d tokens; "
-                 "speculative decoding: %s; CPU threads: %s", self.settings.worker_id,
-                 self.settings.served_model, self.engine.device, stats["total_blocks"],
-                 stats["block_size"], self._speculative(), self._cpu_threads())
+        log.info("kvrelay worker %s ready: model %s on %s, weights %.1f MiB (quantization "
+                 "%s), %d KV blocks of %d tokens; speculative decoding: %s; CPU threads: %s",
+                 self.settings.worker_id, self.settings.served_model, self.engine.device,
+                 stats.get("weight_bytes", 0) / 2**20, self.settings.quantization,
+                 stats["total_blocks"], stats["block_size"], self._speculative(),
+                 self._cpu_threads())
 
     def _speculative(self) -> str:
         """The speculative setting for the ready line (the simulated engine never does)."""

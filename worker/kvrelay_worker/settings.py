@@ -42,6 +42,10 @@ def is_simulated_model(model: str) -> bool:
     return model == SIMULATED_MODEL or model.startswith(SIMULATED_MODEL + ":")
 
 
+# The engine's weight quantizations (engine/config.py; not imported: it needs torch).
+_QUANTIZATIONS = ("none", "int8", "int4", "gguf")
+_GROUP_SIZES = (32, 64, 128)
+
 # The engine's preemption modes (engine/preemption.py; not imported: it needs torch).
 _PREEMPTION_MODES = ("auto", "swap", "recompute")
 # The engine's KV cache dtypes (engine/config.py: "auto" and KV_CACHE_DTYPES).
@@ -116,6 +120,9 @@ class WorkerSettings:
     gpu_memory_utilization: float | None = None
     preemption_mode: str | None = None
     swap_space_gib: float | None = None
+    # Weight-only quantization: none, int8, int4 or gguf (EngineConfig.quantization).
+    quantization: str = "none"
+    quantization_group_size: int = 32
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True
     seed: int = 0
@@ -183,6 +190,13 @@ class WorkerSettings:
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
             raise SettingsError(f"KVRELAY_KV_CACHE_DTYPE must be one of "
                                 f"{', '.join(_KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.quantization not in _QUANTIZATIONS:
+            raise SettingsError(f"KVRELAY_QUANTIZATION must be one of "
+                                f"{', '.join(_QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quantization_group_size not in _GROUP_SIZES:
+            raise SettingsError(f"KVRELAY_QUANTIZATION_GROUP_SIZE must be one of "
+                                f"{', '.join(map(str, _GROUP_SIZES))}, "
+                                f"got {self.quantization_group_size}")
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise SettingsError(f"KVRELAY_TARGET_STEP_MS must be positive (milliseconds), "
                                 f"got {self.target_step_ms}")
@@ -269,6 +283,8 @@ class WorkerSettings:
             "enable_prefix_caching": self.enable_prefix_caching,
             "enable_cuda_graphs": self.enable_cuda_graphs,
             "seed": self.seed,
+            "quantization": self.quantization,
+            "quantization_group_size": self.quantization_group_size,
             "max_num_seqs": self.max_num_seqs or max(self.concurrency, 1),
             "speculative": self.speculative,
             "num_speculative_tokens": self.speculative_tokens,

@@ -4,11 +4,16 @@ into the local cache ahead of time (what a worker would otherwise do on first st
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kvrelay.cli.errors import CliError, require_worker_package
 from kvrelay.cli.worker_launch import check_model, prepare
+
+if TYPE_CHECKING:
+    from kvrelay_worker.loading.gguf_storage import GGUFStorage
 
 
 @click.group("models", invoke_without_command=True)
@@ -34,6 +39,7 @@ def list_models(as_json: bool) -> None:
                 "prepared": info.prepared,
                 "source": info.source,
                 "description": info.description,
+                **_storage_json(info.path),
             }
             for info in infos
         ]
@@ -50,7 +56,38 @@ def list_models(as_json: bool) -> None:
         default = " (default)" if info.name == DEFAULT_MODEL else ""
         click.echo(f"{info.name:<{width}}  {status}{default}")
         click.echo(f"{'':<{width}}  {info.description}")
+        storage = _storage_line(info.path)
+        if storage:
+            click.echo(f"{'':<{width}}  {storage}")
     list_families()
+
+
+def _storage(path: Path | None) -> GGUFStorage | None:
+    if path is None or path.suffix != ".gguf":
+        return None
+    from kvrelay_worker.loading.gguf_storage import gguf_storage
+
+    return gguf_storage(path)
+
+
+def _storage_json(path: Path | None) -> dict[str, object]:
+    stored = _storage(path)
+    if stored is None:
+        return {}
+    return {"stored_format": stored.format, "file_tensor_bytes": stored.file_tensor_bytes,
+            "resident_weight_bytes": {"none": stored.float32_bytes,
+                                      "gguf": stored.kept_quantized_bytes}}
+
+
+def _storage_line(path: Path | None) -> str:
+    """Stored format and resident weight bytes (float32, or kept quantized) of a GGUF."""
+    stored = _storage(path)
+    if stored is None:
+        return ""
+    return (f"stored: {stored.format}, {stored.file_tensor_bytes / 1e6:.0f} MB; resident "
+            f"weights {stored.float32_bytes / 1e6:.0f} MB as float32, "
+            f"{stored.kept_quantized_bytes / 1e6:.0f} MB kept quantized "
+            "(KVRELAY_QUANTIZATION=gguf)")
 
 
 def list_families() -> None:

@@ -38,6 +38,10 @@ KV_CACHE_DTYPES = {
     "int8": torch.int8,
     "fp8_e4m3": torch.float8_e4m3fn,
 }
+# Weight quantization: float weights quantized at load (int8, int4), or a GGUF file's
+# quantized blocks kept as stored ("gguf"); None or "none" keeps float weights.
+QUANTIZATIONS = ("none", "int8", "int4", "gguf")
+INT4_GROUP_SIZES = (32, 64, 128)
 
 # KV block sizes (tokens per block) the engine accepts; tests/kernels/test_block_sizes.py
 # runs the attention and KV-store kernels at every one of them.
@@ -126,6 +130,11 @@ class EngineConfig:
     # True: each step verifies only the drafts its measured cost and acceptance pay for
     # (engine/speculative/policy.py); False: every proposed draft, every step.
     speculative_adaptive: bool = True
+    # Weight-only quantization (``QUANTIZATIONS``): "int8" (per output channel), "int4"
+    # (groups of ``quantization_group_size`` with scale and minimum), "gguf" (a GGUF
+    # source's Q8_0/Q4_0/Q4_1 blocks kept as stored); "none" (or None): float weights.
+    quantization: str | None = "none"
+    quantization_group_size: int = 32
 
     def __post_init__(self) -> None:
         self.validate()
@@ -161,6 +170,12 @@ class EngineConfig:
              f"for the fixed token budget), got {self.target_step_ms}"),
             (self.target_step_ms is None or self.enable_chunked_prefill,
              "target_step_ms sizes prompt chunks: it needs enable_chunked_prefill=True"),
+            ((self.quantization or "none") in QUANTIZATIONS,
+             f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+             f"got {self.quantization!r}"),
+            (self.quantization_group_size in INT4_GROUP_SIZES,
+             f"quantization_group_size must be one of "
+             f"{', '.join(map(str, INT4_GROUP_SIZES))}, got {self.quantization_group_size}"),
             (self.min_prefill_chunk >= 1,
              f"min_prefill_chunk must be at least 1, got {self.min_prefill_chunk}"),
         ]
@@ -218,6 +233,11 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    @property
+    def weight_quantization(self) -> str:
+        """``quantization`` with None spelled "none"."""
+        return self.quantization or "none"
 
     @property
     def torch_dtype(self) -> torch.dtype:

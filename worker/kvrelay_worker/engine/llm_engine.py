@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,6 +53,10 @@ from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
+from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
+
+if TYPE_CHECKING:
+    from kvrelay_worker.loading.model_files import LoadedModelFiles
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +78,44 @@ class LLMEngine:
         bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)
         max_len = self._default_max_len(config, files.config.max_position_embeddings)
+        model = self._build_model(config, files, max_len)
+        self._setup(config, model, files.tokenizer, model_id=files.name)
+
+    @staticmethod
+    def _build_model(config: EngineConfig, files: LoadedModelFiles, max_len: int) -> CausalLM:
+        """The model with float weights, or quantized as ``config.quantization`` says."""
+        method = config.weight_quantization
+        if method == "gguf":
+            return LLMEngine._build_gguf_model(config, files, max_len)
         model = build_model(files.config, files.weights(), config.torch_dtype,
                             config.torch_device, max_position=max_len)
-        self._setup(config, model, files.tokenizer, model_id=files.name)
+        if method in ("int8", "int4"):
+            quantize_model(model, method, config.quantization_group_size)
+        log.info("model weights: %.1f MiB (%s)", weight_bytes(model) / 2**20,
+                 "float" if method == "none" else method)
+        return model
+
+    @staticmethod
+    def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
+                          max_len: int) -> CausalLM:
+        """Read the GGUF file itself, its quantized blocks kept (``gguf_quantized_model``)."""
+        from kvrelay_worker.loading.gguf_file import GGUFCheckpoint
+        from kvrelay_worker.loading.gguf_quantized_model import build_gguf_quantized_model
+
+        if files.source.kind != "gguf":
+            raise EngineConfigError(
+                f"quantization='gguf' keeps a GGUF file's quantized blocks, but "
+                f"{files.name!r} is a Hugging Face folder; use int8 or int4 to quantize it"
+            )
+        model, formats = build_gguf_quantized_model(
+            GGUFCheckpoint(files.source.path), config.torch_dtype, config.torch_device, max_len)
+        counts: dict[str, int] = {}
+        for fmt in formats.values():
+            key = f"{fmt.gguf_type} {fmt.how}"
+            counts[key] = counts.get(key, 0) + 1
+        log.info("model weights: %.1f MiB kept from GGUF (%s)", weight_bytes(model) / 2**20,
+                 ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        return model
 
     @classmethod
     def from_model(cls, config: EngineConfig, model: CausalLM, tokenizer: Any,
@@ -116,6 +155,7 @@ class LLMEngine:
         bind_device(config.torch_device)
         self.config = config
         self.model = model
+        self.weight_bytes = weight_bytes(model)
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = config.torch_device
@@ -562,6 +602,7 @@ class LLMEngine:
             "total_swap_blocks": swap.num_blocks if swap is not None else 0,
             "max_batch_size": s.max_batch_size,
             "steps": self.num_steps,
+            "weight_bytes": self.weight_bytes,
             "max_model_len": self.max_model_len,
             "block_size": self.config.block_size,
             **(self.speculator.stats.as_dict() if self.speculator is not None else {}),

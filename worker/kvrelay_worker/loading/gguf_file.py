@@ -121,6 +121,23 @@ class GGUFCheckpoint:
                 out = _unpermute_rotary_rows(out, self.config.num_key_value_heads)
         return out
 
+    def raw_tensor(self, spec: GGUFTensorSpec) -> Any:
+        """The reader's tensor (memory-mapped, quantized blocks as stored)."""
+        return self._tensors[spec.gguf_name]
+
+    def rotary_row_order(self, spec: GGUFTensorSpec) -> torch.Tensor | None:
+        """Row indices that undo llama.cpp's q/k permutation (None: rows are in order)."""
+        if self.architecture != "llama":
+            return None
+        if ".self_attn.q_proj." in spec.name:
+            heads = self.config.num_attention_heads
+        elif ".self_attn.k_proj." in spec.name:
+            heads = self.config.num_key_value_heads
+        else:
+            return None
+        rows = torch.arange(spec.shape[0])[:, None]
+        return _unpermute_rotary_rows(rows, heads)[:, 0]
+
     def _key(self, suffix: str) -> str:
         return f"{self.architecture}.{suffix}"
 

@@ -1,0 +1,34 @@
+"""The configurations the quantization benchmarks compare: one LLM keyword dict each.
+
+``quant.py`` and ``quality.py`` run every row; adding a row (say another engineer's KV
+cache dtype) is one line. A row whose keyword this engine does not take is skipped with a
+printed note instead of failing the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MODEL = "smollm2-135m-instruct"  # the Q4_1 GGUF, dequantised to float32 unless kept
+
+# label -> LLM(...) keywords. "float32" is the baseline: today's dequantised GGUF.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "float32": {"quantization": "none"},
+    "int8": {"quantization": "int8"},
+    "int4-g32": {"quantization": "int4", "quantization_group_size": 32},
+    "gguf-kept (Q4_1)": {"quantization": "gguf"},
+    "kv-int8": {"kv_cache_dtype": "int8"},
+}
+
+
+def make_llm(label: str, **engine_options: Any) -> Any:
+    """The LLM of one row, or None (with a note) when this engine rejects its keywords."""
+    from kvrelay_worker.engine import EngineConfigError
+    from kvrelay_worker.engine.llm import LLM
+
+    options = {"device": "cpu", "dtype": "float32", **engine_options, **CONFIGS[label]}
+    try:
+        return LLM(MODEL, **options)
+    except (TypeError, EngineConfigError) as exc:
+        print(f"note: skipping {label!r}: this engine rejects {CONFIGS[label]} ({exc})")
+        return None

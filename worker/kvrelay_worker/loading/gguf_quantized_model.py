@@ -1,0 +1,181 @@
+"""Build a decoder straight from a GGUF file, its quantized blocks kept as stored.
+
+The float path converts a GGUF once into float32 safetensors (``model_cache``): SmolLM2's
+93 MB Q4_1 file becomes 538 MB of weights. With ``quantization="gguf"`` the engine instead
+reads the quantized tensors from the GGUF file itself at load (memory-mapped: no second
+copy on disk) and repacks Q8_0/Q4_0/Q4_1 blocks losslessly (``gguf_blocks``); norms and
+biases, stored float, are loaded as usual. Config and tokenizer still come from the
+prepared cache folder, so ``kvrelay models prepare`` and the float path are unchanged.
+
+Fused projections (q/k/v, gate/up) concatenate their shards' rows, which needs the shards
+in one format: files that mix formats within one fused layer (a Q6_K ``attn_v`` beside
+Q4_K ``attn_q``, as ``Q4_K_M`` files do) get that layer requantized from float, in the
+format of its first shard. llama.cpp's q/k row permutation is undone on the packed rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
+from kvrelay_worker.loading.gguf_blocks import FLOAT_TYPES, repack_blocks, requantize
+from kvrelay_worker.loading.gguf_file import GGUFCheckpoint, GGUFTensorSpec
+from kvrelay_worker.models.decoder import CausalLM, weight_target
+from kvrelay_worker.models.families import family_of
+from kvrelay_worker.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
+
+log = logging.getLogger(__name__)
+
+_MATRIX_SUFFIXES = ("_proj.weight",)
+_EMBED = "embed_tokens"
+
+
+@dataclass
+class StoredFormat:
+    """How one matrix came out of the file: repacked losslessly, requantized, or float."""
+
+    gguf_type: str
+    how: str  # "repacked", "requantized" or "float"
+
+
+def _module_path(spec: GGUFTensorSpec) -> tuple[str, int | None] | None:
+    """Which of our modules a GGUF matrix fills (and as which shard), or None."""
+    name = spec.name.removeprefix("model.")
+    if name == "embed_tokens.weight":
+        return _EMBED, None
+    if name == "lm_head.weight":
+        return "lm_head", None
+    if not name.endswith(_MATRIX_SUFFIXES):
+        return None
+    target = weight_target(name)
+    return target.param.removesuffix(".weight"), target.shard
+
+
+class GGUFQuantizedLoader:
+    """Reads one GGUF's matrices as ``QuantizedWeight`` s, rows in Hugging Face order."""
+
+    def __init__(self, checkpoint: GGUFCheckpoint) -> None:
+        self.checkpoint = checkpoint
+        self.formats: dict[str, StoredFormat] = {}
+
+    def matrix(self, spec: GGUFTensorSpec) -> QuantizedWeight | torch.Tensor:
+        """Repacked blocks, or float32 values for float-stored and non-repackable types."""
+        tensor = self.checkpoint.raw_tensor(spec)
+        if spec.gguf_type in FLOAT_TYPES:
+            self.formats[spec.name] = StoredFormat(spec.gguf_type, "float")
+            return self.checkpoint.load_tensor(spec)
+        packed = repack_blocks(tensor.data, tensor.tensor_type, spec.shape[1])
+        if packed is None:
+            self.formats[spec.name] = StoredFormat(spec.gguf_type, "requantized")
+            return requantize(self.checkpoint.load_tensor(spec), tensor.tensor_type)
+        self.formats[spec.name] = StoredFormat(spec.gguf_type, "repacked")
+        order = self.checkpoint.rotary_row_order(spec)
+        return packed if order is None else packed.rows(order)
+
+
+def _same_format(parts: list[QuantizedWeight]) -> bool:
+    first = parts[0]
+    return all(p.bits == first.bits and p.group_size == first.group_size
+               and p.scales.dtype == first.scales.dtype
+               and (p.mins is None) == (first.mins is None)
+               and (p.mins is None or first.mins is None or p.mins.dtype == first.mins.dtype)
+               for p in parts)
+
+
+def _concat(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    first = parts[0]
+    mins = None if first.mins is None else torch.cat([p.mins for p in parts if p.mins is not None])
+    return QuantizedWeight(torch.cat([p.qweight for p in parts]),
+                           torch.cat([p.scales for p in parts]), mins, first.bits,
+                           first.group_size, first.in_features)
+
+
+def _as_float(part: QuantizedWeight | torch.Tensor) -> torch.Tensor:
+    from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
+
+    return part if isinstance(part, torch.Tensor) else dequantize_weight(part)
+
+
+def _fused(parts: list[QuantizedWeight | torch.Tensor], path: str
+           ) -> QuantizedWeight | torch.Tensor:
+    """One matrix from its shards, kept quantized when they share a format."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat([p for p in parts if isinstance(p, torch.Tensor)])
+    quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
+    if len(quantized) == len(parts) and _same_format(quantized):
+        return _concat(quantized)
+    first = quantized[0]
+    values = torch.cat([_as_float(p) for p in parts])
+    log.warning("%s: its shards are stored in different formats; requantized from float as "
+                "int%d", path, first.bits)
+    if first.bits == 8:
+        return quantize_int8(values)
+    return quantize_int4(values, first.group_size)
+
+
+def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
+                               device: torch.device, max_position: int
+                               ) -> tuple[CausalLM, dict[str, StoredFormat]]:
+    """The decoder with every matrix as stored in the file; also each matrix's format.
+
+    Float-stored matrices (and every norm and bias) load through ``load_weights`` as on
+    the float path; quantized ones replace their ``nn.Linear`` (or embedding) module.
+    """
+    config = checkpoint.config
+    family_of(config.model_type)
+    loader = GGUFQuantizedLoader(checkpoint)
+    shards: dict[str, dict[int | None, tuple[str, QuantizedWeight | torch.Tensor]]] = (
+        defaultdict(dict))
+    floats: list[tuple[str, torch.Tensor]] = []
+    for spec in checkpoint.tensor_specs():
+        where = _module_path(spec)
+        if where is None:
+            floats.append((spec.name, checkpoint.load_tensor(spec)))
+        else:
+            shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))
+    quantized: dict[str, QuantizedWeight] = {}
+    for path, parts in shards.items():
+        ordered = [parts[key] for key in sorted(parts, key=lambda k: k or 0)]
+        if all(isinstance(value, torch.Tensor) for _, value in ordered):
+            floats.extend((name, value) for name, value in ordered
+                          if isinstance(value, torch.Tensor))
+            continue
+        matrix = _fused([value for _, value in ordered], path)
+        assert isinstance(matrix, QuantizedWeight)
+        quantized[path] = matrix
+    with torch.device("meta"):
+        model = CausalLM(config, max_position=max_position)
+    biased = {name: getattr(module, "bias", None) is not None
+              for name, module in model.named_modules()}
+    for path in quantized:
+        _set_module(model, path, nn.Identity())
+    tied_quantized = config.tie_word_embeddings and _EMBED in quantized
+    if tied_quantized:
+        _set_module(model, "lm_head", nn.Identity())
+    model = model.to_empty(device=device).to(dtype)
+    model.place_rotary_tables(device)
+    if config.tie_word_embeddings and not tied_quantized:
+        model.lm_head.weight = model.embed_tokens.weight
+    for path, matrix in quantized.items():
+        bias = biased.get(path, False)
+        zeros = torch.zeros(matrix.out_features, dtype=dtype, device=device) if bias else None
+        module = QuantizedLinear(matrix.to(device), zeros)
+        if path == _EMBED:
+            model.embed_tokens = QuantizedEmbedding(module, dtype)  # type: ignore[assignment]
+            if tied_quantized:
+                model.lm_head = module  # type: ignore[assignment]
+        else:
+            _set_module(model, path, module)
+    model.load_weights(floats)
+    return model.eval(), loader.formats
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, leaf, module)

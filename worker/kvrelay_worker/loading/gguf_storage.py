@@ -1,0 +1,56 @@
+"""What a GGUF file stores and what its weights take resident, from tensor headers only.
+
+``kvrelay models`` prints it: the tensor types, their bytes in the file, and the resident
+weight bytes when the file is dequantised to float32 (``quantization="none"``) or kept
+quantized (``quantization="gguf"``: Q8_0/Q4_1 as stored, Q4_0 plus a float16 minimum per
+block of 32, float tensors as float32, other types requantized to int4 or int8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGUFReader
+
+from kvrelay_worker.loading.gguf_blocks import FLOAT_TYPES, FOUR_BIT_TYPES, LOSSLESS_TYPES
+
+
+@dataclass(frozen=True)
+class GGUFStorage:
+    tensor_types: dict[str, int]  # type name -> number of tensors
+    file_tensor_bytes: int
+    float32_bytes: int
+    kept_quantized_bytes: int
+
+    @property
+    def format(self) -> str:
+        """E.g. ``GGUF Q4_1 (210 Q4_1, 61 F32, 1 Q8_0 tensors)``: the commonest matrix type."""
+        matrices = {k: n for k, n in self.tensor_types.items() if k not in FLOAT_TYPES}
+        main = max(matrices, key=lambda k: matrices[k]) if matrices else "F32"
+        listing = ", ".join(f"{n} {k}" for k, n in sorted(self.tensor_types.items(),
+                                                            key=lambda kv: -kv[1]))
+        return f"GGUF {main} ({listing} tensors)"
+
+
+def gguf_storage(path: Path) -> GGUFStorage:
+    reader = GGUFReader(path)
+    types: Counter[str] = Counter()
+    file_bytes = float32 = kept = 0
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        numel = int(math.prod(int(d) for d in tensor.shape))
+        types[kind] += 1
+        file_bytes += int(tensor.n_bytes)
+        float32 += 4 * numel
+        if kind in FLOAT_TYPES:
+            kept += 4 * numel
+        elif kind in LOSSLESS_TYPES:
+            kept += int(tensor.n_bytes) + (numel // 32 * 2 if kind == "Q4_0" else 0)
+        elif kind in FOUR_BIT_TYPES:
+            kept += numel // 2 + numel // 32 * 4
+        else:
+            kept += numel + 4 * int(tensor.shape[-1])
+    return GGUFStorage(dict(types), file_bytes, float32, kept)
