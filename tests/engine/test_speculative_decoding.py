@@ -166,3 +166,13 @@ def test_engine_direct_use_keeps_drafts_out_of_token_ids(folder: str) -> None:
             assert seq.num_computed_tokens == seq.num_tokens - 1
             seen += 1
     assert seen > 0
+
+
+def test_a_quantized_self_draft_keeps_the_output(folder: str) -> None:
+    """``draft:<the target>@int8``: the target's own weights, quantized, as the draft."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    off, _ = _generate(folder, params)
+    on, stats = _generate(folder, params, speculative=f"draft:{folder}@int8",
+                          speculative_adaptive=False)
+    _same(off, on)
+    assert stats["spec_accepted_tokens"] > 0

@@ -109,3 +109,13 @@ def test_the_curve_interpolates_and_never_falls() -> None:
     assert curve.predict_ms(64) == 20.0  # the quiet 64-token measurement is lifted
     assert curve.predict_ms(1000) == 20.0
     assert StepTimeCurve().predict_ms(5) is None
+
+
+def test_a_draft_name_may_carry_its_quantization() -> None:
+    from kvrelay_worker.engine.speculative.draft_model import split_draft_quantization
+
+    assert split_draft_quantization("smollm2-135m-instruct@int4") == (
+        "smollm2-135m-instruct", "int4")
+    assert split_draft_quantization("/models/a@b/m") == ("/models/a@b/m", "none")
+    assert split_draft_quantization("m@int8") == ("m", "int8")
+    assert split_draft_quantization("@int4") == ("@int4", "none")

@@ -78,11 +78,12 @@ class LLMEngine:
         bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)
         max_len = self._default_max_len(config, files.config.max_position_embeddings)
-        model = self._build_model(config, files, max_len)
+        model = self.build_model_for(config, files, max_len)
         self._setup(config, model, files.tokenizer, model_id=files.name)
 
     @staticmethod
-    def _build_model(config: EngineConfig, files: LoadedModelFiles, max_len: int) -> CausalLM:
+    def build_model_for(config: EngineConfig, files: LoadedModelFiles, max_len: int
+                        ) -> CausalLM:
         """The model with float weights, or quantized as ``config.quantization`` says."""
         method = config.weight_quantization
         if method == "gguf":

@@ -10,6 +10,7 @@ argmax: one token per position, which ``verification.py`` turns into exact outpu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence as Seq
 
@@ -24,6 +25,17 @@ from kvrelay_worker.engine.sequence import Sequence
 from kvrelay_worker.models.decoder import CausalLM
 
 log = logging.getLogger(__name__)
+
+# Weight quantizations a draft can be loaded with (``draft:<model>@int4``).
+DRAFT_QUANTIZATIONS = ("int8", "int4", "gguf")
+
+
+def split_draft_quantization(name: str) -> tuple[str, str]:
+    """``"smollm2@int4"`` -> ``("smollm2", "int4")``; no known suffix -> ``(name, "none")``."""
+    base, sep, suffix = name.rpartition("@")
+    if sep and base and suffix in DRAFT_QUANTIZATIONS:
+        return base, suffix
+    return name, "none"
 
 
 class DraftModel:
@@ -41,13 +53,17 @@ class DraftModel:
     @classmethod
     def load(cls, name: str, config: EngineConfig, vocab_size: int, max_len: int,
              num_blocks: int) -> DraftModel:
+        """Load ``name``; a suffix ``@int8``, ``@int4`` or ``@gguf`` quantizes the draft's
+        weights that way (``draft:<the target>@int4``: a self-draft, no second download)."""
+        from kvrelay_worker.engine.llm_engine import LLMEngine
         from kvrelay_worker.loading import load_model_source
-        from kvrelay_worker.models.factory import build_model
 
-        files = load_model_source(name)
-        return cls.of_model(build_model(files.config, files.weights(), config.torch_dtype,
-                                        config.torch_device, max_position=max_len),
-                            config, vocab_size, num_blocks, name)
+        model_name, quantization = split_draft_quantization(name)
+        files = load_model_source(model_name)
+        draft_config = dataclasses.replace(config, model=model_name, speculative="off",
+                                           quantization=quantization)
+        model = LLMEngine.build_model_for(draft_config, files, max_len)
+        return cls.of_model(model, config, vocab_size, num_blocks, name)
 
     @classmethod
     def of_model(cls, model: CausalLM, config: EngineConfig, vocab_size: int,
