@@ -73,10 +73,11 @@ needs_kernel = pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler on t
 
 
 @needs_kernel
+@pytest.mark.parametrize("lens", [DECODE, MIXED], ids=["decode", "mixed"])
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
-def test_decode_matches_reference(num_heads, num_kv_heads, head_size):
-    clean, poisoned = _batches(DECODE, num_heads, num_kv_heads, head_size)
+def test_kernels_match_reference(num_heads, num_kv_heads, head_size, lens):
+    clean, poisoned = _batches(lens, num_heads, num_kv_heads, head_size)
     expected = paged_attention_reference(*clean.args(), 0.125)
     out = torch.full_like(poisoned.query, float("nan"))
     paged_attention_cpu(*poisoned.args(), 0.125, out, sliding_window=None, softcap=None)
