@@ -8,9 +8,10 @@
 // into a small float32 buffer that stays in cache, then serves every row of the task with
 // two matrix products (scores = Q K^T, acc += P V) in the BLAS sgemm torch links, with an
 // online softmax between them. So K/V bytes are read once per query tile, never gathered
-// whole. Measured on one thread of this machine (SmolLM2 shapes, 512-token chunk): sgemm
-// 2.5-3x faster than the blocked loops kept as the fallback (6.6 vs 17.6 ms at no context,
-// 157 vs 413 ms at 6k); query tiles of 16-64 and key tiles of 64-256 within noise.
+// whole. Measured on one thread of the 2-core dev VM (SmolLM2 shapes, 512-token chunk,
+// benchmarks/cpu_attention.py): sgemm 2-3x faster than the blocked loops kept as the
+// fallback (6.6 vs 17.6 ms at no context, 157 vs 413 ms at 6k); query tiles of 16-64 and
+// key tiles of 64-256 within noise of 32 x 128.
 //
 // Semantics match kvrelay_kernels.reference.paged_attention: query token j of a sequence
 // with q new tokens and context length L sits at position p = L - q + j and sees keys
@@ -45,7 +46,7 @@ inline float load(c10::Half x) { return static_cast<float>(x); }
 inline float load(c10::BFloat16 x) { return static_cast<float>(x); }
 
 // exp(x) for x <= 0, vectorisable (std::exp is not without -ffast-math): x = n ln2 + r
-// with |r| <= ln2 / 2, exp(r) by Cephes' degree-7 polynomial (about 1 ulp), 2^n built in
+// with |r| <= ln2 / 2, exp(r) by the classic Cephes expf polynomial (about 1 ulp), 2^n built in
 // the exponent bits. Below -87 the result is 0 (exp(-inf) included).
 inline float exp_nonpositive(float x) {
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
