@@ -95,12 +95,18 @@ def test_mixed_batch_through_the_public_entry(num_heads, num_kv_heads):
 
 @pytest.fixture(params=[True, False], ids=["sgemm", "loops"])
 def tile_products(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Runs a test with the tiled kernel's products in sgemm, then in its fallback loops."""
+    """Runs a test with the tiled kernel's products in sgemm, then in its fallback loops.
+
+    sgemm serves only calls run by one worker, so its variant runs on one thread."""
     if not load_cpu_kernels():
         pytest.skip("no C++ compiler on this machine")
     if set_tiled_blas(request.param) != request.param:
         pytest.skip("this torch links no sgemm: only the loops exist")
+    threads = torch.get_num_threads()
+    if request.param:
+        torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
     set_tiled_blas(True)
 
 

@@ -4,7 +4,8 @@ Two compiled kernels read each sequence's keys and values straight from the bloc
 table names. One-token queries (decode) go to ``paged_attention.cpp``, which streams the
 context once per sequence and KV head as vectors; every longer query (prompt chunks, fresh
 or after a prefix-cache hit, speculative verification) goes to ``tiled_attention.cpp``,
-which reads K/V tiles once per tile of query tokens and runs them as matrix products.
+which reads K/V tiles once per tile of query tokens and runs them as matrix products
+(sgemm on one worker; blocked loops when several share the call, see the .cpp).
 Measured per layer on one thread, SmolLM2 shapes (``benchmarks/cpu_attention.py``): the
 tiled kernel beats the reference's gather + SDPA at every prompt-chunk size, fresh
 prefill included, so the reference only serves calls the kernels cannot.

@@ -6,8 +6,8 @@
 // are those tokens times the query heads of the KV head's group, and it walks the visible
 // context kKeyTile keys at a time. Each key tile is copied once from its scattered blocks
 // into a small float32 buffer that stays in cache, then serves every row of the task with
-// two matrix products (scores = Q K^T, acc += P V) in the BLAS sgemm torch links, with an
-// online softmax between them. So K/V bytes are read once per query tile, never gathered
+// two matrix products (scores = Q K^T, acc += P V), with an online softmax between them:
+// in the BLAS sgemm torch links when one worker runs the call, else in blocked loops. So K/V bytes are read once per query tile, never gathered
 // whole. Measured on one thread of the 2-core dev VM (SmolLM2 shapes, 512-token chunk,
 // benchmarks/cpu_attention.py): sgemm 2-3x faster than the blocked loops kept as the
 // fallback (6.6 vs 17.6 ms at no context, 157 vs 413 ms at 6k); query tiles of 16-64 and
@@ -74,7 +74,14 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 // the fallback loops in a process that has it.
 std::atomic<bool> use_blas{true};
 
-inline bool blas_on() { return sgemm_ != nullptr && use_blas.load(std::memory_order_relaxed); }
+// Set per call: sgemm serves only calls run by one worker. Called from several of our
+// workers at once, torch's MKL still sized its own team by torch's thread count and
+// oversubscribed the cores (measured on 2 threads: 5x slower wall, 6x the CPU time).
+thread_local bool single_worker = true;
+
+inline bool blas_on() {
+  return sgemm_ != nullptr && use_blas.load(std::memory_order_relaxed) && single_worker;
+}
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float sum = 0.f;
@@ -299,6 +306,7 @@ void paged_attention_tiled(const at::Tensor& query, const at::Tensor& key_cache,
     const scalar_t* v = value_cache.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
+      single_worker = workers == 1;
       Scratch scratch(shape);
       for (int64_t worker = lo; worker < hi; ++worker) {
         for (int64_t i = next++; i < static_cast<int64_t>(tasks.size()); i = next++) {
@@ -312,7 +320,7 @@ void paged_attention_tiled(const at::Tensor& query, const at::Tensor& key_cache,
 // Turns the sgemm path on or off; returns whether it runs now (false without sgemm_).
 bool tiled_attention_use_blas(bool enable) {
   use_blas.store(enable);
-  return blas_on();
+  return sgemm_ != nullptr && enable;
 }
 
 }  // namespace
