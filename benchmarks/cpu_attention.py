@@ -1,7 +1,11 @@
-"""One layer's decode attention on CPU: the reference (block gather + SDPA) vs the compiled kernel.
+"""One layer's CPU attention: the reference (block gather + SDPA) vs the compiled kernels.
 
 Shapes are SmolLM2's (9 query / 3 KV heads of 64, float32, blocks of 16 scattered over a
-cache twice the batch's size), from the issue's 48 x 224 tokens up to 16 x 6,144. Times are
+cache twice the batch's size). Two tables: decode (one new token per sequence, the decode
+kernel) from the issue's 48 x 224 tokens up to 16 x 6,144; and prompt chunks (a 512-token
+chunk after 0, 2k and 6k tokens of context) and verification queries (16 sequences of 4
+or 9 new tokens after 2k), where the tiled kernel runs with its products in sgemm and in
+its fallback loops, beside the decode kernel walking the context once per token. Times are
 the best of ``--repeats`` calls in *process CPU time* on one thread: on a shared machine
 that is the figure other users' load disturbs least (wall time is what
 ``long_context.py`` reports). Prints a table and writes JSON.
@@ -25,10 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from attention_cases import make_batch  # the kernel tests' paged batches
 
-from kvrelay_kernels.cpu_kernels.paged_attention import cpu_kernel_usable, paged_attention_cpu
+from kvrelay_kernels.cpu_kernels.paged_attention import (
+    cpu_kernel_usable,
+    paged_attention_cpu,
+    paged_attention_decode_cpu,
+    paged_attention_tiled_cpu,
+    set_tiled_blas,
+)
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 
 CASES = ((48, 224), (16, 1024), (16, 2048), (16, 4096), (16, 6144))
+# (sequences, new tokens each, context before them)
+CHUNK_CASES = ((1, 512, 0), (1, 512, 2048), (1, 512, 6144), (16, 4, 2048), (16, 9, 2048))
 
 
 def _best_cpu_ms(call: Callable[[], object], repeats: int) -> float:
@@ -58,6 +70,42 @@ def measure(batch: int, context: int, repeats: int) -> dict[str, Any]:
             "speedup": reference / kernel}
 
 
+def measure_chunks(batch: int, query_len: int, context: int, repeats: int) -> dict[str, Any]:
+    clean, _ = make_batch([query_len] * batch, [context + query_len] * batch, num_heads=9,
+                          num_kv_heads=3, head_size=64, block_size=16, dtype=torch.float32,
+                          device="cpu",
+                          num_blocks=2 * batch * -(-(context + query_len) // 16))
+    out = torch.empty_like(clean.query)
+    options: dict[str, Any] = {"sliding_window": None, "softcap": None}
+
+    def tiled() -> None:
+        paged_attention_tiled_cpu(*clean.args(), 0.125, out, min_query_len=1, **options)
+
+    row: dict[str, Any] = {"batch": batch, "query_len": query_len, "context": context}
+    row["reference_ms"] = _best_cpu_ms(lambda: paged_attention_reference(*clean.args(), 0.125),
+                                       repeats)
+    row["tiled_sgemm_ms"] = _best_cpu_ms(tiled, repeats) if set_tiled_blas(True) else None
+    set_tiled_blas(False)
+    row["tiled_loops_ms"] = _best_cpu_ms(tiled, repeats)
+    set_tiled_blas(True)
+    row["per_token_decode_kernel_ms"] = _best_cpu_ms(
+        lambda: paged_attention_decode_cpu(*clean.args(), 0.125, out, max_query_len=query_len,
+                                           **options), repeats)
+    best_tiled = row["tiled_sgemm_ms"] or row["tiled_loops_ms"]
+    row["speedup"] = row["reference_ms"] / best_tiled
+    return row
+
+
+def _print_chunks(rows: list[dict[str, Any]]) -> None:
+    print(f"\n{'seqs':>5}{'new':>6}{'context':>9}{'reference ms':>14}{'tiled sgemm':>13}"
+          f"{'tiled loops':>13}{'per-token':>11}{'speed-up':>10}")
+    for r in rows:
+        sgemm = "-" if r["tiled_sgemm_ms"] is None else f"{r['tiled_sgemm_ms']:.2f}"
+        print(f"{r['batch']:>5}{r['query_len']:>6}{r['context']:>9}{r['reference_ms']:>14.2f}"
+              f"{sgemm:>13}{r['tiled_loops_ms']:>13.2f}"
+              f"{r['per_token_decode_kernel_ms']:>11.2f}{r['speedup']:>9.2f}x")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
@@ -70,10 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         print(f"{r['batch']:>6}{r['context']:>9}{r['kv_mb']:>8.1f}{r['reference_ms']:>14.2f}"
               f"{r['kernel_ms']:>11.2f}{r['kernel_gb_s']:>13.1f}{r['speedup']:>9.2f}x")
+    chunks = [measure_chunks(b, q, c, args.repeats) for b, q, c in CHUNK_CASES]
+    _print_chunks(chunks)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "cpu_attention", "threads": 1,
-                               "timer": "process_time, best of repeats", "rows": rows},
+                               "timer": "process_time, best of repeats", "rows": rows,
+                               "chunk_rows": chunks},
                               indent=2) + "\n")
     print(f"wrote {out}")
     return 0

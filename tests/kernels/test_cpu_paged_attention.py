@@ -1,16 +1,19 @@
-"""The compiled CPU paged-attention kernel against the PyTorch reference and the dense oracle.
+"""The compiled CPU paged-attention kernels against the PyTorch reference and the dense oracle.
 
-The kernel reads K/V straight from the blocks a table names, so every case runs it on the
-``poisoned`` batch (NaN in every slot and table entry past a sequence's context): a stray
-read turns the output into NaN. Cases: decode batches of mixed, odd lengths with partial
-last blocks, shuffled block tables, GQA groups of 1, 3 and 8, head sizes 64/128/256,
-sliding windows (with freed placeholder blocks) and softcap, 16-bit caches, and batches
-that mix short queries (the kernel) with prompt chunks (left to the reference).
+The kernels read K/V straight from the blocks a table names, so every case runs them on
+the ``poisoned`` batch (NaN in every slot and table entry past a sequence's context): a
+stray read turns the output into NaN. Cases: decode batches of mixed, odd lengths with
+partial last blocks, shuffled block tables, GQA groups of 1, 3 and 8, head sizes
+64/128/256; the tiled kernel on queries of 1, 5, 17, 64 and 300 tokens, fresh and after
+a prefix (context before the query), through sgemm and through its fallback loops;
+sliding windows (with freed placeholder blocks) and softcap, 16-bit caches, strided
+views, int64 index tensors, and batches that mix decodes with prompt chunks.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -19,17 +22,24 @@ from attention_cases import TOLERANCES, dense_attention, free_outside_window, ma
 import kvrelay_kernels
 from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
 from kvrelay_kernels.cpu_kernels.paged_attention import (
-    MAX_KERNEL_QUERY_LEN,
+    as_int32,
     cpu_kernel_usable,
     paged_attention_cpu,
+    paged_attention_decode_cpu,
+    paged_attention_tiled_cpu,
+    set_tiled_blas,
 )
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 
 BLOCK = 16
 DECODE = ([1] * 7, [1, 29, 8, 40, 17, 16, 131])
-# Short queries (kernel: 2..MAX_KERNEL_QUERY_LEN new tokens) beside prompt chunks
-# (reference) and decodes, in one call.
+# Decodes (decode kernel) beside short and longer queries (tiled kernel), in one call.
 MIXED = ([1, 7, 2, 3, 12, 1, 4], [1, 7 + 20, 40, 3, 12 + 5, 33, 4 + 50])
+# Prompt chunks: query lengths across the tiled kernel's 32-token query tiles, with odd
+# contexts before them (a prefix-cache hit or an earlier chunk) or none (fresh prefill).
+CHUNK_LENS = [1, 5, 17, 64, 300]
+PREFIX = (CHUNK_LENS, [n + c for n, c in zip(CHUNK_LENS, [37, 29, 3, 100, 131])])
+FRESH = (CHUNK_LENS, list(CHUNK_LENS))
 HEADS = [pytest.param(2, 2, id="mha"), pytest.param(6, 2, id="gqa3"),
          pytest.param(8, 1, id="gqa8")]
 # torch's build helper uses $CXX, else c++.
@@ -63,10 +73,11 @@ needs_kernel = pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler on t
 
 
 @needs_kernel
+@pytest.mark.parametrize("lens", [DECODE, MIXED], ids=["decode", "mixed"])
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
-def test_decode_matches_reference(num_heads, num_kv_heads, head_size):
-    clean, poisoned = _batches(DECODE, num_heads, num_kv_heads, head_size)
+def test_kernels_match_reference(num_heads, num_kv_heads, head_size, lens):
+    clean, poisoned = _batches(lens, num_heads, num_kv_heads, head_size)
     expected = paged_attention_reference(*clean.args(), 0.125)
     out = torch.full_like(poisoned.query, float("nan"))
     paged_attention_cpu(*poisoned.args(), 0.125, out, sliding_window=None, softcap=None)
@@ -82,28 +93,71 @@ def test_mixed_batch_through_the_public_entry(num_heads, num_kv_heads):
                   torch.float32)
 
 
+@pytest.fixture(params=[True, False], ids=["sgemm", "loops"])
+def tile_products(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Runs a test with the tiled kernel's products in sgemm, then in its fallback loops.
+
+    sgemm serves only calls run by one worker, so its variant runs on one thread."""
+    if not load_cpu_kernels():
+        pytest.skip("no C++ compiler on this machine")
+    if set_tiled_blas(request.param) != request.param:
+        pytest.skip("this torch links no sgemm: only the loops exist")
+    threads = torch.get_num_threads()
+    if request.param:
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    set_tiled_blas(True)
+
+
 @needs_kernel
-def test_kernel_leaves_long_queries_to_the_caller():
-    # The split is real: the kernel writes short queries' rows only, so the reference's
-    # share of a mixed batch is not silently computed (or skipped) by the kernel.
+@pytest.mark.parametrize("lens", [PREFIX, FRESH], ids=["prefix", "fresh"])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+def test_tiled_kernel_matches_reference(lens, num_heads, num_kv_heads, tile_products):
+    # min_query_len=1: the one-token query goes through the tiled kernel too.
+    clean, poisoned = _batches(lens, num_heads, num_kv_heads)
+    expected = paged_attention_reference(*clean.args(), 0.125)
+    out = torch.full_like(poisoned.query, float("nan"))
+    paged_attention_tiled_cpu(*poisoned.args(), 0.125, out, sliding_window=None, softcap=None,
+                              min_query_len=1)
+    _assert_close(out, expected, torch.float32)
+
+
+@needs_kernel
+def test_each_kernel_serves_only_its_own_queries():
+    # The split is real: the decode kernel writes one-token queries' rows only and the
+    # tiled kernel the others', so neither silently computes (or skips) the other's share.
     _, poisoned = _batches(MIXED, 6, 2)
     sentinel = 123.0
-    out = torch.full_like(poisoned.query, sentinel)
-    paged_attention_cpu(*poisoned.args(), 0.3, out, sliding_window=None, softcap=None)
+    decode_out = torch.full_like(poisoned.query, sentinel)
+    tiled_out = torch.full_like(poisoned.query, sentinel)
+    options = {"sliding_window": None, "softcap": None}
+    paged_attention_decode_cpu(*poisoned.args(), 0.3, decode_out, **options)
+    paged_attention_tiled_cpu(*poisoned.args(), 0.3, tiled_out, **options)
     starts = poisoned.query_start_loc.tolist()
     for i, n in enumerate(MIXED[0]):
-        rows = out[starts[i] : starts[i + 1]]
-        if n <= MAX_KERNEL_QUERY_LEN:
-            assert rows.isfinite().all()
-            assert (rows != sentinel).all()
-        else:
-            assert (rows == sentinel).all()
+        mine, other = (decode_out, tiled_out) if n == 1 else (tiled_out, decode_out)
+        rows = slice(starts[i], starts[i + 1])
+        assert mine[rows].isfinite().all()
+        assert (mine[rows] != sentinel).all()
+        assert (other[rows] == sentinel).all()
+
+
+@needs_kernel
+def test_int64_index_tensors_and_no_copy_of_int32_ones():
+    # Public callers may pass int64 indices; the engine's int32 metadata is used as is.
+    clean, poisoned = _batches(MIXED, 6, 2)
+    wide = [t.long() for t in poisoned.args()[3:]]
+    got = kvrelay_kernels.paged_attention(*poisoned.args()[:3], *wide, 0.3)
+    _assert_close(got, paged_attention_reference(*clean.args(), 0.3), torch.float32)
+    for index in poisoned.args()[3:]:
+        assert as_int32(index) is index
 
 
 @needs_kernel
 @pytest.mark.parametrize("softcap", [None, 1.5])
 @pytest.mark.parametrize("window", [1, 5, 13, 16, 40, 1000])
-@pytest.mark.parametrize("lens", [DECODE, MIXED], ids=["decode", "mixed"])
+@pytest.mark.parametrize("lens", [DECODE, MIXED, PREFIX], ids=["decode", "mixed", "prefix"])
 def test_window_and_softcap_match_dense_oracle(lens, window, softcap):
     batch, _ = _batches(lens, 6, 2)
     freed, _ = free_outside_window(batch, window)
@@ -114,18 +168,20 @@ def test_window_and_softcap_match_dense_oracle(lens, window, softcap):
 
 
 @needs_kernel
+@pytest.mark.parametrize("lens", [MIXED, PREFIX], ids=["mixed", "prefix"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_16_bit_caches(dtype):
-    clean, poisoned = _batches(MIXED, 8, 1, dtype=dtype)
+def test_16_bit_caches(dtype, lens):
+    clean, poisoned = _batches(lens, 8, 1, dtype=dtype)
     got = kvrelay_kernels.paged_attention(*poisoned.args(), 0.3, softcap=20.0)
     assert got.dtype == dtype
     _assert_close(got, dense_attention(clean, 0.3, softcap=20.0), dtype)
 
 
 @needs_kernel
-def test_strided_query_and_output():
+@pytest.mark.parametrize("lens", [DECODE, MIXED], ids=["decode", "mixed"])
+def test_strided_query_and_output(lens):
     # The engine's q is a view into the fused qkv projection: rows are strided.
-    clean, poisoned = _batches(DECODE, 6, 2)
+    clean, poisoned = _batches(lens, 6, 2)
     wide = torch.randn(poisoned.query.shape[0], 10, 64)
     wide[:, 2:8] = poisoned.query
     out = torch.zeros(poisoned.query.shape[0], 9, 64)

@@ -26,7 +26,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("paged_attention.cpp",)
+SOURCES = ("paged_attention.cpp", "tiled_attention.cpp")
 LIBRARY = "kvrelay_cpu"
 
 

@@ -1,34 +1,88 @@
-"""Paged attention on CPU without the gather copy: the compiled kernel, or None.
+"""Paged attention on CPU without the gather copy: the compiled kernels, or the reference.
 
-The compiled kernel (``paged_attention.cpp``) reads each sequence's keys and values
-straight from the blocks its table names, once, with an online softmax. It serves the
-sequences with few new tokens (decode, short verification queries): there a query is a
-vector and the reference's gather copy costs more than the attention itself. Sequences with
-many new tokens (prompt chunks) stay with the reference, whose one gather per sequence is
-amortised over all its queries and whose SDPA runs them as matrix products.
+Two compiled kernels read each sequence's keys and values straight from the blocks its
+table names. One-token queries (decode) go to ``paged_attention.cpp``, which streams the
+context once per sequence and KV head as vectors; every longer query (prompt chunks, fresh
+or after a prefix-cache hit, speculative verification) goes to ``tiled_attention.cpp``,
+which reads K/V tiles once per tile of query tokens and runs them as matrix products
+(sgemm on one worker; blocked loops when several share the call, see the .cpp).
+Measured per layer on one thread, SmolLM2 shapes (``benchmarks/cpu_attention.py``): the
+tiled kernel beats the reference's gather + SDPA at every prompt-chunk size, fresh
+prefill included, so the reference only serves calls the kernels cannot.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 
 from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 
-# Sequences with at most this many new tokens go to the compiled kernel, which reads the
-# context once per query token; longer queries run as matrix products in the reference.
-MAX_KERNEL_QUERY_LEN = 4
+# Queries of at most this many new tokens run in the decode kernel, longer ones in the
+# tiled kernel (measured: for one token the decode kernel is ~8% faster, from two tokens
+# on the tiled one wins, 2.5x at four).
+DECODE_QUERY_LEN = 1
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def cpu_kernel_usable(query: torch.Tensor, key_cache: torch.Tensor,
                       out: torch.Tensor | None = None) -> bool:
-    """Whether the compiled kernel can serve this call (else: the reference serves it all)."""
+    """Whether the compiled kernels can serve this call (else: the reference serves it all)."""
     return (query.device.type == "cpu" and query.dtype in KERNEL_DTYPES
             and key_cache.dtype == query.dtype and (out is None or out.dtype == query.dtype)
             and load_cpu_kernels())
+
+
+def as_int32(index: torch.Tensor) -> torch.Tensor:
+    """The kernels' index layout. The model runner builds its metadata as contiguous int32
+    once per step, so there this returns ``index`` itself: no per-layer copy."""
+    return index.to(torch.int32).contiguous()
+
+
+def paged_attention_decode_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    sliding_window: int | None,
+    softcap: float | None,
+    max_query_len: int = DECODE_QUERY_LEN,
+) -> None:
+    """Fill ``out``'s rows of every sequence with 1..``max_query_len`` new tokens (decode
+    kernel; others' rows untouched). Arguments as ``paged_attention``, already checked."""
+    torch.ops.kvrelay_cpu.paged_attention(
+        query, key_cache, value_cache, as_int32(block_tables), as_int32(query_start_loc),
+        as_int32(seq_lens), float(scale), 0.0 if softcap is None else float(softcap),
+        0 if sliding_window is None else int(sliding_window), int(max_query_len), out,
+    )
+
+
+def paged_attention_tiled_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    sliding_window: int | None,
+    softcap: float | None,
+    min_query_len: int = DECODE_QUERY_LEN + 1,
+) -> None:
+    """Fill ``out``'s rows of every sequence with at least ``min_query_len`` new tokens
+    (tiled kernel; others' rows untouched). Arguments as ``paged_attention``."""
+    torch.ops.kvrelay_cpu.paged_attention_tiled(
+        query, key_cache, value_cache, as_int32(block_tables), as_int32(query_start_loc),
+        as_int32(seq_lens), float(scale), 0.0 if softcap is None else float(softcap),
+        0 if sliding_window is None else int(sliding_window), int(min_query_len), out,
+    )
 
 
 def paged_attention_cpu(
@@ -43,21 +97,15 @@ def paged_attention_cpu(
     *,
     sliding_window: int | None,
     softcap: float | None,
-    max_query_len: int = MAX_KERNEL_QUERY_LEN,
 ) -> None:
-    """Fill ``out``'s rows of every sequence with 1..``max_query_len`` new tokens.
-
-    Arguments as ``paged_attention`` (already checked); rows of longer queries are left
-    untouched for the caller. Requires ``cpu_kernel_usable`` to be true.
-    """
-    torch.ops.kvrelay_cpu.paged_attention(
-        query, key_cache, value_cache,
-        block_tables.to(torch.int32).contiguous(),
-        query_start_loc.to(torch.int32).contiguous(),
-        seq_lens.to(torch.int32).contiguous(),
-        float(scale), 0.0 if softcap is None else float(softcap),
-        0 if sliding_window is None else int(sliding_window), int(max_query_len), out,
-    )
+    """Fill every row of ``out``: one-token queries in the decode kernel, the rest in the
+    tiled kernel (each skips, in C++, the sequences that are not its own; the tiled one
+    returns at once when it has none). Requires ``cpu_kernel_usable`` to be true."""
+    tables, starts, lens = as_int32(block_tables), as_int32(query_start_loc), as_int32(seq_lens)
+    paged_attention_decode_cpu(query, key_cache, value_cache, tables, starts, lens, scale, out,
+                               sliding_window=sliding_window, softcap=softcap)
+    paged_attention_tiled_cpu(query, key_cache, value_cache, tables, starts, lens, scale, out,
+                              sliding_window=sliding_window, softcap=softcap)
 
 
 def paged_attention_cpu_dispatch(
@@ -73,25 +121,24 @@ def paged_attention_cpu_dispatch(
     sliding_window: int | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """``paged_attention`` on CPU: short queries in the compiled kernel, long ones (and
-    every call the kernel cannot serve) in the reference, each sequence exactly once."""
+    """``paged_attention`` on CPU: the compiled kernels where usable, else the reference.
+
+    No host-side look at the batch (no ``tolist``): each kernel picks its sequences from
+    ``query_start_loc`` itself, so a layer call costs two op launches, not a sync.
+    """
     if out is None:
         out = torch.empty_like(query)
     if not cpu_kernel_usable(query, key_cache, out):
         return paged_attention_reference(
             query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
             out=out, sliding_window=sliding_window, softcap=softcap)
-    starts = query_start_loc.tolist()
-    query_lens = [b - a for a, b in itertools.pairwise(starts)]
-    if any(0 < n <= MAX_KERNEL_QUERY_LEN for n in query_lens):
-        paged_attention_cpu(query, key_cache, value_cache, block_tables, query_start_loc,
-                            seq_lens, scale, out, sliding_window=sliding_window,
-                            softcap=softcap)
-    for i, n in enumerate(query_lens):
-        if n > MAX_KERNEL_QUERY_LEN:
-            first = starts[i]
-            paged_attention_reference(
-                query[first : first + n], key_cache, value_cache, block_tables[i : i + 1],
-                query_start_loc.new_tensor([0, n]), seq_lens[i : i + 1], scale,
-                out=out[first : first + n], sliding_window=sliding_window, softcap=softcap)
+    paged_attention_cpu(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
+                        scale, out, sliding_window=sliding_window, softcap=softcap)
     return out
+
+
+def set_tiled_blas(enable: bool) -> bool:
+    """Let the tiled kernel's matrix products run in BLAS sgemm (the default) or in its
+    portable blocked loops (the fallback where torch links no sgemm), to test and measure
+    the fallback; returns whether sgemm runs now. Requires ``load_cpu_kernels()``."""
+    return bool(torch.ops.kvrelay_cpu.tiled_attention_use_blas(enable))
