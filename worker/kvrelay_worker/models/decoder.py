@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kvrelay_worker.models.attention import Attention, AttentionMetadata
+from kvrelay_worker.models.cpu_linear import Linear
 from kvrelay_worker.models.decoder_layers import PreNormLayer, SandwichNormLayer
 from kvrelay_worker.models.layers import RMSNorm
 from kvrelay_worker.models.model_config import ModelConfig
@@ -87,7 +88,7 @@ class CausalLM(nn.Module):
             layer_class(config, i, self.rotary_tables[i]) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvrelay_kernels import fused_add_rms_norm, rms_norm
+from kvrelay_worker.models.cpu_linear import Linear
 from kvrelay_worker.models.errors import UnsupportedModelError
 
 
@@ -56,8 +57,8 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.intermediate_size = intermediate_size
         self.act = activation(act)
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)

@@ -12,6 +12,7 @@ from torch import nn
 
 from kvrelay_kernels import rotary_embedding
 from kvrelay_worker.models.attention import Attention, AttentionMetadata
+from kvrelay_worker.models.cpu_linear import Linear
 from kvrelay_worker.models.layers import RMSNorm
 from kvrelay_worker.models.model_config import ModelConfig
 
@@ -22,9 +23,9 @@ class SelfAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.q_size
         self.kv_size = config.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_output_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.attention_output_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:

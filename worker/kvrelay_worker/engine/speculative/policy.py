@@ -7,7 +7,8 @@ tokens per millisecond is at least the step's as it stands: speculation then nev
 lowers the step's expected output per unit of time. At batch 1 the extra tokens cost
 almost nothing and every plausible draft is verified; on a compute-bound batch they
 cost what real tokens do and none is. A sequence whose acceptance fell below
-``MIN_RATE`` stops speculating, apart from a rare probe that lets its estimate recover.
+``MIN_RATE`` stops speculating; one refused for ``PROBE_EVERY`` steps in a row (either
+way) verifies one draft, a probe that lets a pessimistic estimate recover.
 """
 
 from __future__ import annotations

@@ -127,6 +127,15 @@ class Speculator:
         depths = (choose_depths(candidates, len(decoding) + prefill_tokens, len(decoding),
                                 self.curve) if self.adaptive
                   else {c.key: c.max_drafts for c in candidates})
+        for c in candidates:  # a rare probe, so an estimate that says "no" can be revised
+            tracked = self._tracked[c.key]
+            if depths.get(c.key, 0) > 0:
+                tracked.skipped = 0
+                continue
+            tracked.skipped += 1
+            if tracked.skipped >= PROBE_EVERY:
+                tracked.skipped = 0
+                depths[c.key] = 1
         chosen = [(by_key[key], n) for key, n in depths.items() if n > 0]
         if self.draft is not None and chosen:
             guesses = self.draft.propose([s for s, _ in chosen], [n for _, n in chosen])
