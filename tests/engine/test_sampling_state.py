@@ -153,8 +153,9 @@ def test_engine_tokens_equal_those_of_a_fresh_build_every_step(folder: str) -> N
         llm = LLM(folder, device="cpu", dtype="float32", max_num_batched_tokens=16)
         engine = llm.engine
         if fresh_every_step:
-            engine.sampling_batches.build = lambda seqs: build_sampling_batch(  # type: ignore[method-assign]
-                seqs, engine.vocab_size, engine.eos_token_ids, engine.device)
+            engine.sampling_batches.build = lambda seqs, offsets=None: (  # type: ignore[method-assign]
+                build_sampling_batch(seqs, engine.vocab_size, engine.eos_token_ids,
+                                     engine.device))
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             engine.add_request(f"r{i}", prompt, p)
         finals = final_outputs(run_engine(engine))

@@ -13,7 +13,7 @@ from kvrelay.cli.errors import CliError, require_worker_package
 from kvrelay.cli.worker_launch import check_model, prepare
 
 if TYPE_CHECKING:
-    from kvrelay_worker.loading.gguf_storage import GGUFStorage
+    from kvrelay_worker.loading import GGUFStorage
 
 
 @click.group("models", invoke_without_command=True)
@@ -65,9 +65,9 @@ def list_models(as_json: bool) -> None:
 def _storage(path: Path | None) -> GGUFStorage | None:
     if path is None or path.suffix != ".gguf":
         return None
-    from kvrelay_worker.loading.gguf_storage import gguf_storage
+    from kvrelay_worker.loading import read_gguf_storage
 
-    return gguf_storage(path)
+    return read_gguf_storage(path)
 
 
 def _storage_json(path: Path | None) -> dict[str, object]:

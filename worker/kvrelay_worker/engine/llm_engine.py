@@ -56,7 +56,7 @@ from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
 
 if TYPE_CHECKING:
-    from kvrelay_worker.loading.model_files import LoadedModelFiles
+    from kvrelay_worker.loading import LoadedModelFiles
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,7 @@ class LLMEngine:
     def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
                           max_len: int) -> CausalLM:
         """Read the GGUF file itself, its quantized blocks kept (``gguf_quantized_model``)."""
-        from kvrelay_worker.loading.gguf_file import GGUFCheckpoint
-        from kvrelay_worker.loading.gguf_quantized_model import build_gguf_quantized_model
+        from kvrelay_worker.loading import GGUFCheckpoint, build_gguf_quantized_model
 
         if files.source.kind != "gguf":
             raise EngineConfigError(
@@ -156,7 +155,6 @@ class LLMEngine:
         bind_device(config.torch_device)
         self.config = config
         self.model = model
-        self.weight_bytes = weight_bytes(model)
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.device = config.torch_device
@@ -165,6 +163,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
                                   config.torch_kv_cache_dtype)
+        self.weight_bytes = weight_bytes(model)
         num_blocks = decide_num_blocks(config, self.runner)
         capacity = num_blocks * config.block_size
         max_len = self._default_max_len(config, model.config.max_position_embeddings)

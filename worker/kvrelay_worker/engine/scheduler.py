@@ -195,7 +195,7 @@ class Scheduler:
         accepted_of = {id(item): n for item, n in zip(sampling, num_accepted, strict=True)}
         for item in scheduled:
             n = accepted_of.get(id(item), 0)
-            if not 0 <= n <= len(item.drafts):
+            if n not in range(len(item.drafts) + 1):
                 raise ValueError(f"{n} accepted drafts of {len(item.drafts)}")
             item.seq.num_computed_tokens += item.num_new_tokens - len(item.drafts)
             self.kv.publish_computed_blocks(item.seq)

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvrelay_worker.loading.cache_layout import gguf_cache_name, is_prepared, model_cache_dir
+    from kvrelay_worker.loading.gguf_file import GGUFCheckpoint
+    from kvrelay_worker.loading.gguf_quantized_model import build_gguf_quantized_model
+    from kvrelay_worker.loading.gguf_storage import GGUFStorage
+    from kvrelay_worker.loading.gguf_storage import gguf_storage as read_gguf_storage
     from kvrelay_worker.loading.hf_folder import safetensors_files
     from kvrelay_worker.loading.model_cache import prepare_model
     from kvrelay_worker.loading.model_files import LoadedModelFiles, load_model_source
@@ -30,11 +34,17 @@ if TYPE_CHECKING:
     from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
 
 # Public name -> the module that defines it.
-_HOMES = {
+_HOMES: dict[str, str | tuple[str, str]] = {
     "gguf_cache_name": "kvrelay_worker.loading.cache_layout",
     "is_prepared": "kvrelay_worker.loading.cache_layout",
     "model_cache_dir": "kvrelay_worker.loading.cache_layout",
     "safetensors_files": "kvrelay_worker.loading.hf_folder",
+    "build_gguf_quantized_model": "kvrelay_worker.loading.gguf_quantized_model",
+    "GGUFCheckpoint": "kvrelay_worker.loading.gguf_file",
+    "GGUFStorage": "kvrelay_worker.loading.gguf_storage",
+    # The function is named like its module; exported under a name the import system
+    # cannot shadow with the submodule.
+    "read_gguf_storage": ("kvrelay_worker.loading.gguf_storage", "gguf_storage"),
     "prepare_model": "kvrelay_worker.loading.model_cache",
     "LoadedModelFiles": "kvrelay_worker.loading.model_files",
     "load_model_source": "kvrelay_worker.loading.model_files",
@@ -54,10 +64,13 @@ _HOMES = {
 __all__ = [
     "DEFAULT_MODEL",
     "REGISTRY",
+    "GGUFCheckpoint",
+    "GGUFStorage",
     "LoadedModelFiles",
     "ModelSource",
     "UnknownModelError",
     "UnsupportedModelError",
+    "build_gguf_quantized_model",
     "gguf_cache_name",
     "is_known_model",
     "is_prepared",
@@ -66,6 +79,7 @@ __all__ = [
     "load_tokenizer",
     "model_cache_dir",
     "prepare_model",
+    "read_gguf_storage",
     "registry_model_path",
     "resolve_model",
     "safetensors_files",
@@ -77,4 +91,5 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+    module, attr = home if isinstance(home, tuple) else (home, name)
+    return getattr(importlib.import_module(module), attr)
