@@ -2,7 +2,7 @@
 
 Every row of ``quant_configs.CONFIGS`` in one run:
 
-- perplexity over the English text of ``/work/shared/seeds`` (lines whose characters are
+- perplexity over the English text of ``../shared/seeds`` (beside the repository) (lines whose characters are
   at least 95% ASCII), tokenized once and cut into fixed, non-overlapping windows of
   ``WINDOW`` tokens (the first ``--max-windows``, 12 by default: a run on a shared 2-core
   machine must finish); every token of a window after its first is scored (the count is
@@ -70,7 +70,8 @@ def perplexity(llm: Any, windows: list[list[int]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=Path, default=Path("/work/shared/seeds"))
+    parser.add_argument("--seeds", type=Path,
+                        default=Path(__file__).resolve().parents[2] / "shared" / "seeds")
     parser.add_argument("--max-windows", type=int, default=12,
                         help="score only the first N windows (0: all; 7,399 tokens = 28)")
     args = parser.parse_args()
