@@ -124,7 +124,10 @@ class DraftModel:
                 break
             kept = pos + 1
         shadow.num_computed_tokens = min(kept, len(target) - 1)
-        shadow.token_ids = list(target)
+        # Tokens before ``kept`` already equal the target's (token lists only grow): copy
+        # the rest only, so a step costs the new tokens, not the whole context.
+        del shadow.token_ids[kept:]
+        shadow.token_ids.extend(target[kept:])
         self._bases[seq.seq_id] = len(target)
         self.kv.free_blocks_after(shadow, shadow.num_computed_tokens)
         return self.kv.allocate_slots(shadow, len(target) - shadow.num_computed_tokens)
