@@ -83,7 +83,12 @@ class CausalLM(nn.Module):
         layer_class = SandwichNormLayer if config.sandwich_norms else PreNormLayer
         # Plain attributes, not buffers: tables stay float32 whatever dtype the model takes.
         self.rotary_tables = self._rotary_tables(None)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given an empty weight, not initialised: every weight is loaded or drawn later, and
+        # a random init on ``meta`` runs through PyTorch's reference ops, which import
+        # ``torch._dynamo`` (seconds at every worker start).
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size,
+                                                             config.hidden_size))
         self.layers = nn.ModuleList(
             layer_class(config, i, self.rotary_tables[i]) for i in range(config.num_hidden_layers)
         )

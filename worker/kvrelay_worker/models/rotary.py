@@ -16,7 +16,8 @@ from kvrelay_worker.models.errors import UnsupportedModelError
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(
+        torch.float32) / head_dim
     return 1.0 / (theta ** exponents)
 
 
@@ -54,9 +55,13 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
 def build_cos_sin_cache(head_dim: int, theta: float, scaling: dict[str, Any] | None,
                         max_position: int, device: torch.device | str | None = None
                         ) -> torch.Tensor:
-    """``[max_position, head_dim]`` float32: cosines then sines of every position's angles."""
+    """``[max_position, head_dim]`` float32: cosines then sines of every position's angles.
+
+    Computed on the CPU whatever device is the default: a model is first built on
+    ``meta``, where this arithmetic would run through PyTorch's reference decompositions
+    (importing ``torch._dynamo``: seconds at every worker start) for a table thrown away."""
     inv_freq = rope_inv_freq(head_dim, theta, scaling)
-    positions = torch.arange(max_position, dtype=torch.int64).to(torch.float32)
+    positions = torch.arange(max_position, dtype=torch.int64, device="cpu").to(torch.float32)
     freqs = positions[:, None] * inv_freq[None, :]
     table = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     return table if device is None else table.to(device)
