@@ -18,6 +18,7 @@ from kombu import Exchange, Queue
 from kvrelay.enqueue import celery_broker_settings
 from kvrelay.protocol import TASK_NAME
 from kvrelay.tls import celery_ssl_options
+from kvrelay_worker import fast_exit
 from kvrelay_worker.job_copy import send_job_copy
 from kvrelay_worker.payload_gate import size_gated
 from kvrelay_worker.runtime import WorkerRuntime
@@ -129,6 +130,7 @@ class EngineBootstep(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(EngineBootstep)
+fast_exit.install()
 
 
 def _refuse_oversized(job_id: str | None, size: int) -> bool:
