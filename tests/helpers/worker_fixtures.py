@@ -13,6 +13,7 @@ from helpers.worker_process import WorkerProcess
 
 TINY = "llama-mqa"
 SMOLLM2 = "smollm2-135m-instruct"
+TINY_KV_BYTES = 256 << 20
 
 
 @pytest.fixture
@@ -31,6 +32,10 @@ def start_worker(clean_redis_url: str, tiny_model_path: str, tmp_path: Path,
     started: list[WorkerProcess] = []
 
     def start(name: str = "w1", ready: bool = True, **settings: Any) -> WorkerProcess:
+        if "model" not in settings:
+            # The tiny model's KV pool: 256 MiB is ~170k tokens, more than any test here
+            # holds; the default 1 GiB (and its 1 GiB host pool) only slow each start.
+            settings = {"kv_cache_memory": TINY_KV_BYTES, "swap_space_gib": 0.25} | settings
         model = settings.pop("model", tiny_model_path)
         worker = WorkerProcess(name, clean_redis_url, model, tmp_path, **settings)
         started.append(worker.start())
