@@ -115,12 +115,16 @@ class WorkerProcess:
         raise TimeoutError(f"worker {self.name} stats never matched; last: {stats}")
 
     def wait_ready(self, timeout: float = 120.0) -> WorkerProcess:
+        """Wait for the heartbeat and for Celery's own ready line: the engine is loaded
+        and the consumer has declared its queues (the kvrelay ready line comes before
+        that, so Redis may still gain the consumer's keys after it)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"worker {self.name} exited early:\n{self.tail()}")
-            if self.info() is not None and "kvrelay worker" in self.tail(4000) and \
-                    "ready" in self.tail(4000):
+            log = self.tail(4000)
+            if self.info() is not None and "kvrelay worker" in log and \
+                    f"{self.name}@" in log and " ready." in log:
                 return self
             time.sleep(0.2)
         raise TimeoutError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
