@@ -13,6 +13,7 @@ views, int64 index tensors, and batches that mix decodes with prompt chunks.
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +28,7 @@ from kvrelay_kernels.cpu_kernels.paged_attention import (
     paged_attention_cpu,
     paged_attention_decode_cpu,
     paged_attention_tiled_cpu,
+    parallel_team_size,
     set_tiled_blas,
 )
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
@@ -93,21 +95,36 @@ def test_mixed_batch_through_the_public_entry(num_heads, num_kv_heads):
                   torch.float32)
 
 
-@pytest.fixture(params=[True, False], ids=["sgemm", "loops"])
+@pytest.fixture(params=[(True, 1), (True, 3), (False, 2)],
+                ids=["sgemm", "sgemm-3-threads", "loops"])
 def tile_products(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Runs a test with the tiled kernel's products in sgemm, then in its fallback loops.
-
-    sgemm serves only calls run by one worker, so its variant runs on one thread."""
+    """Runs a test with the tiled kernel's products in sgemm (one worker, then three workers
+    each with a one-thread MKL team), then in its fallback loops."""
+    blas, num_threads = request.param
     if not load_cpu_kernels():
         pytest.skip("no C++ compiler on this machine")
-    if set_tiled_blas(request.param) != request.param:
+    if set_tiled_blas(blas) != blas:
         pytest.skip("this torch links no sgemm: only the loops exist")
     threads = torch.get_num_threads()
-    if request.param:
-        torch.set_num_threads(1)
+    torch.set_num_threads(num_threads)
     yield
     torch.set_num_threads(threads)
     set_tiled_blas(True)
+
+
+@needs_kernel
+@pytest.mark.skipif(sys.platform != "linux", reason="OpenMP builds are Linux-only")
+def test_kernels_run_on_torchs_threads():
+    # ATen's parallel_for is a header template: in a library compiled without OpenMP it runs
+    # serially whatever torch.set_num_threads says (the kernels once did, unnoticed).
+    assert load_cpu_kernels()
+    threads = torch.get_num_threads()
+    try:
+        for wanted in (1, 3):
+            torch.set_num_threads(wanted)
+            assert parallel_team_size() == wanted
+    finally:
+        torch.set_num_threads(threads)
 
 
 @needs_kernel

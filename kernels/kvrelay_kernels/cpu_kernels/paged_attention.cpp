@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -179,6 +180,21 @@ void paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
   });
 }
 
+// How many threads one of our at::parallel_for calls really runs on: torch's thread count
+// when the library was built with OpenMP, 1 when it was not (ATen's parallel_for is a
+// header template that then runs serially whatever torch.set_num_threads says).
+int64_t parallel_team_size() {
+  const int64_t n = at::get_num_threads();
+  std::vector<std::atomic<bool>> seen(static_cast<size_t>(n));
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    const int64_t id = at::get_thread_num();
+    if (id >= 0 && id < n) seen[static_cast<size_t>(id)].store(true);
+  });
+  int64_t team = 0;
+  for (const auto& s : seen) team += s.load() ? 1 : 0;
+  return team;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kvrelay_cpu, m) {
@@ -186,4 +202,5 @@ TORCH_LIBRARY(kvrelay_cpu, m) {
         "Tensor query_start_loc, Tensor seq_lens, float scale, float softcap, int window, "
         "int max_query_len, Tensor(a!) out) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
+  m.def("parallel_team_size() -> int", &parallel_team_size);
 }

@@ -142,3 +142,10 @@ def set_tiled_blas(enable: bool) -> bool:
     portable blocked loops (the fallback where torch links no sgemm), to test and measure
     the fallback; returns whether sgemm runs now. Requires ``load_cpu_kernels()``."""
     return bool(torch.ops.kvrelay_cpu.tiled_attention_use_blas(enable))
+
+
+def parallel_team_size() -> int:
+    """Threads one of the kernels' parallel loops runs on now: ``torch.get_num_threads()``
+    when the library was built with OpenMP, 1 when a build without it would run serially.
+    Requires ``load_cpu_kernels()``."""
+    return int(torch.ops.kvrelay_cpu.parallel_team_size())

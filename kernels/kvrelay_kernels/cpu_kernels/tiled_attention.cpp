@@ -7,8 +7,9 @@
 // context kKeyTile keys at a time. Each key tile is copied once from its scattered blocks
 // into a small float32 buffer that stays in cache, then serves every row of the task with
 // two matrix products (scores = Q K^T, acc += P V), with an online softmax between them:
-// in the BLAS sgemm torch links when one worker runs the call, else in blocked loops. So K/V bytes are read once per query tile, never gathered
-// whole. Measured on one thread of the 2-core dev VM (SmolLM2 shapes, 512-token chunk,
+// in the BLAS sgemm torch links (each worker with a one-thread MKL team; blocked loops where
+// the BLAS cannot be told so and several workers share the call, or there is no sgemm). So
+// K/V bytes are read once per query tile, never gathered whole. Measured on one thread of the 2-core dev VM (SmolLM2 shapes, 512-token chunk,
 // benchmarks/cpu_attention.py): sgemm 2-3x faster than the blocked loops kept as the
 // fallback (6.6 vs 17.6 ms at no context, 157 vs 413 ms at 6k); query tiles of 16-64 and
 // key tiles of 64-256 within noise of 32 x 128.
@@ -74,14 +75,41 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 // the fallback loops in a process that has it.
 std::atomic<bool> use_blas{true};
 
-// Set per call: sgemm serves only calls run by one worker. Called from several of our
-// workers at once, torch's MKL still sized its own team by torch's thread count and
-// oversubscribed the cores (measured on 2 threads: 5x slower wall, 6x the CPU time).
-thread_local bool single_worker = true;
+// MKL's per-thread team size (returns the previous one; 0 = the global setting). Called
+// from several of our workers at once, torch's MKL sized its own team by torch's thread
+// count and oversubscribed the cores (measured on 2 threads: 5x slower wall, 6x the CPU
+// time), so each worker asks for a team of one while it runs. Weak, like sgemm_: another
+// BLAS (OpenBLAS on aarch64) has no such call, and there sgemm serves one-worker calls only.
+// (MKL's C name; the lower-case symbol is the Fortran one, which takes a pointer.)
+extern "C" int MKL_Set_Num_Threads_Local(int nt) __attribute__((weak));
+
+// Set per worker: whether sgemm may serve this worker (alone in the call, or with MKL's
+// team set to one thread for it).
+thread_local bool blas_allowed = true;
 
 inline bool blas_on() {
-  return sgemm_ != nullptr && use_blas.load(std::memory_order_relaxed) && single_worker;
+  return sgemm_ != nullptr && use_blas.load(std::memory_order_relaxed) && blas_allowed;
 }
+
+// For the lifetime of one worker of a call: sgemm on, with a one-thread MKL team when the
+// call has several workers and MKL can be told so; otherwise sgemm off for shared calls.
+class WorkerBlas {
+ public:
+  explicit WorkerBlas(bool shared)
+      : restore_(shared && MKL_Set_Num_Threads_Local != nullptr) {
+    if (restore_) previous_ = MKL_Set_Num_Threads_Local(1);
+    blas_allowed = !shared || restore_;
+  }
+  ~WorkerBlas() {
+    if (restore_) MKL_Set_Num_Threads_Local(previous_);
+  }
+  WorkerBlas(const WorkerBlas&) = delete;
+  WorkerBlas& operator=(const WorkerBlas&) = delete;
+
+ private:
+  bool restore_;
+  int previous_ = 0;
+};
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float sum = 0.f;
@@ -306,7 +334,7 @@ void paged_attention_tiled(const at::Tensor& query, const at::Tensor& key_cache,
     const scalar_t* v = value_cache.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
-      single_worker = workers == 1;
+      WorkerBlas blas(workers > 1);
       Scratch scratch(shape);
       for (int64_t worker = lo; worker < hi; ++worker) {
         for (int64_t i = next++; i < static_cast<int64_t>(tasks.size()); i = next++) {
