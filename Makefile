@@ -9,9 +9,6 @@ STAMP := $(VENV)/.kvrelay-installed
 # The CPU build of torch for machines without CUDA (the GPU build is the default wheel).
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
-# Test processes: two keep a 2-core machine busy while one waits on worker processes;
-# a test file stays in one process (its module fixtures are shared). 0 runs serially.
-TEST_PROCESSES ?= 2
 
 # `make demo PROMPT="..."` (PROMPT reaches the recipe as an environment variable, so
 # quotes inside it are safe).
@@ -48,7 +45,7 @@ serve: install
 	$(BIN)/kvrelay up --serve
 
 test: install
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

