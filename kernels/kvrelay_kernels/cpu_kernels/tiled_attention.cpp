@@ -9,8 +9,8 @@
 // two matrix products (scores = Q K^T, acc += P V), with an online softmax between them:
 // in the BLAS sgemm torch links (each worker with a one-thread MKL team; blocked loops where
 // the BLAS cannot be told so and several workers share the call, or there is no sgemm). So
-// K/V bytes are read once per query tile, never gathered whole. Measured on one thread of the 2-core dev VM (SmolLM2 shapes, 512-token chunk,
-// benchmarks/cpu_attention.py): sgemm 2-3x faster than the blocked loops kept as the
+// K/V bytes are read once per query tile, never gathered whole. Measured on one thread of
+// the 2-core dev VM (SmolLM2 shapes, 512-token chunk, benchmarks/cpu_attention.py): sgemm 2-3x faster than the blocked loops kept as the
 // fallback (6.6 vs 17.6 ms at no context, 157 vs 413 ms at 6k); query tiles of 16-64 and
 // key tiles of 64-256 within noise of 32 x 128.
 //
@@ -75,12 +75,11 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 // the fallback loops in a process that has it.
 std::atomic<bool> use_blas{true};
 
-// MKL's per-thread team size (returns the previous one; 0 = the global setting). Called
-// from several of our workers at once, torch's MKL sized its own team by torch's thread
-// count and oversubscribed the cores (measured on 2 threads: 5x slower wall, 6x the CPU
-// time), so each worker asks for a team of one while it runs. Weak, like sgemm_: another
-// BLAS (OpenBLAS on aarch64) has no such call, and there sgemm serves one-worker calls only.
-// (MKL's C name; the lower-case symbol is the Fortran one, which takes a pointer.)
+// MKL's per-thread team size (returns the previous one; 0 = the global setting). Inside
+// our workers MKL would otherwise size its team by torch's thread count and oversubscribe
+// the cores, so each worker asks for a team of one while it runs. Weak, like sgemm_:
+// another BLAS (OpenBLAS on aarch64) has no such call, and there sgemm serves one-worker
+// calls only. (MKL's C name; the lower-case symbol is the Fortran one, taking a pointer.)
 extern "C" int MKL_Set_Num_Threads_Local(int nt) __attribute__((weak));
 
 // Set per worker: whether sgemm may serve this worker (alone in the call, or with MKL's
