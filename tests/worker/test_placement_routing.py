@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from helpers.placement_wait import CLIENT_VIEW_S, wait_advertised
+from helpers.placement_wait import wait_advertised
 from helpers.worker_process import WorkerProcess
 
 from kvrelay import AsyncClient, Completion
@@ -85,12 +85,17 @@ async def test_a_busy_holder_or_the_switch_off_sends_jobs_to_the_shared_queue(
             model=MODEL, prompt_token_ids=prefix))
 
         # Placed on the holder (idle, under the cap); it keeps the holder's one slot busy.
-        long = client.stream(prompt_token_ids=prefix + [9] * 8, max_tokens=3000,
+        # Its prompt adds a fourth chunk, which only the holder will ever hold: the other
+        # worker serves the three-chunk prefix below, and among workers with equally long
+        # matches the least loaded wins, so the control needs a longer match.
+        longer = prefix + _prefix(3)[:CHUNK_TOKENS]
+        long = client.stream(prompt_token_ids=longer + [9] * 8, max_tokens=3000,
                              temperature=0.0, ignore_eos=True)
         await long.start()
         await long.__anext__()
         holder.wait_for_stats(lambda stats: stats.get("running") == 1)
-        await asyncio.sleep(CLIENT_VIEW_S)
+        await wait_advertised(url, _worker_id(holder), prompt_fingerprints(
+            model=MODEL, prompt_token_ids=longer))
 
         # Over the default cap (1 x concurrency): the shared queue, so the other worker.
         busy = await _generate(client, prefix + [11] * 8)
@@ -102,10 +107,13 @@ async def test_a_busy_holder_or_the_switch_off_sends_jobs_to_the_shared_queue(
         # Control: a cap the holder is under places the job behind the long one.
         async with AsyncClient(url, model=MODEL, stream_timeout=300, placement=True,
                                placement_load_cap=10.0) as roomy:
-            queued = asyncio.create_task(_generate(roomy, prefix + [13] * 8))
+            queued = asyncio.create_task(_generate(roomy, longer + [13] * 8))
             await asyncio.sleep(2.0)
-            assert not queued.done()  # waiting in the holder's own queue
+            if queued.done():  # it should be waiting in the holder's own queue
+                ran_on = _ran_on(queued.result(), workers)
+                pytest.fail(f"the control job ran at once, on {ran_on.name} "
+                            f"(holder {holder.name})")
             await long.aclose()  # frees the holder's slot
             placed = await asyncio.wait_for(queued, 120)
             assert _ran_on(placed, workers) is holder
-            assert placed.usage.cached_tokens >= PREFIX_TOKENS
+            assert placed.usage.cached_tokens >= len(longer)
