@@ -25,6 +25,7 @@ from torch import nn
 from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 from kvrelay_worker.loading.gguf_blocks import FLOAT_TYPES, repack_blocks, requantize
 from kvrelay_worker.loading.gguf_file import GGUFCheckpoint, GGUFTensorSpec
+from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.families import family_of
 from kvrelay_worker.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
@@ -157,7 +158,7 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     tied_quantized = config.tie_word_embeddings and _EMBED in quantized
     if tied_quantized:
         _set_module(model, "lm_head", nn.Identity())
-    model = model.to_empty(device=device).to(dtype)
+    model = allocate(model, device, dtype)
     model.place_rotary_tables(device)
     if config.tie_word_embeddings and not tied_quantized:
         model.lm_head.weight = model.embed_tokens.weight

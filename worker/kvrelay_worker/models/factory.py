@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
+from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.families import FAMILIES, family_of
 from kvrelay_worker.models.model_config import ModelConfig
@@ -24,7 +25,7 @@ def build_model(config: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]
     family_of(config.model_type)  # refuses an unknown family with the supported list
     with torch.device("meta"):
         model = CausalLM(config, max_position=max_position)
-    model = model.to_empty(device=device).to(dtype)
+    model = allocate(model, device, dtype)
     model.place_rotary_tables(device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
