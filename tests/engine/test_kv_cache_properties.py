@@ -332,14 +332,36 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(out.swap_out) == swapped_out
         # Admission is by (priority, arrival): a sequence admitted this step outranks
         # every sequence left waiting, except siblings deferred until choice 0's prompt
-        # is cached.
+        # is cached, and prompts whose next uncached block a running sequence is
+        # prefilling (they wait for it to be cached).
         admitted = [s for s in seqs if s in waiting_before]
         if admitted:
             assert not out.preempted, "admitted in a step that had to preempt"
             worst = max(wait_key(s) for s in admitted)
+            in_flight = self._blocks_being_prefilled()
             for seq in sched.waiting_sequences():
-                if seq.waits_for is None:
+                if seq.waits_for is None and not self._next_block_in(seq, in_flight):
                     assert wait_key(seq) > worst, "a lower-priority request was admitted first"
+
+    def _blocks_being_prefilled(self) -> set[bytes]:
+        """Hashes of the full blocks running sequences have yet to prefill."""
+        hashes: set[bytes] = set()
+        for seq in self.sched.running:
+            if seq.num_tokens - seq.num_computed_tokens > 1:
+                self.kv.update_block_hashes(seq)
+                hashes.update(seq.block_hashes[seq.num_computed_tokens // BLOCK_SIZE:
+                                               seq.num_tokens // BLOCK_SIZE])
+        return hashes
+
+    def _next_block_in(self, seq: Sequence, hashes: set[bytes]) -> bool:
+        """Whether ``seq`` shares a block a running sequence has yet to prefill. (Which of
+        its blocks was next when the scheduler looked can change within the step: an
+        admission may evict cached blocks of its prefix.)"""
+        if not self.caching or seq.status is SequenceStatus.SWAPPED:
+            return False
+        self.kv.update_block_hashes(seq)
+        limit = (seq.num_tokens - 1) // BLOCK_SIZE
+        return any(block_hash in hashes for block_hash in seq.block_hashes[:limit])
 
     @invariant()
     def pool_is_consistent(self) -> None:

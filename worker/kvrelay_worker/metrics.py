@@ -55,6 +55,8 @@ _ENGINE_GAUGES = (
      "Prompt tokens served from the prefix cache / prompt tokens looked up"),
     ("kvrelay_prefix_cache_hit_tokens", "prefix_cache_hits", "Prompt tokens served from cache"),
     ("kvrelay_prefix_cache_query_tokens", "prefix_cache_queries", "Prompt tokens looked up"),
+    ("kvrelay_prefill_waits", "prefill_waits",
+     "Steps a prompt waited for blocks another prompt was prefilling, since start"),
     ("kvrelay_preemptions", "preemptions", "Sequences preempted since start"),
     ("kvrelay_swaps_out", "swaps_out", "Preemptions by swap to host memory since start"),
     ("kvrelay_swaps_in", "swaps_in", "Swapped sequences resumed from host memory since start"),

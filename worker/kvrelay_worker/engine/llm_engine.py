@@ -593,6 +593,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": (
                 s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
             ),
+            "prefill_waits": s.prefill_waits,
             "preemptions": s.preemptions,
             "swaps_out": s.swaps_out,
             "swaps_in": s.swaps_in,

@@ -29,6 +29,9 @@ Prompt chunks fill the fixed token budget (``max_num_batched_tokens``), or, with
 ``PrefillPacer`` (``EngineConfig.target_step_ms``), only what its measured cost model
 predicts fits the latency target beside the step's decodes (``prefill_pacing.py``); the
 budget then stays an upper bound. The engine reports each step's time (``observe_step``).
+A waiting prompt whose next uncached block a running prefill is computing stays queued
+until that block is cached (``prefills_in_flight.py``): prompts arriving together over a
+shared prefix compute it once.
 
 Until ``update_from_output`` runs, a scheduled step has changed nothing that running it
 again would not repeat, so a step that fails can be retried, whole or in part.
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.preemption import PreemptionPolicy
 from kvrelay_worker.engine.prefill_pacing import PrefillPacer, StepPlan
+from kvrelay_worker.engine.prefills_in_flight import PrefillsInFlight
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.step_cost import StepShape
 from kvrelay_worker.engine.stop_conditions import StopConditions
@@ -103,6 +107,9 @@ class SchedulerStats:
     recomputes: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Steps in which a waiting prompt stayed queued for blocks another prompt was
+    # prefilling (``prefills_in_flight``): counted once per prompt per step.
+    prefill_waits: int = 0
     max_batch_size: int = 0
 
 
@@ -401,6 +408,7 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, budget: int, plan: StepPlan | None) -> None:
         deferred: list[tuple[int, int, int, Sequence]] = []
+        in_flight: PrefillsInFlight | None = None
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             entry = self._waiting[0]
             seq = entry[3]
@@ -423,6 +431,13 @@ class Scheduler:
                 deferred.append(heapq.heappop(self._waiting))
                 continue
             cached = self.kv.find_cached_prefix(seq)
+            if in_flight is None:
+                in_flight = PrefillsInFlight(self.kv, self.running)
+            if in_flight.holds_next_block(seq, len(cached)):
+                # Another prompt is computing its next blocks: wait for them to be cached.
+                deferred.append(heapq.heappop(self._waiting))
+                self.stats.prefill_waits += 1
+                continue
             num_cached = len(cached) * self.kv.block_size
             remaining = seq.num_tokens - num_cached
             if remaining > budget and not self.enable_chunked_prefill:
@@ -438,6 +453,7 @@ class Scheduler:
                 seq.num_cached_tokens = min(num_cached, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            in_flight.add(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
         for entry in deferred:

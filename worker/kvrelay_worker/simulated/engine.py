@@ -289,7 +289,7 @@ class SimulatedEngine:
             "requests": len(self.requests), "free_blocks": total - used,
             "total_blocks": total, "kv_usage": used / total,
             "prefix_cache_hits": 0, "prefix_cache_queries": 0, "prefix_cache_hit_rate": 0.0,
-            "preemptions": 0, "swaps_out": 0, "swaps_in": 0, "recomputes": 0, "swapped": 0,
+            "prefill_waits": 0, "preemptions": 0, "swaps_out": 0, "swaps_in": 0, "recomputes": 0, "swapped": 0,
             "free_swap_blocks": 0, "total_swap_blocks": 0,
             "max_batch_size": self.max_batch_size, "steps": self.num_steps,
             "max_model_len": self.max_model_len, "block_size": _BLOCK_SIZE,
