@@ -14,10 +14,12 @@ def allocate(module: ModuleT, device: torch.device, dtype: torch.dtype) -> Modul
     """Replace every parameter and buffer of ``module`` (built on ``meta``) with
     uninitialised storage on ``device``: floating tensors in ``dtype``, others as they are.
 
-    Same result as ``module.to_empty(device=device).to(dtype)``, but ``to_empty`` calls
+    Same result as ``module.to_empty(device=device).to(dtype)``, without its costs:
+    ``to_empty`` allocates every floating tensor in float32 before ``.to`` converts it, so
+    a bfloat16 model briefly needs three times its size in memory; and it calls
     ``empty_like`` on meta tensors, whose first call imports torch's symbolic-shape
-    machinery (sympy): ~0.6 s of every worker start. ``torch.empty`` from the shape does
-    not, and allocating in ``dtype`` at once skips a float32 copy of the whole model.
+    machinery (sympy, ~0.6 s; a worker still pays it today through transformers' import
+    for the tokenizer).
     """
 
     def fresh(tensor: torch.Tensor) -> torch.Tensor:
