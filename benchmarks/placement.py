@@ -92,6 +92,9 @@ class JobResult:
     output_tokens: int
     ttft_s: float
     worker_pid: int
+    # The worker's timings: enqueue -> pickup, and enqueue -> first token.
+    queue_s: float = 0.0
+    worker_ttft_s: float = 0.0
 
 
 @dataclass
@@ -114,6 +117,8 @@ class RunResult:
             "hit_rate": cached / prompt if prompt else 0.0,
             "ttft_p50_s": statistics.median(ttfts),
             "ttft_p90_s": ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
+            "queue_p50_s": statistics.median(j.queue_s for j in self.jobs),
+            "worker_ttft_p50_s": statistics.median(j.worker_ttft_s for j in self.jobs),
             "output_tokens": output,
             "wall_s": self.wall_s,
             "output_tok_per_s": output / self.wall_s,
@@ -142,7 +147,8 @@ async def _conversation(client: Any, workload: Workload, c: int, results: list[J
             cached_tokens=completion.usage.cached_tokens,
             output_tokens=completion.usage.completion_tokens,
             ttft_s=(first or time.perf_counter()) - sent,
-            worker_pid=int(completion.worker.split(":")[1])))
+            worker_pid=int(completion.worker.split(":")[1]),
+            queue_s=completion.timings.queue, worker_ttft_s=completion.timings.ttft))
         history = f"{prompt}{completion.text}"
 
 
@@ -209,6 +215,10 @@ def print_table(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float]:
               f"{r['ttft_p50_s']:>11.3f} {r['ttft_p90_s']:>11.3f} "
               f"{r['output_tok_per_s']:>10.2f} {r['wall_s']:>8.1f} "
               f"{'/'.join(map(str, r['worker_jobs'])):>16}")
+    for r in (off, on):
+        print(f"placement {'on' if r['placement'] else 'off'}: enqueue->pickup p50 "
+              f"{r['queue_p50_s']:.3f} s, enqueue->first token p50 (worker) "
+              f"{r['worker_ttft_p50_s']:.3f} s")
     print(f"TTFT p50 off/on: {ratios['ttft_p50_off_over_on']:.2f}x   throughput on/off: "
           f"{ratios['throughput_on_over_off']:.2f}x   hit rate on {on['hit_rate']:.1%} vs off "
           f"{off['hit_rate']:.1%}   busiest worker on: {on['max_worker_share']:.0%} of jobs")

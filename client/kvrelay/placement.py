@@ -19,8 +19,8 @@ after another never sees its own finished turns as load.
 Placement is advisory: a dead worker's queued jobs are moved to the shared queue by the
 live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
 depend on where a job was queued. It is off unless ``KVRELAY_PLACEMENT=true`` (or
-``AsyncClient(placement=True)``): the placement benchmark shows 1.5x the throughput and
-more cache hits with it, but no better median TTFT.
+``AsyncClient(placement=True)``): the placement benchmark shows more cache hits and up to
+1.5x the throughput with it, but no better median TTFT.
 """
 
 from __future__ import annotations
