@@ -55,6 +55,9 @@ def test_tiny_scaling_run_measures_every_size(tmp_path: Path) -> None:
         assert row["itl_ms"]["p50"] > 0
         assert row["cpu_cores"]["workers"] > 0
     projection = report["projection"]
-    assert projection["from_workers"] == 2
+    # From the largest fleet whose batches stayed full (the last one if none did). Which
+    # that is depends on how busy the machine was, so the rule is checked, not the size.
+    full = [r["workers"] for r in rows if r["occupancy"] >= 0.9]
+    assert projection["from_workers"] == (full[-1] if full else rows[-1]["workers"])
     assert projection["redis_cores_needed"] > 0
     assert out.with_suffix(".png").stat().st_size > 0
