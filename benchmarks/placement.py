@@ -93,8 +93,8 @@ class JobResult:
     ttft_s: float
     worker_pid: int
     # The worker's timings: enqueue -> pickup, and enqueue -> first token.
-    queue_s: float = 0.0
-    worker_ttft_s: float = 0.0
+    queue_s: float
+    worker_ttft_s: float
 
 
 @dataclass

@@ -57,7 +57,7 @@ def test_tiny_scaling_run_measures_every_size(tmp_path: Path) -> None:
     projection = report["projection"]
     # From the largest fleet whose batches stayed full (the last one if none did). Which
     # that is depends on how busy the machine was, so the rule is checked, not the size.
-    full = [r["workers"] for r in rows if r["occupancy"] >= 0.9]
+    full = [r["workers"] for r in rows if r["occupancy"] >= scaling._FULL_OCCUPANCY]
     assert projection["from_workers"] == (full[-1] if full else rows[-1]["workers"])
     assert projection["redis_cores_needed"] > 0
     assert out.with_suffix(".png").stat().st_size > 0

@@ -10,9 +10,10 @@
 // in the BLAS sgemm torch links (each worker with a one-thread MKL team; blocked loops where
 // the BLAS cannot be told so and several workers share the call, or there is no sgemm). So
 // K/V bytes are read once per query tile, never gathered whole. Measured on one thread of
-// the 2-core dev VM (SmolLM2 shapes, 512-token chunk, benchmarks/cpu_attention.py): sgemm 2-3x faster than the blocked loops kept as the
-// fallback (6.6 vs 17.6 ms at no context, 157 vs 413 ms at 6k); query tiles of 16-64 and
-// key tiles of 64-256 within noise of 32 x 128.
+// the 2-core dev VM (SmolLM2 shapes, 512-token chunk, benchmarks/cpu_attention.py): sgemm
+// 2-3x faster than the blocked loops kept as the fallback (6.6 vs 17.6 ms at no context,
+// 157 vs 413 ms at 6k); query tiles of 16-64 and key tiles of 64-256 within noise of
+// 32 x 128.
 //
 // Semantics match kvrelay_kernels.reference.paged_attention: query token j of a sequence
 // with q new tokens and context length L sits at position p = L - q + j and sees keys
