@@ -3,9 +3,10 @@
 The client process runs N streams at once (real Celery enqueue, real subscriber) while a
 monitor task measures how late a 5 ms sleep wakes up: the event loop's stalls. The jobs
 are served either by a fake worker *process* that consumes the Celery queue and, every
-``--step-ms``, publishes one ``Tokens`` event for every job it holds in one pipeline (the
-way a real worker's publisher does per engine step), or, with ``--real-worker``, by a real
-kvrelay worker on a tiny random model (torch on one thread, leaving the client a core).
+``--step-ms``, publishes one ``Tokens`` event for every job it holds in one pipeline, one
+message per client (the way a real worker's publisher does per engine step), or, with
+``--real-worker``, by a real kvrelay worker on a tiny random model (torch on one thread,
+leaving the client a core).
 Also reported: the client's CPU time per token, and whether every stream's ``seq`` was
 contiguous.
 
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency_stats import flush_db, report
 
 from kvrelay import AsyncClient, event_log
+from kvrelay.event_frames import pack_events, pack_message, pack_pair
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     Finished,
@@ -56,6 +58,7 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
 
     r = redis.Redis.from_url(url)
     jobs: dict[str, int] = {}  # job id -> next seq
+    replies: dict[str, str] = {}  # job id -> the channel its client listens on
     finished = 0
     step = step_ms / 1000.0
     while finished < expected:
@@ -69,8 +72,11 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
             body = base64.b64decode(message["body"])
             request = decode_request_json(json.dumps(json.loads(body)[0][0]))
             jobs[request.job_id] = 0
+            replies[request.job_id] = request.reply_to or KEYS.events_channel(request.job_id)
         pipe = r.pipeline(transaction=False)
         done: list[str] = []
+        # Per client, the pairs of this step: one message each, as a real worker sends.
+        messages: dict[str, list[bytes]] = {}
         for job, seq in jobs.items():
             if seq == 0:
                 event: Any = Started(seq=0, worker="bench", prompt_tokens=4)
@@ -84,15 +90,18 @@ def fake_worker(url: str, tokens: int, step_ms: float, expected: int) -> None:
                     usage=Usage(prompt_tokens=4, completion_tokens=tokens),
                 )
                 done.append(job)
-            data = encode_event(event)
-            event_log.add_entry(pipe, KEYS.event_log(job), seq, data,
+            events = pack_events([encode_event(event)])
+            event_log.add_entry(pipe, KEYS.event_log(job), seq, events,
                                 terminal=isinstance(event, Finished))
-            pipe.publish(KEYS.events_channel(job), data)
+            messages.setdefault(replies[job], []).append(pack_pair(job, events))
             jobs[job] = seq + 1
+        for channel, pairs in messages.items():
+            pipe.publish(channel, pack_message(pairs))
         if len(pipe):
             pipe.execute()
         for job in done:
             del jobs[job]
+            del replies[job]
             finished += 1
         spent = time.perf_counter() - started
         if spent < step:

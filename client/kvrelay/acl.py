@@ -25,8 +25,9 @@ TENANT_COMMANDS: Final = (
     "auth", "hello", "ping", "select", "client|setname", "client|id",
     # pub/sub: events, control messages
     "subscribe", "unsubscribe", "publish",
-    # strings, sets, hashes: abort flags, leases, the worker registry, job records
-    "get", "set", "mget", "del", "exists", "expire", "pexpire", "pttl",
+    # strings, sets, hashes: abort flags, leases, watcher counts, the worker registry,
+    # job records
+    "get", "set", "mget", "del", "exists", "expire", "pexpire", "pttl", "incr", "decr",
     "sadd", "srem", "smembers",
     "hset", "hsetnx", "hget", "hdel", "hgetall", "hmget", "hvals", "hincrby",
     # Celery's queues and unacknowledged-message bookkeeping

@@ -333,6 +333,11 @@ class AsyncClient(AsyncResource):
         """The shared pub/sub reader (exposed for diagnostics and tests)."""
         return self._dispatcher
 
+    @property
+    def reply_channel(self) -> str:
+        """The channel the events of every job this client starts arrive on."""
+        return self._jobs.reply_channel
+
     def __repr__(self) -> str:
         return f"AsyncClient({self._where!r}, model={self._model!r})"
 

@@ -1,10 +1,13 @@
 """One pub/sub connection for all of a client's streams.
 
-A single reader task owns the subscriber connection and drops each message into the
-``Mailbox`` of every stream on that channel: no decoding, no Redis round trip, one
-deque append per event. Streams subscribe before their job is enqueued and wait for
-Redis to confirm; subscribes and unsubscribes made in the same loop iteration go out as
-one command.
+A single reader task owns the subscriber connection. A message packs the events of one
+or more jobs (``kvrelay.event_frames``): the reader splits it by job and drops each job's
+events, still encoded, into the ``Mailbox`` of every stream of that job: no event
+decoding, no Redis round trip. Streams of jobs this client started listen on its reply
+channel (``Keyspace.reply_channel``), subscribed once; a stream watching another client's
+job listens on the job's own channel. A stream is ready once Redis has confirmed its
+channel; subscribes and unsubscribes made in the same loop iteration go out as one
+command.
 
 If the connection drops, the reader reconnects with backoff, resubscribes every live
 channel and, once Redis confirms each one, puts a ``RESYNC`` marker in its mailboxes so
@@ -22,12 +25,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, Protocol
 
+import msgspec
 import redis.exceptions
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from kvrelay.connection import REDIS_ERRORS
 from kvrelay.errors import BrokerUnavailable, KvrelayError
+from kvrelay.event_frames import unpack_message
 from kvrelay.resp import Frame, RespError, TransportLost
 
 __all__ = [
@@ -55,7 +60,8 @@ class _Marker:
 # Put in a mailbox after a reconnect: "events may have been missed, re-read the log".
 RESYNC: Final = _Marker("RESYNC")
 
-MailItem = bytes | _Marker
+# A job's events array as published (``kvrelay.event_frames``), or a marker.
+MailItem = msgspec.Raw | bytes | _Marker
 
 
 class Transport(Protocol):
@@ -154,16 +160,17 @@ class RedisPyTransport:
 
 
 class Mailbox:
-    """One stream's inbox: raw event bytes and markers in arrival order.
+    """One stream's inbox: its job's events arrays and markers in arrival order.
 
     Its timer is lazy: armed for the earliest deadline asked for and left alone while
     later deadlines come and go, so the per-event path schedules no timer at all. A
     wake-up for an older, earlier deadline is spurious; ``wait`` callers re-check.
     """
 
-    __slots__ = ("channel", "error", "items", "timer", "timer_at", "waiter")
+    __slots__ = ("channel", "error", "items", "job_id", "timer", "timer_at", "waiter")
 
-    def __init__(self, channel: bytes) -> None:
+    def __init__(self, job_id: str, channel: bytes) -> None:
+        self.job_id = job_id
         self.channel = channel
         self.items: deque[MailItem] = deque()
         self.waiter: asyncio.Future[bool] | None = None
@@ -240,7 +247,8 @@ def _retrieve(future: asyncio.Future[None]) -> None:
 
 
 class Dispatcher:
-    """The shared subscriber: subscribe per job, one reader task, reconnects."""
+    """The shared subscriber: a mailbox per stream, routed by job id; one reader task,
+    reconnects."""
 
     def __init__(
         self,
@@ -257,6 +265,8 @@ class Dispatcher:
         self._health_interval = health_check_interval
         self._subscribe_timeout = subscribe_timeout
         self._channels: dict[bytes, _Channel] = {}
+        # Mailboxes by job id: where a message's pairs go, whatever channel brought them.
+        self._jobs: dict[str, list[Mailbox]] = {}
         self._dirty: set[bytes] = set()
         self._transport: Transport | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -267,6 +277,7 @@ class Dispatcher:
         # Counters for tests and diagnostics.
         self.connects = 0
         self.messages = 0
+        self.unreadable = 0
 
     # ------------------------------------------------------------------ public API
 
@@ -278,17 +289,19 @@ class Dispatcher:
     def live_channels(self) -> int:
         return sum(1 for ch in self._channels.values() if ch.mailboxes)
 
-    async def subscribe(self, channel: str) -> Mailbox:
-        """A mailbox for ``channel``, returned once Redis has confirmed the subscription."""
+    async def subscribe(self, job_id: str, channel: str) -> Mailbox:
+        """A mailbox for the events of ``job_id`` arriving on ``channel`` (and on any other
+        channel this client listens to), returned once Redis has confirmed ``channel``."""
         if self._closed:
             raise KvrelayError("the client is closed")
         loop = asyncio.get_running_loop()
         name = channel.encode()
-        mailbox = Mailbox(name)
+        mailbox = Mailbox(job_id, name)
         ch = self._channels.get(name)
         if ch is None:
             ch = self._channels[name] = _Channel(name)
         ch.mailboxes.append(mailbox)
+        self._jobs.setdefault(job_id, []).append(mailbox)
         if ch.ready is None:
             ch.ready = loop.create_future()
             ch.ready.add_done_callback(_retrieve)
@@ -313,6 +326,12 @@ class Dispatcher:
     def unsubscribe(self, mailbox: Mailbox) -> None:
         """Stop delivering to ``mailbox``; the channel is released when nobody is left."""
         mailbox.close()
+        routed = self._jobs.get(mailbox.job_id)
+        if routed is not None:
+            with contextlib.suppress(ValueError):
+                routed.remove(mailbox)
+            if not routed:
+                del self._jobs[mailbox.job_id]
         ch = self._channels.get(mailbox.channel)
         if ch is None:
             return
@@ -498,13 +517,23 @@ class Dispatcher:
 
     def _handle(self, frames: list[Frame]) -> None:
         channels = self._channels
+        jobs = self._jobs
         for kind, name, data in frames:
             if kind == b"message":
-                ch = channels.get(name)
-                if ch is not None and isinstance(data, bytes):
-                    for mailbox in ch.mailboxes:
-                        mailbox.put(data)
                 self.messages += 1
+                if not isinstance(data, bytes):
+                    continue
+                try:
+                    pairs = unpack_message(data)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    self.unreadable += 1
+                    if self.unreadable <= 3:
+                        log.warning("dropping an unreadable message on %r (%d bytes)",
+                                    name, len(data))
+                    continue
+                for job_id, events in pairs:
+                    for mailbox in jobs.get(job_id, ()):
+                        mailbox.put(events)
             elif kind == b"subscribe":
                 ch = channels.get(name)
                 if ch is None:
@@ -534,4 +563,5 @@ class Dispatcher:
             if ch.ready is not None and not ch.ready.done():
                 ch.ready.set_exception(error_class(message))
         self._channels.clear()
+        self._jobs.clear()
         self._dirty.clear()

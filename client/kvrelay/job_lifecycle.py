@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
@@ -44,6 +45,9 @@ log = logging.getLogger("kvrelay.client")
 # ``queue_timeout`` and workers cap ``KVRELAY_MAX_QUEUE_WAIT`` below it), so an abandoned
 # job is still marked aborted whenever a worker could pick it up.
 ABORT_FLAG_TTL_S: Final = 3600
+# How long a job's watcher count outlives its latest watcher's arrival: a watcher that
+# dies without leaving costs its job's worker one more PUBLISH per batch until then.
+WATCH_TTL_S: Final = 3600
 # How long the answer "which models have live workers" is reused.
 _SERVED_MODELS_TTL_S: Final = 1.0
 # A model missing from an answer older than this is looked up again before refusing.
@@ -55,7 +59,8 @@ class JobLifecycle:
 
     ``redis`` (commands, log reads) and ``dispatcher`` (the shared subscriber) are the
     connections a stream reads its job's events through; ``keys`` (the client's
-    namespace) names the job's channel, log and record.
+    namespace) names the job's channel, log and record; ``reply_channel`` is where the
+    workers publish the events of every job this client starts.
     """
 
     def __init__(
@@ -77,6 +82,7 @@ class JobLifecycle:
         self._on_job_end = on_job_end
         self.dispatcher = dispatcher
         self.keys = keys if keys is not None else Keyspace()
+        self.reply_channel = self.keys.reply_channel(uuid.uuid4().hex)
         self._enqueuer = enqueuer
         self._where = where
         # Admission: a model some live worker serves (when required), a queue not too long.
@@ -176,6 +182,24 @@ class JobLifecycle:
             await pipe.execute()
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, f"cancelling job {job_id}") from exc
+
+    async def watch(self, job_id: str) -> None:
+        """Count one more watcher of ``job_id``: its worker publishes on the job's own
+        channel while any is left."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.incr(self.keys.watchers(job_id))
+        pipe.expire(self.keys.watchers(job_id), WATCH_TTL_S)
+        await pipe.execute()
+
+    def unwatch_soon(self, job_id: str) -> None:
+        """One watcher fewer, in the background (callers may be leaving a ``finally``)."""
+        self.spawn(self._unwatch_quietly(job_id))
+
+    async def _unwatch_quietly(self, job_id: str) -> None:
+        try:
+            await self.redis.decr(self.keys.watchers(job_id))
+        except Exception as exc:
+            log.debug("could not unwatch job %s: %s", job_id, exc)
 
     def abort_soon(self, job_id: str) -> None:
         """Abort in the background: callers may be cancelled or leaving a ``finally``."""

@@ -81,6 +81,16 @@ class Keyspace:
         """Set of worker ids that have announced themselves; each has a heartbeat key."""
         return self.prefix + "workers"
 
+    def reply_channel(self, client_id: str) -> str:
+        """Pub/sub channel of one client (SDK instance): the events of every job it started,
+        many jobs per message (``kvrelay.event_frames``)."""
+        return f"{self.prefix}reply:{client_id}"
+
+    def worker_tail(self, worker_id: str) -> str:
+        """Stream of a worker's latest publisher batches: the events of its jobs that are
+        not yet in their logs (see ``kvrelay.event_log``)."""
+        return f"{self.prefix}tail:{worker_id}"
+
     def worker_heartbeat(self, worker_id: str) -> str:
         """A worker's heartbeat and stats (JSON), expiring unless refreshed."""
         return f"{self.prefix}worker:{worker_id}"
@@ -147,7 +157,8 @@ class Keyspace:
 
     # ---------------------------------------------------------------- per job
 
-    events_channel = _PerJobKey("ev", "Pub/sub channel carrying a job's live events.")
+    events_channel = _PerJobKey("ev", "Pub/sub channel carrying a job's live events to watchers (a client that did not start it).")
+    watchers = _PerJobKey("watch", "Count of streams watching a job from other clients: while above 0, its events go to ``events_channel`` too.")
     event_log = _PerJobKey("log", "Stream holding every event of a job, for replay after a gap or a reconnect.")
     abort_flag = _PerJobKey("abort", "Set by a client to cancel a job; checked at pickup and on control messages.")
     job_record = _PerJobKey("job", "Hash with the job's payload, state, owner and attempt count (for failover).")

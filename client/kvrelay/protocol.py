@@ -7,9 +7,11 @@ Rules that keep old and new peers talking:
 - Requests travel as JSON (Celery's json serializer; pickle is never accepted). Events
   travel as msgpack, one tagged union, each with the job's ``seq`` (0, 1, 2, ...).
 
-How events move: the worker appends each event to the job's log stream
-(``Keyspace.event_log``, in the format ``kvrelay.event_log`` defines), then publishes the
-same bytes on ``Keyspace.events_channel``. Cancel: the client sets ``Keyspace.abort_flag``
+How events move: per batch, the worker appends each job's events to its own tail stream
+(``Keyspace.worker_tail``; moved into the job's log, ``Keyspace.event_log``, every few
+batches: ``kvrelay.event_log``), then publishes them packed (``kvrelay.event_frames``): one
+message per client on the client's ``Keyspace.reply_channel`` (the request's ``reply_to``),
+and one on the job's ``Keyspace.events_channel`` while other clients watch it. Cancel: the client sets ``Keyspace.abort_flag``
 and publishes an ``AbortMessage`` on ``Keyspace.control_channel``.
 """
 
@@ -25,7 +27,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-PROTOCOL_MAJOR: Final = 1
+PROTOCOL_MAJOR: Final = 2
 PROTOCOL_MINOR: Final = 0
 
 # Largest request payload a worker accepts, in bytes of JSON.
@@ -327,6 +329,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     # Absolute unix time after which no worker may start the job (its caller stops
     # waiting for a pickup then): a worker drops it with ``queue_timeout`` instead.
     queue_deadline: float | None = None
+    # The pub/sub channel of the client that sent the job (``Keyspace.reply_channel``):
+    # where its events are published, with those of the client's other jobs.
+    reply_to: str | None = None
 
 
 # ----------------------------------------------------------------------------- events
@@ -503,11 +508,12 @@ def decode_request_json(data: bytes | str) -> GenerateRequest:
 
 
 def request_digest(request: GenerateRequest) -> str:
-    """What makes two requests the same job: everything but when they were sent (a retry
-    carries a new ``enqueued_at``, ``deadline`` and ``queue_deadline``). Kept with the job
+    """What makes two requests the same job: everything but when and from where they were
+    sent (a retry carries a new ``enqueued_at``, ``deadline`` and ``queue_deadline``, and
+    from another client process a new ``reply_to``). Kept with the job
     in place of the prompt, so a reused ``job_id`` is told apart from a retry."""
     timeless = msgspec.structs.replace(
-        request, enqueued_at=0.0, deadline=None, queue_deadline=None
+        request, enqueued_at=0.0, deadline=None, queue_deadline=None, reply_to=None
     )
     # Through the wire form and back, as a worker sees it (``1`` for a float field is
     # ``1.0`` there), so both sides hash the same bytes.

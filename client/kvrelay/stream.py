@@ -3,8 +3,8 @@
 Delivery rules (the job's log is the source of truth, pub/sub is the fast path):
 - events are delivered in ``seq`` order; a seq already delivered is dropped;
 - an event ahead of the next expected seq is buffered and the gap is read from the
-  log (``XRANGE log {next}-0 +``): the worker appends to the log before publishing, so
-  whatever was published before it is already there;
+  log and the owner's tail (``kvrelay.event_log.read_after``): the worker writes there
+  before publishing, so whatever was published before it is already there;
 - after the dispatcher reconnects it drops a ``RESYNC`` marker: re-read the log;
 - no event for ``stream_timeout`` seconds: read the log once, then ``StreamTimeout``;
 - past the job's ``timeout``: ``DeadlineExceeded``.
@@ -14,7 +14,10 @@ the task cancelled, a client-side timeout) aborts the job; leaving after it send
 nothing. A stream from ``resume`` only observes: leaving it aborts nothing unless it was
 opened with ``abort_on_exit=True``. A new job carries a ``queue_deadline``: no worker
 starts it later, and until its first event the stream waits that long (plus a grace).
-The normal path costs one deque pop and one msgspec decode per event.
+A stream of a job this client started listens on the client's reply channel; one that
+attaches to a job started elsewhere (``resume``, or a retry whose job already existed)
+counts itself among the job's watchers and listens on the job's own channel. The normal
+path costs one deque pop and one msgspec decode per published batch of the job.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from kvrelay.errors import (
     error_for_code,
 )
 from kvrelay.event_filter import ImpossibleEvents
+from kvrelay.event_frames import unpack_events
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
     AnyEvent,
@@ -78,6 +82,7 @@ class _SeqOnly(msgspec.Struct):
 
 
 _seq_decoder = msgspec.msgpack.Decoder(_SeqOnly)
+_events_decoder = msgspec.msgpack.Decoder(list[AnyEvent])
 
 
 class _Unknown:
@@ -92,7 +97,26 @@ class _Unknown:
 _Event = AnyEvent | _Unknown
 
 
+def _decode_all(data: object) -> list[_Event]:
+    """The events of an events array (``kvrelay.event_frames``); one that cannot be read
+    is skipped, one of an unknown type keeps its seq."""
+    if not isinstance(data, (bytes, bytearray, memoryview, msgspec.Raw)):
+        return []
+    try:
+        return list(_events_decoder.decode(data))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    try:
+        parts = unpack_events(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        log.warning("dropping an unreadable events array (%d bytes)", len(memoryview(data)))
+        return []
+    return [event for part in parts if (event := _decode(part)) is not None]
+
+
 def _decode(data: object) -> _Event | None:
+    if isinstance(data, msgspec.Raw):
+        data = bytes(data)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         return None
     try:
@@ -162,7 +186,6 @@ class AsyncStream(AsyncResource):
         self._jobs = jobs
         self._job_id = job_id
         self._request = request
-        self._log_key = jobs.keys.event_log(job_id)
         model = request.model if request is not None else None
         n = request.sampling.n if request is not None else 1
         self._builder = CompletionBuilder(job_id, model=model, n=n)
@@ -184,6 +207,8 @@ class AsyncStream(AsyncResource):
         self._completion: Completion | None = None
         self._error: KvrelayError | None = None
         self._abort_on_exit = self._busy = False
+        # Counted among the job's watchers (listening on its own channel).
+        self._watching = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # Events handed out since this stream last let the loop run (see ``__anext__``).
         self._burst = 0
@@ -252,14 +277,15 @@ class AsyncStream(AsyncResource):
         deadline = None if self._timeout is None else now + self._timeout
         queue_wait = self._stream_timeout if self._queue_timeout is None else self._queue_timeout
         request = msgspec.structs.replace(
-            request, deadline=deadline, enqueued_at=now, queue_deadline=now + queue_wait
+            request, deadline=deadline, enqueued_at=now, queue_deadline=now + queue_wait,
+            reply_to=self._jobs.reply_channel,
         )
         self._request = request
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._jobs.admit(request)
         self._mailbox = await self._jobs.dispatcher.subscribe(
-            self._jobs.keys.events_channel(self._job_id)
+            self._job_id, self._jobs.reply_channel
         )
         self._jobs.track(self)
         # A retry of the same request (same job_id) attaches to the job it started; a
@@ -268,6 +294,8 @@ class AsyncStream(AsyncResource):
         # From here on the job may exist: leaving early must abort it.
         self._abort_on_exit = True
         if not new:
+            # Its events go to the reply channel of whoever started it: watch it.
+            await self._watch()
             await self._replay_log()
             return
         try:
@@ -277,14 +305,28 @@ class AsyncStream(AsyncResource):
             raise
 
     async def _start_resume(self) -> None:
-        self._mailbox = await self._jobs.dispatcher.subscribe(
-            self._jobs.keys.events_channel(self._job_id)
-        )
         self._jobs.track(self)
+        await self._watch()
         self._abort_on_exit = self._abort_on_exit_wanted
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._replay_log()
+
+    async def _watch(self) -> None:
+        """Listen on the job's own channel and count this stream among its watchers (so
+        its worker publishes there too), before the log is read: nothing is missed."""
+        dispatcher = self._jobs.dispatcher
+        mailbox = await dispatcher.subscribe(
+            self._job_id, self._jobs.keys.events_channel(self._job_id)
+        )
+        previous, self._mailbox = self._mailbox, mailbox
+        if previous is not None:
+            dispatcher.unsubscribe(previous)
+        try:
+            await self._jobs.watch(self._job_id)
+        except REDIS_ERRORS as exc:
+            raise self._jobs.connection_error(exc, f"watching job {self._job_id}") from exc
+        self._watching = True
 
     async def _replay_log(self) -> None:
         """Read the whole log once subscribed (so nothing published from now on is
@@ -330,6 +372,9 @@ class AsyncStream(AsyncResource):
         self._state = state
         if self._mailbox is not None:
             self._jobs.dispatcher.unsubscribe(self._mailbox)
+        if self._watching:
+            self._watching = False
+            self._jobs.unwatch_soon(self._job_id)
         self._jobs.untrack(self)
         if self._abort_on_exit:
             self._abort_on_exit = False
@@ -432,17 +477,13 @@ class AsyncStream(AsyncResource):
                 if item is RESYNC:
                     await self._fill_gap()
                     continue
-                decoded = _decode(item)
-                if decoded is None or self._impossible(decoded, live=True):
-                    continue
-                seq = decoded.seq
-                if seq == self._next_seq:
-                    return self._advance(decoded, loop.time())
-                if seq > self._next_seq:
-                    pending.setdefault(seq, decoded)
-                    if loop.time() >= self._gap.at:
-                        await self._fill_gap()
-                continue  # seq < next_seq: a duplicate
+                for decoded in _decode_all(item):
+                    # Seqs already delivered are duplicates; the rest wait their turn.
+                    if decoded.seq >= self._next_seq and not self._impossible(decoded, live=True):
+                        pending.setdefault(decoded.seq, decoded)
+                if pending and self._next_seq not in pending and loop.time() >= self._gap.at:
+                    await self._fill_gap()
+                continue
             if mailbox.error is not None:
                 error = mailbox.error
                 raise self._fail(
@@ -556,10 +597,11 @@ class AsyncStream(AsyncResource):
             )
 
     async def _read_log(self, *, after_seq: int) -> list[_Event]:
-        """Every event in the log after ``after_seq`` (undecodable entries skipped)."""
+        """Every event in the log and tail after ``after_seq`` (maybe a few before it;
+        undecodable entries skipped)."""
         try:
             found = await event_log.read_after(
-                self._jobs.redis, self._log_key, after_seq, page=_LOG_PAGE
+                self._jobs.redis, self._jobs.keys, self._job_id, after_seq, page=_LOG_PAGE
             )
         except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
             raise InternalError(

@@ -9,7 +9,7 @@ from typing import Any
 
 import fakeredis
 import pytest
-from helpers.fake_worker import completion_events, play
+from helpers.fake_worker import completion_events, play, remember
 
 from kvrelay import AsyncClient
 from kvrelay.protocol import GenerateRequest
@@ -36,6 +36,7 @@ class ScriptedWorker:
         if self.fail_enqueue is not None:
             raise self.fail_enqueue
         self.requests.append(request)
+        remember(request)
         if self.behaviour is not None:
             self.tasks.append(asyncio.create_task(self.behaviour(self, request)))
 

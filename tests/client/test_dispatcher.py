@@ -12,7 +12,8 @@ from helpers.fake_worker import claim, completion_events, emit, play, wait_until
 import kvrelay
 from kvrelay import AsyncClient
 from kvrelay.dispatcher import RedisPyTransport, Transport
-from kvrelay.protocol import GenerateRequest
+from kvrelay.event_frames import pack_events, pack_message, pack_pair
+from kvrelay.protocol import GenerateRequest, encode_event
 from kvrelay.resp import Endpoint, Frame, RespError, RespParser, TransportLost, pack_command
 
 pytestmark = pytest.mark.timeout(20)
@@ -261,3 +262,25 @@ async def test_resubscribing_right_after_leaving(client: AsyncClient, fake_redis
     await play(fake_redis, "job-flip", completion_events(["z"])[1:])
     async with asyncio.timeout(5):
         assert (await stream.final()).text == "z"
+
+
+async def test_a_clients_jobs_share_one_channel_and_one_message_feeds_each_its_own(
+    client: AsyncClient, worker: Any, fake_redis: Any
+) -> None:
+    """What a worker's batch does: one message on the client's channel, a pair per job."""
+    worker.behaviour = None  # nobody answers: this test publishes
+    streams = [client.stream(f"p{i}") for i in range(3)]
+    for stream in streams:
+        await stream.start()
+    assert client.dispatcher.live_channels == 1
+    requests = list(worker.requests)
+    assert {r.reply_to for r in requests} == {client.reply_channel}
+    per_job = {r.job_id: completion_events([r.job_id[:4], "!"]) for r in requests}
+    for step in range(4):  # Started, two Tokens, Finished: one message per step
+        await fake_redis.publish(client.reply_channel, pack_message([
+            pack_pair(job_id, pack_events([encode_event(events[step])]))
+            for job_id, events in per_job.items()]))
+    async with asyncio.timeout(5):
+        for stream in streams:
+            assert (await stream.final()).text == stream.job_id[:4] + "!"
+    assert client.dispatcher.messages == 4

@@ -15,6 +15,7 @@ from helpers.fake_worker import (
     completion_events,
     decode_celery_message,
     play,
+    remember,
     serve_queue,
     wait_until,
 )
@@ -66,6 +67,9 @@ async def test_celery_message_lands_in_the_model_queue(
             assert headers["id"] == stream.job_id
             assert request == stream.request
             assert request.deadline is not None
+            assert request.reply_to is not None
+            assert request.reply_to == client.reply_channel
+            remember(request)
             await play(raw, request.job_id, completion_events(["blue", "!"]))
             done = await stream.final()
     assert done.text == "blue!"
@@ -116,6 +120,7 @@ async def test_killed_pubsub_connection_is_restored_without_losing_events(
             item = await raw.brpop([KEYS.queue(MODEL)], timeout=5)
             assert item is not None
             job = stream.job_id
+            remember(decode_celery_message(item[1])[1])
             await play(raw, job, events[:5])
             texts = [(await stream.__anext__()).text for _ in range(4)]
             killed = await raw.client_kill_filter(_type="pubsub")
@@ -136,6 +141,8 @@ async def test_redis_restart_mid_stream(redis_server_factory: Any) -> None:
         stream = client.stream("x")
         async with asyncio.timeout(30), stream:
             await wait_until(lambda: raw.llen(KEYS.queue(MODEL)), within=5)
+            assert stream.request is not None
+            remember(stream.request)
             await play(raw, stream.job_id, events[:3])
             texts = [(await stream.__anext__()).text for _ in range(2)]
             await raw.aclose()
@@ -156,6 +163,8 @@ async def test_redis_gone_for_good_raises_connection_error(redis_server_factory:
         raw = aioredis.Redis.from_url(server.url)
         stream = client.stream("x")
         async with asyncio.timeout(20), stream:
+            assert stream.request is not None
+            remember(stream.request)
             await play(raw, stream.job_id, completion_events(list("abc"))[:2])
             await stream.__anext__()
             await raw.aclose()

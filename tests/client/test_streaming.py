@@ -5,11 +5,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
-from helpers.fake_worker import completion_events, emit, failed_event, play
+from helpers.fake_worker import (
+    channels_of,
+    completion_events,
+    emit,
+    failed_event,
+    message,
+    play,
+    wait_until,
+)
 
 import kvrelay
 from kvrelay import AsyncClient, Completion, StreamChunk, event_log
+from kvrelay.event_frames import pack_events, pack_message, pack_pair
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     Finished,
@@ -179,8 +189,9 @@ async def test_unknown_event_types_keep_their_seq(client: AsyncClient, worker: A
         job = request.job_id
         await emit(w.redis, job, Started(seq=0, worker="w"))
         data = msgspec.msgpack.encode({"type": "progress", "seq": 1, "pct": 50})
-        await event_log.add_entry(w.redis, KEYS.event_log(job), 1, data)
-        await w.redis.publish(KEYS.events_channel(job), data)
+        await event_log.add_entry(w.redis, KEYS.event_log(job), 1, pack_events([data]))
+        for channel in channels_of(job):
+            await w.redis.publish(channel, message(job, data))
         await emit(w.redis, job, Tokens(seq=2, token_ids=[5], text="z"))
         await emit(w.redis, job, Finished(seq=3, finish_reason="stop"))
 
@@ -211,6 +222,29 @@ async def test_resume_a_live_job(client: AsyncClient, fake_redis: Any) -> None:
     async with asyncio.timeout(5), stream:
         chunks = [c async for c in stream]
     assert "".join(c.text for c in chunks) == "abcdef"
+
+
+async def test_a_resumed_stream_counts_itself_among_the_jobs_watchers(
+    client: AsyncClient, fake_redis: Any
+) -> None:
+    """Its worker publishes on the job's own channel only while the count is above 0."""
+    events = completion_events(list("ab"))
+    await play(fake_redis, "job-w", events[:2])
+    watchers = KEYS.watchers("job-w")
+    stream = await asyncio.wait_for(client.resume("job-w"), 5)
+    assert await fake_redis.get(watchers) == b"1"
+    assert 0 < await fake_redis.ttl(watchers) <= 3600
+    second = await asyncio.wait_for(client.resume("job-w"), 5)
+    assert await fake_redis.get(watchers) == b"2"
+    await second.aclose()
+    await play(fake_redis, "job-w", events[2:])
+    async with asyncio.timeout(5), stream:
+        assert (await stream.final()).text == "ab"
+
+    async def released() -> bool:
+        return await fake_redis.get(watchers) == b"0"
+
+    await wait_until(released)
 
 
 async def test_resume_after_terminal_yields_nothing(client: AsyncClient, fake_redis: Any) -> None:
@@ -262,11 +296,17 @@ async def test_failed_event_raises_the_typed_error(
 
 async def test_garbage_on_the_channel_is_ignored(client: AsyncClient, worker: Any) -> None:
     async def noisy(w: Any, request: GenerateRequest) -> None:
-        await w.redis.publish(KEYS.events_channel(request.job_id), b"\xc1not msgpack")
+        assert request.reply_to is not None
+        # Not a message at all; a message whose events are not events.
+        await w.redis.publish(request.reply_to, b"\xc1not msgpack")
+        not_events = pack_events([b"\x01", msgspec.msgpack.encode({"x": 1})])
+        await w.redis.publish(request.reply_to,
+                              pack_message([pack_pair(request.job_id, not_events)]))
         await play(w.redis, request.job_id, completion_events(["ok"]))
 
     worker.behaviour = noisy
     assert (await asyncio.wait_for(client.generate("x"), 5)).text == "ok"
+    assert client.dispatcher.unreadable == 1
 
 
 async def test_many_concurrent_streams_share_one_subscriber(

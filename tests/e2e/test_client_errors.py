@@ -28,7 +28,7 @@ from kvrelay import (
     UnknownModel,
     WorkerLost,
 )
-from kvrelay.protocol import Started
+from kvrelay.protocol import PROTOCOL_MAJOR, Started
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ async def test_protocol_version(start_worker: Callable[..., WorkerProcess],
     start_worker(concurrency=2)
     job_id = uuid.uuid4().hex
     send_raw(clean_redis_url, MODEL, [(job_id, [{"job_id": job_id, "model": MODEL,
-                                                 "protocol_major": 2,
+                                                 "protocol_major": PROTOCOL_MAJOR + 1,
                                                  "prompt_token_ids": [1]}], {})])
     async with AsyncClient(clean_redis_url, model=MODEL) as client:
         stream = await client.resume(job_id)

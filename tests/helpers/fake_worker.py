@@ -1,9 +1,12 @@
 """A scripted stand-in for a worker's side of the event contract (no engine, no Celery).
 
-It writes events exactly as a real worker must: the log entry through
-``kvrelay.event_log.add_entry`` (the log's one format), THEN ``PUBLISH
-KEYS.events_channel(job)`` with the same bytes. Knobs let a test skip the publish of some events (log only), publish
-out of order, or publish duplicates, to exercise the client's ordering and gap-filling.
+It writes events as a real worker may: each event as its own log entry through
+``kvrelay.event_log.add_entry`` (the log's one format), THEN publishes it packed
+(``kvrelay.event_frames``) on the reply channel of the client that sent the job (the
+request's ``reply_to``, remembered from every request this module sees) and on the job's
+own channel (where watchers listen; a real worker publishes there only while the job
+has watchers). Knobs let a test skip the publish of some events (log only), publish out
+of order, or publish duplicates, to exercise the client's ordering and gap-filling.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import redis as sync_redis
 
 from kvrelay import event_log
+from kvrelay.event_frames import pack_events, pack_message, pack_pair
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
@@ -37,6 +41,25 @@ from kvrelay.protocol import (
 )
 
 KEYS = Keyspace()  # the default namespace
+# The reply channel of every job whose request this module has seen.
+REPLY_TO: dict[str, str] = {}
+
+
+def remember(request: GenerateRequest) -> None:
+    """Note where ``request``'s events are published (its client's reply channel)."""
+    if request.reply_to:
+        REPLY_TO[request.job_id] = request.reply_to
+
+
+def channels_of(job_id: str) -> list[str]:
+    """Where the events of ``job_id`` are published: its client's channel and its own."""
+    reply = REPLY_TO.get(job_id)
+    return [reply, KEYS.events_channel(job_id)] if reply else [KEYS.events_channel(job_id)]
+
+
+def message(job_id: str, *events: bytes) -> bytes:
+    """A pub/sub message carrying ``events`` (encoded) of ``job_id``."""
+    return pack_message([pack_pair(job_id, pack_events(list(events)))])
 
 
 def completion_events(
@@ -92,7 +115,8 @@ def failed_event(seq: int, code: str, message: str = "boom") -> Failed:
 
 def _add(client: Any, job_id: str, event: AnyEvent, data: bytes) -> Any:
     terminal = isinstance(event, TERMINAL_EVENTS)
-    return event_log.add_entry(client, KEYS.event_log(job_id), event.seq, data, terminal=terminal)
+    return event_log.add_entry(client, KEYS.event_log(job_id), event.seq, pack_events([data]),
+                               terminal=terminal)
 
 
 async def emit(
@@ -103,7 +127,8 @@ async def emit(
     if log:
         await _add(redis, job_id, event, data)
     if publish:
-        await redis.publish(KEYS.events_channel(job_id), data)
+        for channel in channels_of(job_id):
+            await redis.publish(channel, message(job_id, data))
 
 
 async def claim(redis: Any, job_id: str) -> None:
@@ -151,7 +176,8 @@ def play_sync(
         data = encode_event(event)
         pipe = redis.pipeline(transaction=False)
         _add(pipe, job_id, event, data)
-        pipe.publish(KEYS.events_channel(job_id), data)
+        for channel in channels_of(job_id):
+            pipe.publish(channel, message(job_id, data))
         pipe.execute()
         if delay:
             time.sleep(delay)
@@ -211,6 +237,7 @@ async def serve_queue(
             if item is None:
                 continue
             _headers, request = decode_celery_message(item[1])
+            remember(request)
             if seen is not None:
                 seen.append(request)
             events = script(request) if script else completion_events(["Hel", "lo"])
@@ -244,6 +271,7 @@ class ThreadWorker:
                 if item is None:
                     continue
                 _headers, request = decode_celery_message(item[1])
+                remember(request)
                 self.requests.append(request)
                 for event in completion_events(self.texts):
                     if client.get(KEYS.abort_flag(request.job_id)):

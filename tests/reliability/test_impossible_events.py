@@ -1,6 +1,7 @@
 """The SDK ignores events that no worker of the job could have sent.
 
-Raw ``PUBLISH``es on a job's channel, before its worker exists: a ``Tokens`` with a
+Raw ``PUBLISH``es on the client's reply channel (where a worker sends the job's events),
+before its worker exists: a ``Tokens`` with a
 choice index >= n at the next seq, and a ``Failed`` and a ``Tokens`` with seqs far
 ahead. Before the fix the stream took the bogus choice as event 0 (the completion grew
 to 8 choices and lost the worker's first event) and, waiting for the gap up to the
@@ -19,7 +20,7 @@ import redis.asyncio as aioredis
 from helpers.worker_process import WorkerProcess
 
 from kvrelay import AsyncClient
-from kvrelay.keys import Keyspace
+from kvrelay.event_frames import pack_events, pack_message, pack_pair
 from kvrelay.protocol import Failed, Tokens, encode_event
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -30,20 +31,21 @@ JOB = {"prompt_token_ids": [11, 12, 13], "max_tokens": 8, "temperature": 0.0,
 
 async def test_bogus_events_are_ignored(clean_redis_url: str,
                                         start_worker: Callable[..., WorkerProcess]) -> None:
-    keys = Keyspace()
     raw = aioredis.Redis.from_url(clean_redis_url)
     try:
         async with AsyncClient(clean_redis_url, model="llama-mqa", require_worker=False,
                                stream_timeout=120) as client:
             async with client.stream(**JOB) as stream:  # type: ignore[arg-type]
-                channel = keys.events_channel(stream.job_id)
+                channel = client.reply_channel
                 bogus = [
                     Tokens(seq=0, index=7, token_ids=[1], text="x"),
                     Failed(seq=10**9, code="internal", message="injected"),
                     Tokens(seq=10**6, index=0, token_ids=[2], text="y"),
                 ]
                 for event in bogus:
-                    assert await raw.publish(channel, encode_event(event)) == 1
+                    message = pack_message([pack_pair(stream.job_id,
+                                                      pack_events([encode_event(event)]))])
+                    assert await raw.publish(channel, message) == 1
                 consumer = asyncio.create_task(stream.final())
                 await asyncio.sleep(2.0)  # longer than the old gap give-up (~0.75 s)
                 assert not consumer.done(), consumer.result()

@@ -1,6 +1,8 @@
-"""The replay log is capped in bytes as well as in entries: the oldest events go first.
+"""The replay log is capped in bytes as well as in entries: the oldest entries go first.
 
-Fails on the code before the fix (only ``MAXLEN`` entries bounded the log).
+An entry holds the events of up to ``LOG_MOVE_BATCHES`` publisher batches (they move from
+the worker's tail into the log together). Fails on the code before the fix (only
+``MAXLEN`` entries bounded the log).
 """
 
 from __future__ import annotations
@@ -11,19 +13,20 @@ import pytest
 import redis
 
 from kvrelay import event_log
+from kvrelay.event_frames import unpack_events
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import GenerateRequest, Tokens
+from kvrelay.protocol import GenerateRequest, Tokens, decode_event
 from kvrelay_worker.active_job import ActiveJob
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.job_store import JobStore, PriorProgress
 from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Publisher
+from kvrelay_worker.publisher import LOG_MOVE_BATCHES, EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace
 
-MAX_BYTES = 2_000
+MAX_BYTES = 12_000  # two entries of this test (48 events of ~108 bytes each)
 
 
 @pytest.fixture
@@ -34,9 +37,13 @@ def store(clean_redis_url: str) -> Iterator[JobStore]:
     client.close()
 
 
-def _log(store: JobStore, job_id: str) -> list[tuple[int, bytes]]:
-    return [(event_log.seq_of_entry_id(entry_id), event_log.event_bytes(fields) or b"")
-            for entry_id, fields in store.redis.xrange(KEYS.event_log(job_id))]
+def _log(store: JobStore, job_id: str) -> list[tuple[list[int], bytes]]:
+    """(its events' seqs, its events array) per log entry."""
+    entries = []
+    for _entry_id, fields in store.redis.xrange(KEYS.event_log(job_id)):
+        data = event_log.entry_events(fields) or b""
+        entries.append(([decode_event(bytes(raw)).seq for raw in unpack_events(data)], data))
+    return entries
 
 
 def test_the_publisher_keeps_the_log_under_its_byte_cap(store: JobStore) -> None:
@@ -47,17 +54,20 @@ def test_the_publisher_keeps_the_log_under_its_byte_cap(store: JobStore) -> None
     store.redis.set(KEYS.lease("j"), store.worker_id)
     publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
                           on_fenced=lambda job: None)
-    for i in range(0, 60, 3):  # batches of three events, one round trip each
+    batches = LOG_MOVE_BATCHES * 6
+    for i in range(0, 3 * batches, 3):  # batches of three events, one round trip each
         publisher._process([EventItem(job, Tokens(seq=0, token_ids=[n],
-                                                  text=f"<{n:05d}>" * 8, index=n % 2))
+                                                  text=f"<{n:03d}>", index=n % 2))
                             for n in range(i, i + 3)])
     entries = _log(store, "j")
-    assert sum(len(data) for _, data in entries) <= MAX_BYTES
-    seqs = [seq for seq, _ in entries]
-    assert seqs[-1] == 59  # the newest is always there...
-    assert seqs == list(range(seqs[0], 60))  # ...after a contiguous tail
+    sizes = [len(data) for _, data in entries]
+    assert sum(sizes) <= MAX_BYTES
+    seqs = [seq for entry_seqs, _ in entries for seq in entry_seqs]
+    last_moved = 3 * (batches - batches % LOG_MOVE_BATCHES) - 1
+    assert seqs[-1] == last_moved  # the newest entry is always there...
+    assert seqs == list(range(seqs[0], last_moved + 1))  # ...after a contiguous run
     assert seqs[0] > 0  # and the oldest went
-    assert sum(len(data) for _, data in entries) + 120 > MAX_BYTES  # no more than needed
+    assert sum(sizes) + max(sizes) > MAX_BYTES  # no more than needed
 
 
 def test_the_window_counts_what_the_claim_read_and_keeps_the_newest() -> None:

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from kvrelay import event_log
+from kvrelay.event_frames import unpack_events
 from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, Started, Tokens, decode_event
@@ -53,7 +54,8 @@ def test_entries_have_the_modules_ids_fields_and_expiries(store: JobStore) -> No
     assert [e[0].decode() for e in entries] == [event_log.entry_id(s) for s in (0, 1, 2)]
     field, marker = event_log.EVENT_FIELD.encode(), event_log.TERMINAL_FIELD.encode()
     assert [sorted(fields) for _, fields in entries] == [[field], [field], [field, marker]]
-    assert [decode_event(event_log.event_bytes(f) or b"").seq for _, f in entries] == [0, 1, 2]
+    assert [[decode_event(bytes(raw)).seq for raw in unpack_events(event_log.entry_events(f) or b"")]
+            for _, f in entries] == [[0], [1], [2]]
 
 
 def test_refused_writes_answer_with_named_codes(store: JobStore) -> None:

@@ -1,23 +1,27 @@
 """The publisher's batched script against a real Redis: one call per batch, fenced per job,
-nothing published twice, coalescing that keeps ``seq`` contiguous."""
+one tail entry and one message per client per batch, events moved into the logs every few
+batches and whenever a job ends or changes hands, coalescing that keeps ``seq``
+contiguous."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from kvrelay import event_log
-from kvrelay.event_log import AppendResult
+from kvrelay.event_frames import unpack_events, unpack_message
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, Started, Tokens, Usage, decode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_store import JobEvents, JobStore, PriorProgress
+from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore, PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Item, Publisher, coalesce
+from kvrelay_worker.publisher import LOG_MOVE_BATCHES, EventItem, Item, Publisher, coalesce
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace
@@ -32,8 +36,9 @@ def store(clean_redis_url: str) -> Iterator[JobStore]:
     client.close()
 
 
-def _job(job_id: str) -> ActiveJob:
-    request = GenerateRequest(job_id=job_id, model="m", prompt_token_ids=[1, 2])
+def _job(job_id: str, reply_to: str | None = None) -> ActiveJob:
+    request = GenerateRequest(job_id=job_id, model="m", prompt_token_ids=[1, 2],
+                              reply_to=reply_to)
     return ActiveJob(job_id=job_id, request=request, payload_json="{}",
                      params=SamplingParams(max_tokens=4), prompt_ids=[1, 2], attempt=1,
                      prior=PriorProgress())
@@ -43,11 +48,25 @@ def _tokens(ids: list[int], index: int = 0) -> Tokens:
     return Tokens(seq=0, token_ids=ids, text="".join(f"<{i}>" for i in ids), index=index)
 
 
-def _log(client: redis.Redis, job_id: str) -> list[tuple[int, object]]:
+def _log(client: redis.Redis, job_id: str) -> list[tuple[int, list[object]]]:
+    """(entry's last seq, its events) per log entry."""
     entries = client.xrange(KEYS.event_log(job_id))
     field = event_log.EVENT_FIELD.encode()
-    return [(event_log.seq_of_entry_id(entry_id), decode_event(fields[field]))
+    return [(event_log.seq_of_entry_id(entry_id),
+             [decode_event(bytes(raw)) for raw in unpack_events(fields[field])])
             for entry_id, fields in entries]
+
+
+def _everything(url: str, job_id: str) -> list[object]:
+    """The job's events as a reader gets them (log, then its owner's tail)."""
+    async def read() -> list[object]:
+        client = aioredis.Redis.from_url(url)
+        try:
+            found = await event_log.read_after(client, KEYS, job_id, -1, page=10)
+        finally:
+            await client.aclose()
+        return [decode_event(bytes(raw)) for raw in found]
+    return asyncio.run(read())
 
 
 def _calls(client: redis.Redis) -> dict[str, int]:
@@ -59,55 +78,96 @@ def _delta(before: dict[str, int], after: dict[str, int], name: str) -> int:
     return after.get(name, 0) - before.get(name, 0)
 
 
-def test_a_stale_owners_job_writes_nothing_while_the_batchs_other_jobs_are_written(
-        store: JobStore) -> None:
-    a, stale, c = _job("a"), _job("stale"), _job("c")
-    for job in (a, c):
+def _own(store: JobStore, *jobs: ActiveJob) -> None:
+    """Hold the jobs' leases, as a claim does (and name this worker their owner)."""
+    for job in jobs:
         store.redis.set(KEYS.lease(job.job_id), store.worker_id)
-    store.redis.set(KEYS.lease(stale.job_id), "the-new-owner")
-    fenced: list[str] = []
-    publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
-                          on_fenced=lambda job: fenced.append(job.job_id))
+        store.redis.hset(KEYS.job_record(job.job_id), event_log.OWNER_FIELD, store.worker_id)
+
+
+def _publisher(store: JobStore, fenced: list[str] | None = None) -> Publisher:
+    return Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
+                     on_fenced=lambda job: fenced.append(job.job_id) if fenced is not None
+                     else None)
+
+
+def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
+        store: JobStore, clean_redis_url: str) -> None:
+    a, c = _job("a", "reply-1"), _job("c", "reply-1")
+    other, watched = _job("other", "reply-2"), _job("watched", "reply-2")
+    _own(store, a, c, other, watched)
+    store.redis.set(KEYS.watchers(watched.job_id), 1)
+    publisher = _publisher(store)
     pubsub = store.redis.pubsub()
-    pubsub.subscribe(*(KEYS.events_channel(j.job_id) for j in (a, stale, c)))
-    for _ in range(3):
+    channels = ["reply-1", "reply-2", *(KEYS.events_channel(j) for j in ("a", "watched"))]
+    pubsub.subscribe(*channels)
+    for _ in channels:
         assert pubsub.get_message(timeout=1.0) is not None  # the subscribe confirmations
     warm = _job("warm-up")  # loads the script: a first call may meet NOSCRIPT
-    store.redis.set(KEYS.lease(warm.job_id), store.worker_id)
+    _own(store, warm)
     publisher._process([EventItem(warm, _tokens([0]))])
     before = _calls(store.redis)
     publisher._process([
-        EventItem(a, Started(seq=0, worker="w")), EventItem(stale, _tokens([5])),
-        EventItem(c, _tokens([7])), EventItem(a, _tokens([1])), EventItem(stale, _tokens([6])),
-        EventItem(c, _finished(), Outcome.FINISHED)])
+        EventItem(a, Started(seq=0, worker="w")), EventItem(c, _tokens([7])),
+        EventItem(a, _tokens([1])), EventItem(other, _tokens([8])),
+        EventItem(watched, _tokens([9])), EventItem(c, _finished(), Outcome.FINISHED)])
     after = _calls(store.redis)
 
-    assert _log(store.redis, "stale") == []
-    assert fenced == ["stale", "stale"]  # each of its events: the engine is told to stop it
-    assert [(seq, type(e).__name__) for seq, e in _log(store.redis, "a")] == [
-        (0, "Started"), (1, "Tokens")]
-    assert [(seq, type(e).__name__) for seq, e in _log(store.redis, "c")] == [
-        (0, "Tokens"), (1, "Finished")]
+    # Nothing of a running job is in its log yet: its events wait in this worker's tail.
+    assert _log(store.redis, "a") == []
+    assert [(type(e).__name__, e.seq) for e in _everything(clean_redis_url, "a")] == [
+        ("Started", 0), ("Tokens", 1)]
+    # The job that ended is in its log, as one entry.
+    assert [(seq, [type(e).__name__ for e in events]) for seq, events in _log(store.redis, "c")
+            ] == [(1, ["Tokens", "Finished"])]
     assert c.done.is_set()
     assert c.outcome == Outcome.FINISHED
-    published = []
+    published: dict[str, list[tuple[str, list[int]]]] = {}
     while (message := pubsub.get_message(timeout=0.5)) is not None:
-        published.append((message["channel"].decode(), decode_event(message["data"]).seq))
+        pairs = unpack_message(message["data"])
+        published.setdefault(message["channel"].decode(), []).extend(
+            (job_id, [decode_event(bytes(raw)).seq for raw in unpack_events(events)])
+            for job_id, events in pairs)
     pubsub.close()
-    assert sorted(published) == sorted([(KEYS.events_channel("a"), 0),
-                                        (KEYS.events_channel("a"), 1),
-                                        (KEYS.events_channel("c"), 0),
-                                        (KEYS.events_channel("c"), 1)])
-    # One script call for the batch, one lease read for all its jobs, no read of the log.
+    assert published == {
+        "reply-1": [("a", [0, 1]), ("c", [0, 1])],
+        "reply-2": [("other", [0]), ("watched", [0])],
+        KEYS.events_channel("watched"): [("watched", [0])],
+    }
+    # One script call, one read of the leases and watcher counts, no log read; one tail
+    # entry and one log entry (c's); one message per client and one per watched job.
     assert _delta(before, after, "evalsha") == 1
     assert _delta(before, after, "mget") == 1
     assert _delta(before, after, "get") == 0
     assert _delta(before, after, "xrevrange") == 0
-    assert _delta(before, after, "xadd") == _delta(before, after, "publish") == 4
-    # Expiry once per job: a's live one, c's ended one.
+    assert _delta(before, after, "xadd") == 2
+    assert _delta(before, after, "publish") == 3
+    # Expiry: c's ended log, and the tail's, as long as an ended log's (a batch that ends
+    # a job sets it); none per event.
     assert _delta(before, after, "expire") == 2
-    assert 800 < store.redis.ttl(KEYS.event_log("a")) <= 900  # live TTL + its refresh
     assert 0 < store.redis.ttl(KEYS.event_log("c")) <= 50
+    assert 40 < store.redis.ttl(store.tail_key) <= 50
+
+
+def test_a_stale_owners_job_writes_nothing_while_the_batchs_other_jobs_are_written(
+        store: JobStore, clean_redis_url: str) -> None:
+    a, stale = _job("a", "reply-1"), _job("stale", "reply-1")
+    _own(store, a)
+    store.redis.set(KEYS.lease(stale.job_id), "the-new-owner")
+    fenced: list[str] = []
+    publisher = _publisher(store, fenced)
+    pubsub = store.redis.pubsub()
+    pubsub.subscribe("reply-1")
+    assert pubsub.get_message(timeout=1.0) is not None
+    publisher._process([EventItem(a, _tokens([1])), EventItem(stale, _tokens([5])),
+                        EventItem(stale, _tokens([6], 1)), EventItem(a, _tokens([2], 1))])
+    assert fenced == ["stale", "stale"]  # each of its events: the engine is told to stop it
+    assert _everything(clean_redis_url, "stale") == []
+    assert [e.seq for e in _everything(clean_redis_url, "a")] == [0, 1]  # type: ignore[attr-defined]
+    message = pubsub.get_message(timeout=1.0)
+    pubsub.close()
+    assert message is not None
+    assert [job_id for job_id, _ in unpack_message(message["data"])] == ["a"]
 
 
 def _finished() -> Finished:
@@ -115,34 +175,87 @@ def _finished() -> Finished:
                     usage=Usage(prompt_tokens=2, completion_tokens=1, cached_tokens=0))
 
 
-def test_a_retried_batch_writes_and_publishes_nothing_twice(store: JobStore) -> None:
-    store.redis.set(KEYS.lease("j"), store.worker_id)
-    data = [(0, False, b"\x81\xa1x\x01"), (1, True, b"\x81\xa1x\x02")]
-    assert store.append_batch([JobEvents("j", list(data))]) == [0, 1]
-    before = _calls(store.redis)
-    assert store.append_batch([JobEvents("j", list(data))]) == [
-        AppendResult.ALREADY_WRITTEN, AppendResult.ALREADY_WRITTEN]
-    after = _calls(store.redis)
-    assert _delta(before, after, "publish") == 0
-    assert len(store.redis.xrange(KEYS.event_log("j"))) == 2
-
-
-def test_the_log_expiry_is_refreshed_per_job_not_per_event(store: JobStore) -> None:
+def test_a_jobs_events_move_from_the_tail_to_its_log_every_few_batches(
+        store: JobStore, clean_redis_url: str) -> None:
     job = _job("j")
-    store.redis.set(KEYS.lease(job.job_id), store.worker_id)
-    publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
-                          on_fenced=lambda job: None)
-    before = _calls(store.redis)
-    for i in range(5):
+    _own(store, job)
+    publisher = _publisher(store)
+    for i in range(LOG_MOVE_BATCHES - 1):
         publisher._process([EventItem(job, _tokens([i]))])
-    assert _delta(before, _calls(store.redis), "expire") == 1  # the first batch only
-    # Once due (an eighth of the live TTL later), the next batch refreshes it.
-    assert job.log_expiry_refresh_at is not None
-    job.log_expiry_refresh_at = time.monotonic() - 1
-    store.redis.expire(KEYS.event_log(job.job_id), 5)
-    publisher._process([EventItem(job, _tokens([9]))])
-    assert store.redis.ttl(KEYS.event_log(job.job_id)) > 800
-    assert [seq for seq, _ in _log(store.redis, job.job_id)] == list(range(6))
+    assert _log(store.redis, "j") == []
+    before = _calls(store.redis)
+    publisher._process([EventItem(job, _tokens([99]))])
+    assert _delta(before, _calls(store.redis), "xadd") == 2  # the tail's entry, the log's
+    [(last, events)] = _log(store.redis, "j")
+    assert last == LOG_MOVE_BATCHES - 1
+    assert [e.seq for e in events] == list(range(LOG_MOVE_BATCHES))  # type: ignore[attr-defined]
+    assert job.unlogged == []
+    # The log got its live expiry with that move; the next batches wait in the tail again.
+    assert 800 < store.redis.ttl(KEYS.event_log("j")) <= 900
+    publisher._process([EventItem(job, _tokens([100]))])
+    assert len(_log(store.redis, "j")) == 1
+    assert [e.seq for e in _everything(clean_redis_url, "j")] == list(  # type: ignore[attr-defined]
+        range(LOG_MOVE_BATCHES + 1))
+    # The tail keeps no more batches than its cap.
+    for i in range(TAIL_MAX_LEN + 5):
+        publisher._process([EventItem(job, _tokens([i]))])
+    assert store.redis.xlen(store.tail_key) == TAIL_MAX_LEN
+    assert [e.seq for e in _everything(clean_redis_url, "j")] == list(  # type: ignore[attr-defined]
+        range(LOG_MOVE_BATCHES + TAIL_MAX_LEN + 6))
+
+
+def test_a_retried_batch_writes_no_log_entry_twice(store: JobStore) -> None:
+    _own(store, _job("j"))
+    data = [(0, False, b"\x81\xa1x\x01"), (1, True, b"\x81\xa1x\x02")]
+    batch = JobEvents("j", "", list(data), moved=[d for _, _, d in data], moved_last=1)
+    assert store.append_batch([batch]) == [1]
+    assert store.append_batch([batch]) == [1]  # the reply of the first try was lost
+    assert len(store.redis.xrange(KEYS.event_log("j"))) == 1
+
+
+def test_a_fenced_job_gets_its_tail_events_written_to_its_log_at_once(
+        store: JobStore) -> None:
+    """The next owner may claim it only after this worker's tail has dropped them."""
+    job = _job("j")
+    _own(store, job)
+    fenced: list[str] = []
+    publisher = _publisher(store, fenced)
+    for i in range(3):
+        publisher._process([EventItem(job, _tokens([i]))])
+    assert _log(store.redis, "j") == []
+    store.redis.set(KEYS.lease("j"), "the-new-owner")
+    publisher._process([EventItem(job, _tokens([3]))])
+    assert fenced == ["j"]
+    [(last, events)] = _log(store.redis, "j")
+    assert (last, [e.seq for e in events]) == (2, [0, 1, 2])  # type: ignore[attr-defined]
+
+
+def test_a_takeover_moves_what_the_dead_owner_left_in_its_tail(store: JobStore,
+                                                                clean_redis_url: str) -> None:
+    job = _job("j")
+    store.redis.hset(KEYS.job_record("j"), "state", "running")
+    _own(store, job)
+    publisher = _publisher(store)
+    for step in range(5):
+        publisher._process([EventItem(job, _tokens([10 + step]))])
+    store.redis.delete(KEYS.lease("j"))  # the owner died
+    settings = WorkerSettings(redis_url=clean_redis_url, model_name="m")
+    successor = JobStore(store.redis, settings)
+    claim = successor.claim("j", "{}", "digest")
+    assert claim.status == "claimed"
+    assert claim.progress is not None
+    assert claim.progress.next_seq == 5
+    assert claim.progress.tokens == {0: [10, 11, 12, 13, 14]}
+    [(last, events)] = _log(store.redis, "j")
+    assert (last, len(events)) == (4, 5)
+    # A job nobody holds gets its last event after the tail's (the watchdog's failure).
+    other = _job("k")
+    store.redis.hset(KEYS.job_record("k"), "state", "running")
+    _own(store, other)
+    publisher._process([EventItem(other, _tokens([1])), EventItem(other, _tokens([2], 1))])
+    store.redis.delete(KEYS.lease("k"))
+    assert successor.append_unowned("k", Finished(seq=0, finish_reason="stop")) == 2
+    assert [e.seq for e in _everything(clean_redis_url, "k")] == [0, 1, 2]  # type: ignore[attr-defined]
 
 
 def test_coalesce_merges_interleaved_choices_per_choice() -> None:
@@ -159,10 +272,8 @@ def test_steps_queued_behind_a_batch_in_flight_go_out_merged_with_contiguous_seq
     """While Redis holds the first batch (writes paused), nine more steps of two jobs
     queue up; they leave merged, one event per job, numbered right after the first."""
     jobs = [_job("x"), _job("y")]
-    for job in jobs:
-        store.redis.set(KEYS.lease(job.job_id), store.worker_id)
-    publisher = Publisher(store, WorkerMetrics("m"), requeue=lambda job_id, payload: None,
-                          on_fenced=lambda job: None)
+    _own(store, *jobs)
+    publisher = _publisher(store)
     publisher.start()
     admin = redis.Redis.from_url(clean_redis_url)
     try:
@@ -173,11 +284,11 @@ def test_steps_queued_behind_a_batch_in_flight_go_out_merged_with_contiguous_seq
             publisher.put([EventItem(job, _tokens([step])) for job in jobs])
         admin.execute_command("CLIENT", "UNPAUSE")
         for job in jobs:
-            _wait_until(lambda job=job: _tokens_in_log(store.redis, job.job_id) == 10)
-            log = _log(store.redis, job.job_id)
+            _wait_until(lambda job=job: _tokens_written(clean_redis_url, job.job_id) == 10)
+            events = _everything(clean_redis_url, job.job_id)
             # Two round trips at most: the one held, then everything queued behind it.
-            assert [seq for seq, _ in log] == [0, 1]
-            merged = [t for _, e in log for t in e.token_ids]  # type: ignore[attr-defined]
+            assert [e.seq for e in events] == [0, 1]  # type: ignore[attr-defined]
+            merged = [t for e in events for t in e.token_ids]  # type: ignore[attr-defined]
             assert merged == list(range(10))
     finally:
         admin.execute_command("CLIENT", "UNPAUSE")
@@ -185,9 +296,8 @@ def test_steps_queued_behind_a_batch_in_flight_go_out_merged_with_contiguous_seq
         publisher.stop()
 
 
-def _tokens_in_log(client: redis.Redis, job_id: str) -> int:
-    return sum(len(e.token_ids) for _, e in _log(client, job_id)  # type: ignore[attr-defined]
-               if isinstance(e, Tokens))
+def _tokens_written(url: str, job_id: str) -> int:
+    return sum(len(e.token_ids) for e in _everything(url, job_id) if isinstance(e, Tokens))
 
 
 def _wait_until(condition: object, timeout: float = 10.0) -> None:

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from helpers.job_log import read_events
 
-from kvrelay import event_log
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens, Usage, decode_event
+from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens, Usage
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.job_store import JobStore, PriorProgress
@@ -50,10 +50,15 @@ def _publisher(store: JobStore, fenced: list[str]) -> Publisher:
 
 
 def _log(store: JobStore, job_id: str) -> list[tuple[int, object]]:
-    entries = store.redis.xrange(KEYS.event_log(job_id))
-    field = event_log.EVENT_FIELD.encode()
-    return [(event_log.seq_of_entry_id(entry_id), decode_event(fields[field]))
-            for entry_id, fields in entries]
+    """(seq, event) of every event a reader finds (the log, then the worker's tail)."""
+    url = store.settings.redis_url
+    return [(event.seq, event) for event in read_events(url, job_id)]
+
+
+def _own(store: JobStore, job_id: str) -> None:
+    """Hold the job's lease and name this worker its owner, as a claim does."""
+    store.redis.set(KEYS.lease(job_id), store.worker_id)
+    store.redis.hset(KEYS.job_record(job_id), "owner", store.worker_id)
 
 
 def test_coalesce_merges_a_jobs_consecutive_tokens_of_one_choice() -> None:
@@ -81,7 +86,7 @@ def test_coalesce_merges_a_jobs_consecutive_tokens_of_one_choice() -> None:
 
 def test_events_are_numbered_written_and_published_in_order(store: JobStore) -> None:
     job = _job("j1")
-    store.redis.set(KEYS.lease(job.job_id), store.worker_id)
+    _own(store, job.job_id)
     publisher = _publisher(store, [])
     publisher._process([EventItem(job, _tokens([1, 2])), EventItem(job, _tokens([3])),
                         EventItem(job, _finished(), Outcome.FINISHED)])
@@ -120,12 +125,12 @@ def test_a_fenced_token_event_stops_the_job_in_the_engine(store: JobStore) -> No
 def test_scripts_are_loaded_again_after_a_script_flush(store: JobStore) -> None:
     """Batches run scripts by SHA alone; a server that lost them (restart) gets them again."""
     job = _job("j4")
-    store.redis.set(KEYS.lease(job.job_id), store.worker_id)
+    _own(store, job.job_id)
     store.redis.script_flush()
     _publisher(store, [])._process([EventItem(job, _tokens([9]))])
     assert [(seq, e.token_ids) for seq, e in _log(store, job.job_id)] == [(0, [9])]  # type: ignore[attr-defined]
     store.redis.script_flush()
-    assert store.refresh_leases([job.job_id]) == {job.job_id: True}
+    assert store.refresh_leases([job.job_id]) == ([], [])
 
 
 def _script_exists_calls(client: redis.Redis) -> int:
@@ -136,7 +141,7 @@ def _script_exists_calls(client: redis.Redis) -> int:
 def test_a_batch_is_one_round_trip_without_script_exists(store: JobStore) -> None:
     """redis-py would ask SCRIPT EXISTS before a pipeline holding scripts: a second trip."""
     job = _job("j5")
-    store.redis.set(KEYS.lease(job.job_id), store.worker_id)
+    _own(store, job.job_id)
     publisher = _publisher(store, [])
     publisher._process([EventItem(job, _tokens([1]))])  # the script is loaded now
     before = _script_exists_calls(store.redis)

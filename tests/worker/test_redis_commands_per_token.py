@@ -1,9 +1,11 @@
 """Redis commands a real worker spends on a known workload, counted by Redis itself.
 
-The publisher's design fixes what an event may cost: one XADD and one PUBLISH per event,
-one script call and one lease read (MGET) per batch, the log's expiry once per job (and
-again per eighth of its live TTL), no read of the log before a write. Before the batched
-script every event cost XREVRANGE + GET + XADD + EXPIRE + PUBLISH inside its own call.
+The publisher's design fixes what events may cost: per batch one script call, one read of
+the leases and watcher counts (MGET), one tail entry (XADD) and one PUBLISH per client;
+per job a log entry (XADD) every ``LOG_MOVE_BATCHES`` batches and when it ends, the
+log's expiry with its first move and its last; no read of the log before a write. Before
+the batched script every event cost XREVRANGE + GET + XADD + EXPIRE + PUBLISH inside its
+own call; before the tail and reply channels, one XADD and one PUBLISH per event.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from helpers.celery_send import send_requests
 from helpers.job_log import wait_terminal
 from helpers.worker_process import WorkerProcess
 
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, SamplingOptions, Tokens
+from kvrelay_worker.publisher import LOG_MOVE_BATCHES
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +31,7 @@ MODEL = "llama-mqa"
 JOBS = 8
 TOKENS = 24
 REFRESH_S = 3
+REPLY_TO = Keyspace().reply_channel("one-client")
 
 
 def _calls(client: redis.Redis) -> dict[str, int]:
@@ -47,7 +52,8 @@ def test_event_writes_cost_what_the_design_says(
                                     prompt_token_ids=[5 + i, 6, 7],
                                     sampling=SamplingOptions(max_tokens=TOKENS, temperature=0.0,
                                                              ignore_eos=True),
-                                    enqueued_at=time.time()) for i in range(JOBS)]
+                                    enqueued_at=time.time(), reply_to=REPLY_TO)
+                    for i in range(JOBS)]
         send_requests(clean_redis_url, requests)
         logs = [wait_terminal(clean_redis_url, r.job_id, 120) for r in requests]
         after = _calls(client)
@@ -67,16 +73,22 @@ def test_event_writes_cost_what_the_design_says(
     def delta(name: str) -> int:
         return after.get(name, 0) - before.get(name, 0)
 
-    # Every event written once and published once (Celery's broker adds a few PUBLISHes
-    # of its own); the log never read to write it.
-    assert delta("xadd") == events
-    assert events <= delta("publish") < events + JOBS
-    assert delta("xrevrange") == 0
-    # One lease read per publisher batch: batches are at most the engine's steps plus
-    # the jobs' Started events (sent from the task threads).
-    assert 0 < delta("mget") <= steps + JOBS
-    # Per job, not per event: GET (the lease read by the claim, the release and each
-    # refresh) and EXPIRE (the record's two, the log's live and ended ones).
+    # Per batch one tail entry and, all jobs being one client's, one PUBLISH (Celery's
+    # broker adds a few of its own); per job a log entry per LOG_MOVE_BATCHES batches and
+    # one at its end; the log never read to write it.
+    # One MGET per publisher batch (at most the engine's steps plus the jobs' Started
+    # events) and one per lease refresh (all held leases at once).
     refreshes = math.ceil(elapsed / REFRESH_S) + 1
-    assert delta("get") <= JOBS * (2 + refreshes)
-    assert delta("expire") <= 5 * JOBS < events
+    batches = delta("mget")
+    assert 0 < batches <= steps + JOBS + refreshes
+    moves_per_job = math.ceil(batches / LOG_MOVE_BATCHES) + 1
+    assert delta("xadd") <= batches + JOBS * moves_per_job
+    assert delta("publish") < batches + JOBS
+    assert delta("xrevrange") == 0
+    # Far below one XADD and one PUBLISH per event, which this workload would have cost.
+    assert delta("xadd") + delta("publish") < events / 2
+    # Per job, not per event: GET (the lease read by the claim and the release; the
+    # refreshes read all leases with one MGET) and EXPIRE (the record's two, the log's live
+    # and ended ones, the tail's with the batch that ends the job).
+    assert delta("get") <= 2 * JOBS
+    assert delta("expire") <= 5 * JOBS + 1 < events

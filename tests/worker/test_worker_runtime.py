@@ -12,6 +12,7 @@ from helpers.job_log import read_events
 from helpers.redis_db import fresh_db_url
 
 from kvrelay import event_log
+from kvrelay.event_frames import pack_events
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import (
     ErrorCode,
@@ -84,7 +85,7 @@ def test_a_takeover_of_a_log_that_lost_its_start_fails_log_truncated(
     for seq in (3, 4, 5):
         token = Tokens(seq=seq, token_ids=[seq], text="x")
         event_log.add_entry(runtime.redis, KEYS.event_log(request.job_id), seq,
-                            encode_event(token))
+                            pack_events([encode_event(token)]))
     assert runtime.run_job(request.job_id, request_to_payload(request)) == "failed"
     events = read_events(runtime.settings.redis_url, request.job_id)
     assert [e.seq for e in events] == [3, 4, 5, 6]

@@ -42,6 +42,12 @@ class ActiveJob:
     next_seq: int = 0
     log_window: LogWindow | None = None
     log_expiry_refresh_at: float | None = None
+    # Also the publisher's: the job's events written to this worker's tail but not yet
+    # to its log (encoded), the seq of the last, and the publisher's tail entry count
+    # when the first of them was written (None: none waiting).
+    unlogged: list[bytes] = field(default_factory=list)
+    unlogged_last: int = -1
+    unlogged_since: int | None = None
     # Set by the engine thread when it stops the job early (Outcome.*).
     abort_reason: str | None = None
     first_token_at: float | None = None

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 from kvrelay.protocol import ErrorCode, Failed
+from kvrelay_worker.job_request import reply_to_of
 from kvrelay_worker.job_store import JobStore
 from kvrelay_worker.orphan_queues import OrphanQueues
 from kvrelay_worker.periodic import Periodic
@@ -64,4 +65,4 @@ class Failover:
                 self.store.append_unowned(job_id, Failed(
                     seq=0, code=ErrorCode.WORKER_LOST,
                     message=f"workers died {self.max_attempts} times while running this job",
-                ))
+                ), reply_to=reply_to_of(payload) if payload is not None else "")

@@ -31,6 +31,19 @@ class JobRejected(Exception):
         self.message = message
 
 
+def reply_to_of(payload: object) -> str:
+    """The ``reply_to`` of a payload that may be invalid otherwise ('' when it has none):
+    where the refusal of a job the worker cannot decode is published."""
+    parsed: object = payload
+    if isinstance(payload, (str, bytes)):
+        try:
+            parsed = msgspec.json.decode(payload)
+        except Exception:  # a lone surrogate fails to encode, like any other defect
+            return ""
+    reply_to = parsed.get("reply_to") if isinstance(parsed, dict) else None
+    return reply_to if isinstance(reply_to, str) else ""
+
+
 def decode_payload(payload: object, task_id: str, model: str,
                    max_bytes: int) -> tuple[GenerateRequest, str]:
     """Validate the task argument; return the request and its JSON (kept for failover).

@@ -17,6 +17,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from kvrelay import event_log
+from kvrelay.event_frames import pack_events, pack_message, pack_pair, unpack_events
 from kvrelay.event_log import AppendResult
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
@@ -31,6 +32,10 @@ from kvrelay_worker import redis_scripts
 from kvrelay_worker.redis_client import replica_wait
 from kvrelay_worker.settings import WorkerSettings
 
+# Entries a worker's tail keeps: more batches than any job's events stay only there
+# (``publisher.LOG_MOVE_BATCHES``), with room for retried batches.
+TAIL_MAX_LEN = 64
+
 # A script, its keys and its arguments.
 _ScriptCall = tuple[Script, list[str], list[Any]]
 
@@ -38,15 +43,26 @@ _ScriptCall = tuple[Script, list[str], list[Any]]
 @dataclass
 class JobEvents:
     """One job's share of a publisher batch: its events in seq order, already encoded,
-    and what to do to its log once they are in."""
+    where they are published, and what moves into its log this batch."""
 
     job_id: str
+    # The client's reply channel ('' : none, only watchers hear the job).
+    reply_to: str = ""
     # (seq, terminal, event bytes) per event.
     events: list[tuple[int, bool, bytes]] = field(default_factory=list)
-    # Expiry to set on the log afterwards, in seconds (0: leave it as it is).
+    # The events (encoded) to write to the log as one entry this batch (none: they stay
+    # in the tail for now): those of earlier batches still only in the tail, then these.
+    moved: list[bytes] = field(default_factory=list)
+    # The seq of the last event in ``moved``.
+    moved_last: int = 0
+    # Expiry to set on the log after a move, in seconds (0: leave it as it is).
     expiry_s: int = 0
     # The oldest seq the log keeps (0: keep all; the byte cap, see ``log_window``).
     keep_from: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        return any(terminal for _, terminal, _ in self.events)
 
 
 def now_ms() -> int:
@@ -72,13 +88,15 @@ class PriorProgress:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     texts: dict[int, list[str]] = field(default_factory=dict)
     finish_reasons: dict[int, str] = field(default_factory=dict)
-    # (seq, bytes) of every entry, oldest first: where the log's byte cap stands.
+    # (last seq, bytes) of every entry, oldest first: where the log's byte cap stands.
     entry_sizes: list[tuple[int, int]] = field(default_factory=list)
+    # The seq of the log's first event (None: the log is empty).
+    first_seq: int | None = None
 
     @property
     def truncated(self) -> bool:
         """The log no longer starts at seq 0 (trimmed): the job cannot be continued."""
-        return bool(self.entry_sizes) and self.entry_sizes[0][0] != 0
+        return self.first_seq not in (None, 0)
 
     @property
     def has_tokens(self) -> bool:
@@ -97,6 +115,8 @@ class PriorProgress:
 def progress_from_events(events: list[AnyEvent]) -> PriorProgress:
     progress = PriorProgress()
     for event in events:
+        if progress.first_seq is None:
+            progress.first_seq = event.seq
         progress.next_seq = max(progress.next_seq, event.seq + 1)
         if isinstance(event, Tokens):
             progress.tokens.setdefault(event.index, []).extend(event.token_ids)
@@ -125,9 +145,13 @@ class JobStore:
         self._release_handback = script(redis_scripts.RELEASE_HANDBACK)
         # Keeping a lease alive writes next to nothing; refusing it under memory pressure
         # would only make another worker take the job over.
-        self._refresh = script(redis_scripts.REFRESH_LEASE, allow_oom=True)
+        self._refresh = script(redis_scripts.REFRESH_LEASES, allow_oom=True)
         self._append = script(redis_scripts.APPEND_EVENT)
         self._append_batch = script(redis_scripts.APPEND_BATCH)
+        self._move_to_log = script(redis_scripts.MOVE_TO_LOG)
+        self.tail_key = self.keys.worker_tail(self.worker_id)
+        # The tail's name less a worker id: the scripts name a previous owner's tail.
+        self.tail_prefix = self.keys.worker_tail("")
         self._check_expired = script(redis_scripts.CHECK_EXPIRED)
         self._commit_requeue = script(redis_scripts.COMMIT_REQUEUE)
         # Behind sentinels: replicas that must hold a job-state write before it counts.
@@ -157,13 +181,14 @@ class JobStore:
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
              self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
             [job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
-             self.live_ttl_s, digest],
+             self.live_ttl_s, digest, self.tail_prefix, self.settings.log_max_len],
         )
         status = _text(result[0])
         if status == "claimed":
             entries = [(event_log.seq_of_entry_id(entry_id), data) for entry_id, fields in result[2]
-                       if (data := event_log.event_bytes(fields)) is not None]
-            progress = progress_from_events([decode_event(data) for _, data in entries])
+                       if (data := event_log.entry_events(fields)) is not None]
+            events = [decode_event(bytes(raw)) for _, data in entries for raw in unpack_events(data)]
+            progress = progress_from_events(events)
             progress.entry_sizes = [(seq, len(data)) for seq, data in entries]
             return Claim("claimed", attempt=int(result[1]), progress=progress)
         return Claim(status)
@@ -187,25 +212,30 @@ class JobStore:
 
     # -------------------------------------------------------------------- events
 
-    def _append_call(self, job_id: str, event: AnyEvent, fenced: bool,
+    def _append_call(self, job_id: str, event: AnyEvent, fenced: bool, reply_to: str,
                      keep_from: int = 0, data: bytes | None = None) -> _ScriptCall:
         terminal = isinstance(event, TERMINAL_EVENTS)
+        events = pack_events([encode_event(event) if data is None else data])
         return (
             self._append,
-            [self.keys.event_log(job_id), self.keys.lease(job_id)],
-            [self.keys.events_channel(job_id), self.worker_id if fenced else "",
-             event.seq, encode_event(event) if data is None else data,
-             self.settings.log_max_len,
-             1 if terminal else 0, self.ended_ttl_s, self.live_ttl_s, keep_from],
+            [self.keys.event_log(job_id), self.keys.lease(job_id), self.keys.job_record(job_id)],
+            [reply_to, self.keys.events_channel(job_id), self.worker_id if fenced else "",
+             event.seq, events, pack_message([pack_pair(job_id, events)]),
+             self.settings.log_max_len, 1 if terminal else 0, self.ended_ttl_s,
+             self.live_ttl_s, keep_from, self.tail_prefix, job_id],
         )
 
-    def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool) -> Any:
-        """Append + publish ``event`` at its ``seq``; returns that seq or an ``AppendResult``.
+    def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool,
+                     reply_to: str = "") -> Any:
+        """Append + publish ``event`` at its ``seq`` (on ``reply_to`` when given, and on the
+        job's own channel); returns that seq or an ``AppendResult``. Not for a job whose
+        events go through ``append_batch``.
 
         With ``fenced`` the write happens only while this worker holds the job's lease, so
-        a worker presumed dead can never interleave events with its successor.
+        a worker presumed dead can never interleave events with its successor; without,
+        it first moves into the log what the job's last owner left in its tail.
         """
-        script, key_list, args = self._append_call(job_id, event, fenced)
+        script, key_list, args = self._append_call(job_id, event, fenced, reply_to)
         return script(keys=key_list, args=args)
 
     def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool,
@@ -218,34 +248,66 @@ class JobStore:
         starts = keep_from or [0] * len(events)
         datas: Sequence[bytes | None] = encoded or [None] * len(events)
         return self._pipelined([
-            self._append_call(job_id, e, fenced, start, data)
+            self._append_call(job_id, e, fenced, "", start, data)
             for (job_id, e), start, data in zip(events, starts, datas, strict=True)])
 
-    def append_batch(self, jobs: Sequence[JobEvents]) -> list[Any]:
-        """Append and publish every job's events, fenced by each job's lease, in one
-        script call: per event its seq or an ``AppendResult``, jobs in the order given.
+    def append_batch(self, jobs: Sequence[JobEvents], *, tail_expiry_s: int = 0) -> list[Any]:
+        """Write and publish every job's events, fenced by each job's lease, in one script
+        call (``redis_scripts.APPEND_BATCH``): per job 1 (written) or ``AppendResult.FENCED``,
+        in the order given. A batch with fenced jobs is sent again without them (the
+        script writes nothing when any lease is someone else's).
 
         A write Redis refuses (e.g. out of memory) comes back as that exception in every
-        event's place; unreachable Redis raises. Run by SHA alone, loaded again when the
+        job's place; unreachable Redis raises. Run by SHA alone, loaded again when the
         server lost it (restart).
         """
-        key_list: list[str] = []
-        args: list[Any] = [self.worker_id, self.settings.log_max_len]
+        results: list[Any] = [1] * len(jobs)
+        live = [i for i, job in enumerate(jobs) if job.events]
+        while live:
+            reply = self._pipelined([self._batch_call([jobs[i] for i in live], tail_expiry_s)])[0]
+            if isinstance(reply, Exception):
+                return [reply] * len(jobs)
+            fenced = {live[int(position) - 1] for position in reply}
+            if not fenced:
+                break
+            for i in fenced:
+                results[i] = AppendResult.FENCED
+            live = [i for i in live if i not in fenced]
+        return results
+
+    def _batch_call(self, jobs: Sequence[JobEvents], tail_expiry_s: int) -> _ScriptCall:
+        """``APPEND_BATCH``'s keys and arguments: everything packed here, Lua only fences."""
+        head, _, tail = self.keys.events_channel("\0").partition("\0")
+        key_list = [self.tail_key]
+        per_job: list[Any] = []
+        messages: dict[str, list[bytes]] = {}
+        move_keys: list[str] = []
+        moves: list[Any] = []
         for job in jobs:
-            key_list += [self.keys.event_log(job.job_id), self.keys.lease(job.job_id)]
-            args += [self.keys.events_channel(job.job_id), job.expiry_s, job.keep_from,
-                     len(job.events)]
-            for seq, terminal, data in job.events:
-                args += [seq, 1 if terminal else 0, data]
-        count = sum(len(job.events) for job in jobs)
-        if not count:
-            return []
-        # Through ``_pipelined``: a lost script is loaded again, and behind sentinels the
-        # batch counts as written only once a replica holds it.
-        results = self._pipelined([(self._append_batch, key_list, args)])[0]
-        if isinstance(results, redis.ResponseError):
-            return [results] * count
-        return list(results)
+            job_id = job.job_id
+            key_list += [self.keys.lease(job_id), self.keys.watchers(job_id)]
+            pair = pack_pair(job_id, pack_events([data for _, _, data in job.events]))
+            per_job += [job_id, event_log.tail_value(job.events[-1][0], pair, ended=job.terminal)]
+            if job.reply_to:
+                messages.setdefault(job.reply_to, []).append(pair)
+            if job.moved:
+                move_keys.append(self.keys.event_log(job_id))
+                moves += [job.moved_last, pack_events(job.moved), 1 if job.terminal else 0,
+                          job.keep_from, job.expiry_s]
+        per_message: list[Any] = []
+        for channel, pairs in messages.items():
+            per_message += [channel, pack_message(pairs)]
+        args: list[Any] = [self.worker_id, self.settings.log_max_len, TAIL_MAX_LEN,
+                           tail_expiry_s, len(jobs), len(messages), len(move_keys), head, tail,
+                           *per_job, *per_message, *moves]
+        return self._append_batch, key_list + move_keys, args
+
+    def move_to_log(self, job_id: str, events: Sequence[bytes], last_seq: int) -> bool:
+        """Write ``events`` (this worker's, only in its tail so far) to the job's log as
+        one entry; False when the log already has them."""
+        return bool(self._one(
+            self._move_to_log, [self.keys.event_log(job_id)],
+            [last_seq, pack_events(events), self.settings.log_max_len, self.live_ttl_s]))
 
     def _pipelined(self, calls: list[_ScriptCall]) -> list[Any]:
         """Run script calls in one pipelined round trip, by their SHA alone.
@@ -286,24 +348,29 @@ class JobStore:
             return results
         return list(pipe.execute(raise_on_error=False))
 
-    def append_unowned(self, job_id: str, event: AnyEvent) -> int:
-        """Append ``event`` after the log's last entry, for a job no worker holds.
+    def append_unowned(self, job_id: str, event: AnyEvent, *, reply_to: str = "") -> int:
+        """Append ``event`` after the job's last event, for a job no worker holds (what
+        its last owner left in its tail is moved into the log first).
 
         Returns the seq it got, or ``AppendResult.ENDED`` when the log already ended
         (nothing written).
         """
+        # The first try (seq 0) settles the tail; a log that already holds events answers
+        # NOT_NEXT, and the next try follows its last entry.
+        event.seq = 0
         for _ in range(16):
+            result = int(self.append_event(job_id, event, fenced=False, reply_to=reply_to))
+            if result != AppendResult.NOT_NEXT:
+                return result
             last: list[tuple[bytes, Any]] = self.redis.xrevrange(  # type: ignore[assignment]
                 self.keys.event_log(job_id), count=1)
             event.seq = event_log.seq_of_entry_id(last[0][0]) + 1 if last else 0
-            result = int(self.append_event(job_id, event, fenced=False))
-            if result != AppendResult.NOT_NEXT:
-                return result
         raise RuntimeError(f"could not append to the log of job {job_id}: too much contention")
 
-    def fail_unclaimed(self, job_id: str, code: str, message: str) -> int:
+    def fail_unclaimed(self, job_id: str, code: str, message: str, *, reply_to: str = "") -> int:
         """Report a job that never ran (bad payload, deadline, cancelled) and end it."""
-        seq = self.append_unowned(job_id, Failed(seq=0, code=code, message=message))
+        seq = self.append_unowned(job_id, Failed(seq=0, code=code, message=message),
+                                  reply_to=reply_to)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.job_record(job_id), "state", "done")
         pipe.hdel(self.keys.job_record(job_id), "payload")
@@ -313,28 +380,19 @@ class JobStore:
 
     # ----------------------------------------------------------- leases/failover
 
-    def refresh_leases(self, job_ids: list[str]) -> dict[str, bool]:
-        """Extend the leases this worker holds; False for a job whose lease it lost."""
+    def refresh_leases(self, job_ids: list[str]) -> tuple[list[str], list[str]]:
+        """Extend the leases this worker holds, in one script call: the jobs whose lease
+        it lost (another worker owns them now), and the jobs whose abort flag is set."""
         if not job_ids:
-            return {}
-        now = now_ms()
-        results = self._pipelined([
-            (self._refresh, [self.keys.lease(job_id), self.running_key],
-             [job_id, self.worker_id, self.lease_ms, now])
-            for job_id in job_ids
-        ])
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return {j: bool(r) for j, r in zip(job_ids, results, strict=True)}
-
-    def aborted(self, job_ids: list[str]) -> list[str]:
-        if not job_ids:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
+            return [], []
+        key_list = [self.running_key]
         for job_id in job_ids:
-            pipe.exists(self.keys.abort_flag(job_id))
-        return [j for j, hit in zip(job_ids, pipe.execute(), strict=True) if hit]
+            key_list += [self.keys.lease(job_id), self.keys.abort_flag(job_id)]
+        codes = self._one(self._refresh, key_list,
+                          [self.worker_id, self.lease_ms, now_ms(), *job_ids])
+        lost = [j for j, code in zip(job_ids, codes, strict=True) if not int(code) & 1]
+        aborted = [j for j, code in zip(job_ids, codes, strict=True) if int(code) & 2]
+        return lost, aborted
 
     def expired_candidates(self, limit: int = 100) -> list[str]:
         """Jobs of this model whose lease expiry (as last refreshed) has passed."""
@@ -349,7 +407,7 @@ class JobStore:
                   self.ended_ttl_s],
         )
         status = _text(result[0])
-        payload = _text(result[1]) if status == "requeue" and len(result) > 1 else None
+        payload = _text(result[1]) if len(result) > 1 and result[1] else None
         return status, payload
 
     def commit_requeue(self, job_id: str) -> None:

@@ -26,9 +26,8 @@ class LeaseKeeper:
         self._thread.stop()
 
     def refresh(self) -> None:
-        held = self.jobs.ids()
-        for job_id, kept in self.store.refresh_leases(held).items():
-            if not kept:
-                self.jobs.fence(job_id)
-        for job_id in self.store.aborted(held):
+        lost, aborted = self.store.refresh_leases(self.jobs.ids())
+        for job_id in lost:
+            self.jobs.fence(job_id)
+        for job_id in aborted:
             self.jobs.abort(job_id)

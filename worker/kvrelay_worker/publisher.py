@@ -1,13 +1,16 @@
-"""The publisher thread: every event leaves the worker here, one pipeline per batch.
+"""The publisher thread: every event leaves the worker here, one script call per batch.
 
 The engine thread hands over a batch per step and never waits. While one batch is in
 flight, later steps' batches queue up; the next round takes them all at once and merges
 each job's token events per choice (``coalesce``), so a publisher that falls behind
 sends fewer, larger events instead of a growing backlog. When nothing is in flight a
 step's events leave at once. This thread numbers each job's events (``seq``) and sends
-the whole batch as one script call (``APPEND_BATCH``): per job, one lease check, its
-events appended to its log and published, one trim and, when due, one expiry. After a
-job's terminal event is written the job's task thread is woken.
+the whole batch as one script call (``APPEND_BATCH``): one lease check for all jobs, one
+tail entry holding every job's events, one PUBLISH per client (its jobs' events packed
+together, ``kvrelay.event_frames``) and one per watched job. A job's events move from the
+tail into its own log every ``LOG_MOVE_BATCHES`` batches, when it ends and when this
+worker lets go of it, as one log entry, so per token Redis runs a fraction of a command.
+After a job's terminal event is written the job's task thread is woken.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from dataclasses import dataclass
 
 import redis
 
-from kvrelay.event_log import AppendResult
+from kvrelay.event_log import TAIL_READ_ENTRIES, AppendResult
 from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Tokens, encode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
-from kvrelay_worker.job_store import JobEvents, JobStore
+from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore
 from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
 
@@ -57,6 +60,12 @@ class DoneItem:
 Item = EventItem | HandbackItem | DoneItem
 
 _STOP = object()
+# A job's events stay only in this worker's tail for at most this many batches before
+# they move into the job's log (the tail keeps ``TAIL_MAX_LEN`` batches: room to spare).
+LOG_MOVE_BATCHES = 16
+# Jobs per tail entry (``redis_scripts.APPEND_BATCH`` splits larger batches).
+_JOBS_PER_TAIL_ENTRY = 2000
+assert LOG_MOVE_BATCHES * 2 <= TAIL_READ_ENTRIES <= TAIL_MAX_LEN
 
 
 class Publisher:
@@ -68,6 +77,10 @@ class Publisher:
         self.requeue = requeue
         self.on_fenced = on_fenced
         self._queue: queue.SimpleQueue[list[Item] | object] = queue.SimpleQueue()
+        # Entries written to this worker's tail so far (retries counted: an upper bound),
+        # and when (monotonic) the tail's expiry is next refreshed.
+        self._tail_entries = 0
+        self._tail_expiry_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="kvrelay-publisher", daemon=True)
 
     def start(self) -> None:
@@ -105,21 +118,25 @@ class Publisher:
     def _process(self, items: list[Item]) -> None:
         events = [i for i in items if isinstance(i, EventItem)]
         per_job = self._batch(events)
+        tail_before = self._tail_entries
         results = self._send(per_job)
         now = time.time()
-        ordered = [item for job_items in per_job.values() for item in job_items[0]]
-        for item, result in zip(ordered, results, strict=True):
-            self._after_write(item, result, now)
+        for (job, (job_items, job_events)), result in zip(per_job.items(), results,
+                                                         strict=True):
+            self._track_unlogged(job, job_events, result, tail_before)
+            for item in job_items:
+                self._after_write(item, result, now)
         for other in items:
             if isinstance(other, HandbackItem):
                 self._hand_back(other.job)
             elif isinstance(other, DoneItem):
+                self._move_unlogged(other.job)
                 other.job.finish(other.outcome)
 
     def _batch(self, events: list[EventItem]) -> dict[ActiveJob, tuple[list[EventItem],
                                                                         JobEvents]]:
         """Number and encode the events, grouped per job (each job's order kept), with
-        what each job's log needs once per batch: its trim point and, when due, expiry."""
+        where each job's events are published and what moves into its log this batch."""
         settings = self.store.settings
         per_job: dict[ActiveJob, tuple[list[EventItem], JobEvents]] = {}
         now = time.monotonic()
@@ -127,30 +144,35 @@ class Publisher:
             job = item.job
             entry = per_job.get(job)
             if entry is None:
-                entry = per_job[job] = ([], JobEvents(job.job_id))
+                entry = per_job[job] = ([], JobEvents(job.job_id, job.request.reply_to or ""))
             item.event.seq = job.next_seq
             job.next_seq += 1
-            if job.log_window is None:
-                job.log_window = LogWindow(settings.log_max_bytes, job.prior.entry_sizes)
-            data = encode_event(item.event)
             terminal = isinstance(item.event, TERMINAL_EVENTS)
             entry[0].append(item)
-            entry[1].events.append((item.event.seq, terminal, data))
-            entry[1].keep_from = max(entry[1].keep_from,
-                                     job.log_window.add(item.event.seq, len(data)))
+            entry[1].events.append((item.event.seq, terminal, encode_event(item.event)))
         for job, (_, job_events) in per_job.items():
-            job_events.expiry_s = self._expiry_due(job, job_events, now)
+            due = job.unlogged_since is not None and (
+                self._tail_entries - job.unlogged_since >= LOG_MOVE_BATCHES - 1)
+            if not (job_events.terminal or due):
+                continue
+            if job.log_window is None:
+                job.log_window = LogWindow(settings.log_max_bytes, job.prior.entry_sizes)
+            job_events.moved = [*job.unlogged, *(data for _, _, data in job_events.events)]
+            job_events.moved_last = job_events.events[-1][0]
+            job_events.keep_from = job.log_window.add(
+                job_events.moved_last, sum(len(data) for data in job_events.moved))
+            job_events.expiry_s = self._expiry_due(job, job_events.terminal, now)
         return per_job
 
-    def _expiry_due(self, job: ActiveJob, job_events: JobEvents, now: float) -> int:
-        """The expiry this batch sets on the job's log (0: none due).
+    def _expiry_due(self, job: ActiveJob, terminal: bool, now: float) -> int:
+        """The expiry a move into the job's log sets (0: none due).
 
         A running job's log is given ``live_ttl + refresh`` seconds and refreshed once
         ``refresh`` (an eighth of ``live_ttl``) has passed, so it always outlives its
         latest event by ``live_ttl`` while costing one EXPIRE per job now and then, not
-        one per event. A terminal event sets the ended log's expiry.
+        one per move. A terminal event sets the ended log's expiry.
         """
-        if any(terminal for _, terminal, _ in job_events.events):
+        if terminal:
             return self.store.ended_ttl_s
         if job.log_expiry_refresh_at is not None and now < job.log_expiry_refresh_at:
             return 0
@@ -159,28 +181,72 @@ class Publisher:
         job.log_expiry_refresh_at = now + refresh
         return live + refresh
 
+    def _tail_expiry_due(self, ends_a_job: bool) -> int:
+        """The expiry this batch sets on the tail (0: none due): an ended job's log's
+        (``KVRELAY_LOG_TTL``), set by every batch that ends a job and refreshed an eighth
+        of it after the last. So the tail of a worker that stops (or dies) outlives its
+        last batch by as long as an ended job's log, at least seven eighths of it: the
+        time its jobs' next owners have to claim what is only in the tail."""
+        now = time.monotonic()
+        if not ends_a_job and self._tail_expiry_at is not None and now < self._tail_expiry_at:
+            return 0
+        ttl = self.store.ended_ttl_s
+        self._tail_expiry_at = now + max(1, ttl // 8)
+        return ttl
+
     def _send(self, per_job: dict[ActiveJob, tuple[list[EventItem], JobEvents]]
               ) -> list[object]:
         """One script call for the whole batch; retried while Redis is unreachable or
         refuses it for want of memory, until it is written: an event is never taken for
-        written, nor its job for finished, before it is. (A retry finds what an earlier
-        try wrote: ``ALREADY_WRITTEN``, not published twice.)"""
+        written, nor its job for finished, before it is. (A retry may write the tail and
+        publish again: readers drop seqs they have; a log entry is never written twice.)"""
         batch = [job_events for _, job_events in per_job.values()]
+        entries = -(-sum(1 for b in batch if b.events) // _JOBS_PER_TAIL_ENTRY)
+        tail_expiry = self._tail_expiry_due(any(b.terminal for b in batch))
         delay = 0.05
         while True:
+            self._tail_entries += entries
             try:
-                results = self.store.append_batch(batch)
+                results = self.store.append_batch(batch, tail_expiry_s=tail_expiry)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
             else:
                 if not any(isinstance(r, redis.OutOfMemoryError) for r in results):
                     return results
-                log.warning("publisher: Redis is out of memory; %d events wait, retrying in "
-                            "%.2fs", len(results), delay)
+                log.warning("publisher: Redis is out of memory; %d jobs' events wait, "
+                            "retrying in %.2fs", len(results), delay)
             time.sleep(delay)
             # Capped low: behind sentinels the new primary is up within a second or two of
             # the old one's death, and each step of backoff past that is a stall.
             delay = min(delay * 2, 0.5)
+
+    def _track_unlogged(self, job: ActiveJob, job_events: JobEvents, result: object,
+                        tail_before: int) -> None:
+        """Remember which of the job's events are only in the tail now; a job found
+        fenced gets those written to its log at once (its next owner may claim it after
+        this worker's tail has dropped them)."""
+        if result == AppendResult.FENCED:
+            self._move_unlogged(job)
+        elif not isinstance(result, Exception):
+            if job_events.moved:
+                job.unlogged = []
+                job.unlogged_since = None
+            elif job_events.events:
+                job.unlogged.extend(data for _, _, data in job_events.events)
+                job.unlogged_last = job_events.events[-1][0]
+                if job.unlogged_since is None:
+                    job.unlogged_since = tail_before
+
+    def _move_unlogged(self, job: ActiveJob) -> None:
+        if not job.unlogged:
+            return
+        try:
+            self.store.move_to_log(job.job_id, job.unlogged, job.unlogged_last)
+        except Exception:
+            log.exception("publisher: could not move job %s's events from the tail to its "
+                          "log; its next owner moves them when it claims the job", job.job_id)
+        job.unlogged = []
+        job.unlogged_since = None
 
     def _after_write(self, item: EventItem, result: object, now: float) -> None:
         job = item.job
@@ -211,6 +277,7 @@ class Publisher:
 
     def _hand_back(self, job: ActiveJob) -> None:
         """Let another worker continue the job: mark, send a copy, release the lease."""
+        self._move_unlogged(job)
         try:
             if self.store.mark_handback(job.job_id):
                 self.requeue(job.job_id, job.payload_json)

@@ -4,7 +4,7 @@ Every key a script touches is built by ``kvrelay.keys.Keyspace`` and passed in `
 log's names and result codes come from ``kvrelay.event_log``. The
 job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload``,
 ``attempts`` (claims so far), ``lost`` (attempts that died with their worker),
-``handback`` (owner handing the job back on shutdown).
+``handback`` (owner handing the job back on shutdown; '' when none).
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ _CONSTANTS: dict[str, object] = {
     "EVENT_FIELD": event_log.EVENT_FIELD,
     "TERMINAL_FIELD": event_log.TERMINAL_FIELD,
     "DIGEST_FIELD": event_log.DIGEST_FIELD,
+    "OWNER_FIELD": event_log.OWNER_FIELD,
     "ENTRY_ID_SUFFIX": event_log.ENTRY_ID_SUFFIX,
+    "TAIL_LIVE": event_log.TAIL_LIVE,
+    "TAIL_ENDED": event_log.TAIL_ENDED,
+    "TAIL_FIELDS_PER_ENTRY": 4000,
     **{result.name: int(result) for result in AppendResult},
 }
 
@@ -52,30 +56,100 @@ def _format(script: str) -> str:
         script = script.replace("{" + name + "}", str(value))
     return script
 
+# Helpers some scripts start with: msgpack array headers and a pair's events
+# (``kvrelay.event_frames``), the end of a job's log, and ``settle``: move a job's events that are still only in its
+# owner's tail (``kvrelay.event_log``) into its log, as one entry.
+_LUA_HELPERS = _format("""
+local function array_header(n)
+  if n < 16 then return string.char(0x90 + n) end
+  if n < 65536 then return string.char(0xdc, math.floor(n / 256), n % 256) end
+  return string.char(0xdd, math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
+                     math.floor(n / 256) % 256, n % 256)
+end
+local function array_parts(s)
+  local b = string.byte(s, 1)
+  if b >= 0x90 and b <= 0x9f then return b - 0x90, string.sub(s, 2) end
+  if b == 0xdc then return string.byte(s, 2) * 256 + string.byte(s, 3), string.sub(s, 4) end
+  local b1, b2, b3, b4 = string.byte(s, 2, 5)
+  return ((b1 * 256 + b2) * 256 + b3) * 256 + b4, string.sub(s, 6)
+end
+local function pair_events(pair)
+  local b = string.byte(pair, 2)
+  if b >= 0xa0 and b <= 0xbf then return string.sub(pair, 3 + b - 0xa0) end
+  if b == 0xd9 then return string.sub(pair, 4 + string.byte(pair, 3)) end
+  return string.sub(pair, 5 + string.byte(pair, 3) * 256 + string.byte(pair, 4))
+end
+local function log_end(log_key)
+  local last = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
+  if #last == 0 then return -1, false end
+  local seq = tonumber(string.match(last[1][1], '^(%d+)'))
+  local fields = last[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == '{TERMINAL_FIELD}' then return seq, true end
+  end
+  return seq, false
+end
+local function add_log_entry(log_key, max_len, last_seq, data, terminal)
+  local id = last_seq .. '-{ENTRY_ID_SUFFIX}'
+  if terminal then
+    return redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}', data,
+                       '{TERMINAL_FIELD}', '1')
+  end
+  return redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}', data)
+end
+local function settle(log_key, tail_key, job_id, max_len, ttl)
+  local last_seq, ended = log_end(log_key)
+  if ended or not tail_key then return last_seq, ended end
+  local parts, count, top, terminal = {}, 0, last_seq, false
+  for _, entry in ipairs(redis.call('XRANGE', tail_key, '-', '+')) do
+    local fields = entry[2]
+    for i = 1, #fields, 2 do
+      if fields[i] == job_id then
+        local value = fields[i + 1]
+        local mark = string.find(value, '[{TAIL_LIVE}{TAIL_ENDED}]')
+        local seq = tonumber(string.sub(value, 1, mark - 1))
+        if seq > top then
+          local n, body = array_parts(pair_events(string.sub(value, mark + 1)))
+          parts[#parts + 1] = body
+          count = count + n
+          top = seq
+          terminal = string.sub(value, mark, mark) == '{TAIL_ENDED}'
+        end
+      end
+    end
+  end
+  if count == 0 then return last_seq, false end
+  local added = add_log_entry(log_key, max_len, top, array_header(count) .. table.concat(parts),
+                              terminal)
+  if type(added) == 'table' and added.err then error(added.err) end
+  redis.call('EXPIRE', log_key, ttl)
+  return top, terminal
+end
+""")
+
 # KEYS: job record, lease, running zset, event log, abort flag
-# ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest
+# ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest,
+#       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length
 # -> {"done"} | {"reused"} | {"aborted"} | {"owned", owner}
 #    | {"claimed", attempt, log entries}
-# One round trip does the pickup checks and returns what earlier attempts wrote. A copy
-# whose request differs from the one the job id belongs to is "reused" (never run).
-CLAIM = _format("""
-local state = redis.call('HGET', KEYS[1], 'state')
-if state == 'done' then return {'done'} end
-local digest = redis.call('HGET', KEYS[1], '{DIGEST_FIELD}')
-if digest and digest ~= ARGV[7] then return {'reused'} end
+# One round trip does the pickup checks, moves what the previous owner left in its tail
+# into the log, and returns what earlier attempts wrote. A copy whose request differs from
+# the one the job id belongs to is "reused" (never run).
+CLAIM = _LUA_HELPERS + _format("""
+local record = redis.call('HMGET', KEYS[1], 'state', '{DIGEST_FIELD}', 'handback',
+                          '{OWNER_FIELD}', 'attempts')
+if record[1] == 'done' then return {'done'} end
+if record[2] and record[2] ~= ARGV[7] then return {'reused'} end
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 -- Any live lease means the job is running (here too: a redelivered copy can come back
 -- to its owner); only a lease its holder is handing back may be taken.
 local owner = redis.call('GET', KEYS[2])
-if owner then
-  local handback = redis.call('HGET', KEYS[1], 'handback')
-  if handback ~= owner then return {'owned', owner} end
-end
-local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+if owner and record[3] ~= owner then return {'owned', owner} end
+if record[4] then settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6]) end
+local attempt = tonumber(record[5] or '0') + 1
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('HSET', KEYS[1], 'state', 'running', 'owner', ARGV[2], 'payload', ARGV[4],
-           '{DIGEST_FIELD}', ARGV[7])
-redis.call('HDEL', KEYS[1], 'handback')
+redis.call('HSET', KEYS[1], 'state', 'running', '{OWNER_FIELD}', ARGV[2], 'payload', ARGV[4],
+           '{DIGEST_FIELD}', ARGV[7], 'attempts', attempt, 'handback', '')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[3]), ARGV[1])
 return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
@@ -87,8 +161,7 @@ return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
 # ARGV: job id, worker id, record ttl s -> 1 if this worker owned the job
 RELEASE_DONE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'done')
-redis.call('HDEL', KEYS[1], 'payload')
+redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[2])
@@ -111,119 +184,155 @@ redis.call('HSET', KEYS[1], 'state', 'queued')
 return 1
 """
 
-# KEYS: lease, running zset -- ARGV: job id, worker id, lease ms, now ms -> 1 if still ours
-REFRESH_LEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[3]), ARGV[1])
-return 1
+# Every held job's lease at once (one lease read, one ZADD; a PEXPIRE per job still held),
+# and whether it was aborted (its abort flag, in case the control message was missed).
+# KEYS: running zset, then per job: lease, abort flag
+# ARGV: worker id, lease ms, now ms, then the job ids
+# -> per job: 0 (the lease is someone else's now) or 1 (extended), plus 2 when aborted
+REFRESH_LEASES = """
+local flags = {}
+for first = 2, #KEYS, 512 do
+  local last = math.min(first + 511, #KEYS)
+  local got = redis.call('MGET', unpack(KEYS, first, last))
+  for i = 1, #got do flags[first + i - 1] = got[i] end
+end
+local results, members = {}, {}
+local expiry = tonumber(ARGV[3]) + tonumber(ARGV[2])
+for j = 1, (#KEYS - 1) / 2 do
+  local code = 0
+  if flags[2 * j] == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[2 * j], ARGV[2])
+    members[#members + 1] = expiry
+    members[#members + 1] = ARGV[3 + j]
+    code = 1
+  end
+  if flags[2 * j + 1] then code = code + 2 end
+  results[j] = code
+end
+for first = 1, #members, 4000 do
+  redis.call('ZADD', KEYS[1], unpack(members, first, math.min(first + 3999, #members)))
+end
+return results
 """
 
-# Append one event to a job's log and publish it, in the format of ``kvrelay.event_log``
-# (entry id ``{seq}-1``, the event in field ``e``, terminal entries also carry ``t``).
-# KEYS: event log, lease
-# ARGV: channel, worker id ('' = unfenced), seq, event bytes, max log length,
+# Append one event to a job's log and publish it, in the format of ``kvrelay.event_log``,
+# for a job the publisher is not batching: one its worker cannot run, or one no worker
+# holds (an unfenced write first settles what the last owner left in its tail).
+# KEYS: event log, lease, job record
+# ARGV: reply channel ('' = none), job channel, worker id ('' = unfenced), seq, events
+#       array (the one event), message (``pack_message`` of its pair), max log length,
 #       terminal (0/1), log ttl s (after a terminal event), live log ttl s (before it),
-#       oldest seq to keep (0: keep all; the byte cap, see ``log_window``)
+#       oldest seq to keep (0: keep all; the byte cap, see ``log_window``), tail key
+#       prefix, job id
 # -> the seq written, or an ``AppendResult``: FENCED (the lease is someone else's),
 #    ALREADY_WRITTEN (the log has this seq), and for unfenced writes ENDED (the log
 #    already ended) or NOT_NEXT (``seq`` is not the next one: retry).
-APPEND_EVENT = _format("""
-local seq = tonumber(ARGV[3])
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local last_seq = -1
-if #last > 0 then last_seq = tonumber(string.match(last[1][1], '^(%d+)')) end
-if ARGV[2] ~= '' then
-  if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {FENCED} end
+APPEND_EVENT = _LUA_HELPERS + _format("""
+local seq = tonumber(ARGV[4])
+local terminal = ARGV[8] == '1'
+if ARGV[3] ~= '' then
+  if redis.call('GET', KEYS[2]) ~= ARGV[3] then return {FENCED} end
+  local last_seq = log_end(KEYS[1])
   if seq <= last_seq then return {ALREADY_WRITTEN} end
 else
-  if #last > 0 then
-    local fields = last[1][2]
-    for i = 1, #fields, 2 do
-      if fields[i] == '{TERMINAL_FIELD}' then return {ENDED} end
-    end
-  end
+  local owner = redis.call('HGET', KEYS[3], '{OWNER_FIELD}')
+  local tail = nil
+  if owner then tail = ARGV[12] .. owner end
+  local last_seq, ended = settle(KEYS[1], tail, ARGV[13], ARGV[7], ARGV[10])
+  if ended then return {ENDED} end
   if seq ~= last_seq + 1 then return {NOT_NEXT} end
 end
-local id = seq .. '-{ENTRY_ID_SUFFIX}'
-if ARGV[6] == '1' then
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], id, '{EVENT_FIELD}', ARGV[4],
-             '{TERMINAL_FIELD}', '1')
-  redis.call('EXPIRE', KEYS[1], ARGV[7])
-else
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[5], id, '{EVENT_FIELD}', ARGV[4])
-  redis.call('EXPIRE', KEYS[1], ARGV[8])
-end
-if tonumber(ARGV[9]) > 0 then redis.call('XTRIM', KEYS[1], 'MINID', ARGV[9]) end
-redis.call('PUBLISH', ARGV[1], ARGV[4])
+local added = add_log_entry(KEYS[1], ARGV[7], seq, ARGV[5], terminal)
+if type(added) == 'table' and added.err then return added end
+if terminal then redis.call('EXPIRE', KEYS[1], ARGV[9]) else redis.call('EXPIRE', KEYS[1], ARGV[10]) end
+if tonumber(ARGV[11]) > 0 then redis.call('XTRIM', KEYS[1], 'MINID', ARGV[11]) end
+if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], ARGV[6]) end
+redis.call('PUBLISH', ARGV[2], ARGV[6])
 return seq
 """)
 
-# The publisher's whole batch in one call: for every job in it, check the lease once,
-# append the job's events to its log and publish each, then trim and set expiry once.
+# The publisher's whole batch in one call. One MGET reads every job's lease and watcher
+# count; if any lease is someone else's, nothing is written and those jobs are named (the
+# publisher drops them and sends the rest again). Otherwise: one tail entry with every
+# job's events, the messages Python packed per client, one PUBLISH on the job's own
+# channel per watched job, and the log entries of the jobs whose events move into their
+# logs this batch. Per job, Lua only compares its lease; everything else is built in
+# Python and passed through whole.
 # Redis Cluster is out of scope (Celery has no Cluster broker): the keys of many jobs
 # meet in one call.
-# KEYS: per job, its event log then its lease
-# ARGV: worker id, max log length, then per job: channel, expiry s (0: leave it as is),
-#       oldest seq to keep (0: keep all), event count, then per event: seq, terminal
-#       (0/1), event bytes
-# -> per event, in order: the seq written, or an ``AppendResult``: FENCED (the lease is
-#    someone else's: nothing of that job written) or ALREADY_WRITTEN (the log has it: an
-#    earlier try of this batch got through). The log's own XADD refuses a seq it already
-#    has, so no read precedes the write.
-APPEND_BATCH = _format("""
-local jobs = #KEYS / 2
-local owners = {}
-for first = 1, jobs, 512 do
-  local last = math.min(first + 511, jobs)
-  local leases = {}
-  for j = first, last do leases[#leases + 1] = KEYS[2 * j] end
-  local got = redis.call('MGET', unpack(leases))
-  for i = 1, #got do owners[first + i - 1] = got[i] end
+# KEYS: the worker's tail, then per job: its lease, its watcher count; then per move: the
+#       job's event log
+# ARGV: worker id, max log length, max tail length, tail expiry s (0: leave it as is),
+#       job count, message count, move count, job channel's name before and after the
+#       job id, then per job: job id, tail value (``event_log.tail_value``); per message:
+#       channel, message (``pack_message``); per move: its last seq, its events array,
+#       terminal (0/1), oldest seq to keep (0: keep all), log expiry s (0: leave it as is)
+# -> {} when written, or the positions (1-based) of the jobs fenced (nothing written).
+#    A log entry the log already has (an earlier try of this batch got through) is
+#    skipped.
+APPEND_BATCH = _LUA_HELPERS + _format("""
+local jobs, messages, moves = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local flags = {}
+for first = 2, 1 + 2 * jobs, 512 do
+  local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 511, 1 + 2 * jobs)))
+  for i = 1, #got do flags[first + i - 1] = got[i] end
 end
-local results = {}
-local a = 3
+local fenced = {}
 for j = 1, jobs do
-  local log_key = KEYS[2 * j - 1]
-  local channel, expiry = ARGV[a], ARGV[a + 1]
-  local keep_from, count = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  a = a + 4
-  local owned = owners[j] == ARGV[1]
-  for e = 1, count do
-    local seq, data = ARGV[a], ARGV[a + 2]
-    local added
-    if not owned then
-      results[#results + 1] = {FENCED}
-    else
-      if ARGV[a + 1] == '1' then
-        added = redis.pcall('XADD', log_key, 'MAXLEN', '~', ARGV[2], seq .. '-{ENTRY_ID_SUFFIX}',
-                            '{EVENT_FIELD}', data, '{TERMINAL_FIELD}', '1')
-      else
-        added = redis.pcall('XADD', log_key, 'MAXLEN', '~', ARGV[2], seq .. '-{ENTRY_ID_SUFFIX}',
-                            '{EVENT_FIELD}', data)
-      end
-      if type(added) == 'table' and added.err then
-        if not string.find(added.err, 'equal or smaller', 1, true) then return added end
-        results[#results + 1] = {ALREADY_WRITTEN}
-      else
-        redis.call('PUBLISH', channel, data)
-        results[#results + 1] = tonumber(seq)
-      end
-    end
-    a = a + 3
-  end
-  if owned and count > 0 then
-    if keep_from > 0 then redis.call('XTRIM', log_key, 'MINID', keep_from) end
-    if expiry ~= '0' then redis.call('EXPIRE', log_key, expiry) end
+  if flags[2 * j] ~= ARGV[1] then fenced[#fenced + 1] = j end
+end
+if #fenced > 0 then return fenced end
+local a = 10
+for first = a, a + 2 * jobs - 1, {TAIL_FIELDS_PER_ENTRY} do
+  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*',
+             unpack(ARGV, first, math.min(first + {TAIL_FIELDS_PER_ENTRY} - 1, a + 2 * jobs - 1)))
+end
+if jobs > 0 and ARGV[4] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
+for j = 1, jobs do
+  local watchers = flags[2 * j + 1]
+  if watchers and (tonumber(watchers) or 0) > 0 then
+    local value = ARGV[a + 2 * j - 1]
+    local mark = string.find(value, '[{TAIL_LIVE}{TAIL_ENDED}]')
+    redis.call('PUBLISH', ARGV[8] .. ARGV[a + 2 * j - 2] .. ARGV[9],
+               array_header(1) .. string.sub(value, mark + 1))
   end
 end
-return results
+a = a + 2 * jobs
+for k = 1, messages do redis.call('PUBLISH', ARGV[a + 2 * k - 2], ARGV[a + 2 * k - 1]) end
+a = a + 2 * messages
+for k = 1, moves do
+  local log_key = KEYS[1 + 2 * jobs + k]
+  local added = add_log_entry(log_key, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
+  if type(added) == 'table' and added.err then
+    if not string.find(added.err, 'equal or smaller', 1, true) then return added end
+  elseif tonumber(ARGV[a + 3]) > 0 then
+    redis.call('XTRIM', log_key, 'MINID', ARGV[a + 3])
+  end
+  if ARGV[a + 4] ~= '0' then redis.call('EXPIRE', log_key, ARGV[a + 4]) end
+  a = a + 5
+end
+return {}
+""")
+
+# Write a job's events that are only in this worker's tail into its log (the worker is
+# letting go of the job, or found it fenced: the next owner may claim it after the tail
+# moved on). Unfenced, and harmless when the log already has them.
+# KEYS: event log -- ARGV: last seq, events array, max log length, log expiry s
+# -> 1 written, 0 already there
+MOVE_TO_LOG = _LUA_HELPERS + _format("""
+local added = add_log_entry(KEYS[1], ARGV[3], ARGV[1], ARGV[2], false)
+if type(added) == 'table' and added.err then
+  if string.find(added.err, 'equal or smaller', 1, true) then return 0 end
+  return added
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
 """)
 
 # Failover check for one job whose lease looked expired.
 # KEYS: job record, lease, running zset, requeue marker
 # ARGV: job id, max attempts, marker ms, record ttl s (once failed)
-# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted"} | {"requeue", payload}
+# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted", payload} | {"requeue", payload}
 CHECK_EXPIRED = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -233,12 +342,13 @@ if state ~= 'running' then
 end
 local lost = tonumber(redis.call('HGET', KEYS[1], 'lost') or '0')
 if lost + 1 >= tonumber(ARGV[2]) then
+  local payload = redis.call('HGET', KEYS[1], 'payload')
   redis.call('HINCRBY', KEYS[1], 'lost', 1)
   redis.call('HSET', KEYS[1], 'state', 'done')
   redis.call('HDEL', KEYS[1], 'payload')
   redis.call('EXPIRE', KEYS[1], ARGV[4])
   redis.call('ZREM', KEYS[3], ARGV[1])
-  return {'exhausted'}
+  return {'exhausted', payload}
 end
 if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', ARGV[3]) then return {'busy'} end
 return {'requeue', redis.call('HGET', KEYS[1], 'payload')}

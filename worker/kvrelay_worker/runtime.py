@@ -31,6 +31,7 @@ from kvrelay_worker.job_request import (
     JobRejected,
     decode_payload,
     prompt_ids_for,
+    reply_to_of,
     sampling_params_from,
 )
 from kvrelay_worker.job_store import JobStore, PriorProgress
@@ -204,9 +205,10 @@ class WorkerRuntime:
             f"the job's message is {size} bytes; this worker accepts payloads of at most "
             f"{self.settings.max_payload_bytes}", "rejected")
 
-    def _end_unclaimed(self, job_id: str, code: str, message: str, outcome: str) -> str:
+    def _end_unclaimed(self, job_id: str, code: str, message: str, outcome: str,
+                       reply_to: str = "") -> str:
         """Fail a job this worker did not claim (it never ran) and count the outcome."""
-        self.store.fail_unclaimed(job_id, code, message)
+        self.store.fail_unclaimed(job_id, code, message, reply_to=reply_to)
         self.metrics.jobs.labels(outcome=outcome).inc()
         return outcome
 
@@ -219,19 +221,21 @@ class WorkerRuntime:
             request, payload_json = decode_payload(payload, job_id, self.settings.served_model,
                                                    self.settings.max_payload_bytes)
         except JobRejected as rejected:
-            return self._end_unclaimed(job_id, rejected.code, rejected.message, "rejected")
+            return self._end_unclaimed(job_id, rejected.code, rejected.message, "rejected",
+                                       reply_to_of(payload))
         if self.draining:
             self.requeue(job_id, payload_json)
             return Outcome.HANDBACK
         if request.deadline is not None and request.deadline <= time.time():
             return self._end_unclaimed(
                 job_id, ErrorCode.DEADLINE_EXCEEDED,
-                "the job's deadline passed before a worker picked it up", Outcome.DEADLINE)
+                "the job's deadline passed before a worker picked it up", Outcome.DEADLINE,
+                request.reply_to or "")
         claim = self.store.claim(job_id, payload_json, request_digest(request))
         if claim.status == "aborted":
             return self._end_unclaimed(job_id, ErrorCode.CANCELLED,
                                        "the job was cancelled before it started",
-                                       Outcome.CANCELLED)
+                                       Outcome.CANCELLED, request.reply_to or "")
         if claim.status == "reused":
             log.warning("refusing a copy of job %s: its request differs from the one the "
                         "job id belongs to", job_id)
@@ -242,11 +246,12 @@ class WorkerRuntime:
             return "duplicate"
         return self._run_claimed(job_id, request, payload_json, claim.attempt, claim.progress)
 
-    def _fail_claimed(self, job_id: str, prior: PriorProgress, code: str, message: str,
-                      outcome: str) -> str:
+    def _fail_claimed(self, request: GenerateRequest, prior: PriorProgress, code: str,
+                      message: str, outcome: str) -> str:
         """End a job this worker claimed but cannot run: its ``Failed`` event, then done."""
+        job_id = request.job_id
         self.store.append_event(job_id, Failed(seq=prior.next_seq, code=code, message=message),
-                                fenced=True)
+                                fenced=True, reply_to=request.reply_to or "")
         self.store.release_done(job_id)
         self.metrics.jobs.labels(outcome=outcome).inc()
         return outcome
@@ -258,7 +263,7 @@ class WorkerRuntime:
             return "duplicate"
         if prior.truncated:
             return self._fail_claimed(
-                job_id, prior, ErrorCode.LOG_TRUNCATED,
+                request, prior, ErrorCode.LOG_TRUNCATED,
                 "the job's worker died and its replay log no longer starts at its first event "
                 "(over KVRELAY_LOG_MAX_LEN or KVRELAY_LOG_MAX_BYTES): it cannot be continued",
                 Outcome.FAILED)
@@ -268,7 +273,7 @@ class WorkerRuntime:
             prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
                                         self.engine.max_model_len)
         except JobRejected as rejected:
-            return self._fail_claimed(job_id, prior, rejected.code, rejected.message, "rejected")
+            return self._fail_claimed(request, prior, rejected.code, rejected.message, "rejected")
         job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
                         next_seq=prior.next_seq,
