@@ -151,6 +151,9 @@ def redis_counters(url: str) -> dict[str, float]:
     finally:
         client.close()
     counters = {name.removeprefix("cmdstat_"): float(v["calls"]) for name, v in stats.items()}
+    # µs inside each command (a script's includes its inner commands'), under "_usec:".
+    counters.update({"_usec:" + name.removeprefix("cmdstat_"): float(v["usec"])
+                     for name, v in stats.items()})
     counters["_cpu_s"] = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
     return counters
 
@@ -175,6 +178,13 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         try:
             workers = start_workers(n, url, args, workdir)
             wait_workers(url, workers, timeout=60 + 5 * n)
+            # What Redis spends with the fleet up and idle (Celery's polling, heartbeats,
+            # its own cron): per second, whatever the tokens.
+            time.sleep(2.0)
+            idle_before, idle_at = redis_counters(url), time.time()
+            time.sleep(args.idle)
+            idle_rate = (redis_counters(url)["_cpu_s"] - idle_before["_cpu_s"]) / (
+                time.time() - idle_at)
             streams = n * args.streams_per_worker
             procs = min(args.load_procs, streams)
             for i in range(procs):
@@ -189,11 +199,14 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.warmup)
             groups = {"workers": [p.pid for p in workers], "load": [p.pid for p in loads],
                       "redis": [redis_proc.pid]}
+            if args.slowlog:
+                slowlog_start(url)
             start, before = time.time(), redis_counters(url)
             cpu_before = {k: cpu_seconds(v) for k, v in groups.items()}
             machine_before = psutil.cpu_times()
             time.sleep(args.measure)
             end, after = time.time(), redis_counters(url)
+            slow = slowlog_totals(url) if args.slowlog else None
             cpu_after = {k: cpu_seconds(v) for k, v in groups.items()}
             machine_after = psutil.cpu_times()
             window = json.dumps({"start": start, "end": end}).encode() + b"\n"
@@ -214,9 +227,42 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             redis_proc.terminate()
             redis_proc.wait(10)
     elapsed = end - start
-    return summarize(n, args, elapsed, before, after, results,
-                     {k: (cpu_after[k] - cpu_before[k]) / elapsed for k in groups},
-                     _busy_share(machine_before, machine_after))
+    row = summarize(n, args, elapsed, before, after, results,
+                    {k: (cpu_after[k] - cpu_before[k]) / elapsed for k in groups},
+                    _busy_share(machine_before, machine_after), idle_rate)
+    if slow is not None:
+        row["slowlog_usec_per_token"] = {k: v / max(row["tokens"], 1) for k, v in slow.items()}
+    return row
+
+
+def slowlog_start(url: str) -> None:
+    """Have Redis log every command with its duration (``--slowlog``)."""
+    client = redis.Redis.from_url(url)
+    try:
+        client.config_set("slowlog-max-len", 1_000_000)
+        client.config_set("slowlog-log-slower-than", 0)
+        client.slowlog_reset()
+    finally:
+        client.close()
+
+
+def slowlog_totals(url: str) -> dict[str, float]:
+    """µs per command since ``slowlog_start``; scripts told apart by SHA prefix and key
+    count (which script and how many jobs)."""
+    client = redis.Redis.from_url(url)
+    try:
+        client.config_set("slowlog-log-slower-than", 10_000)
+        entries = client.slowlog_get(1_000_000)
+    finally:
+        client.close()
+    totals: dict[str, float] = {}
+    for entry in entries:
+        words = entry["command"].split(b" ")
+        name = words[0].decode().lower()
+        if name == "evalsha" and len(words) > 2:
+            name = f"evalsha {words[1][:8].decode()} keys={words[2].decode()}"
+        totals[name] = totals.get(name, 0.0) + float(entry["duration"])
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1])[:20])
 
 
 def _busy_share(before: Any, after: Any) -> float:
@@ -232,7 +278,7 @@ def full_step_ms(args: argparse.Namespace) -> float:
 
 def summarize(n: int, args: argparse.Namespace, elapsed: float, before: dict[str, float],
               after: dict[str, float], loads: list[dict[str, Any]], cpu: dict[str, float],
-              machine_busy: float) -> dict[str, Any]:
+              machine_busy: float, idle_cpu_rate: float) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in loads)
     calls = {k: after[k] - before.get(k, 0.0) for k in after if not k.startswith("_")}
     calls.pop("info", None)
@@ -258,8 +304,17 @@ def summarize(n: int, args: argparse.Namespace, elapsed: float, before: dict[str
         "full_speed_tokens_per_s": tokens / elapsed * args.time_scale,
         "redis_commands_per_token": total_calls / per_token,
         "redis_cpu_us_per_token": (after["_cpu_s"] - before["_cpu_s"]) * 1e6 / per_token,
+        # Less what the idle fleet costs Redis per second (slow motion spreads that over
+        # a tenth of the tokens): what serving the tokens adds.
+        "redis_idle_cpu_ms_per_s": idle_cpu_rate * 1000,
+        "redis_cpu_us_per_token_above_idle": (
+            after["_cpu_s"] - before["_cpu_s"] - idle_cpu_rate * elapsed) * 1e6 / per_token,
         "commands_per_token_by_name": {
             k: v / per_token for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v},
+        "command_usec_per_token_by_name": {
+            k.removeprefix("_usec:"): (after[k] - before.get(k, 0.0)) / per_token
+            for k in sorted(after, key=lambda k: before.get(k, 0.0) - after[k])
+            if k.startswith("_usec:") and after[k] > before.get(k, 0.0)},
         "pickup_ms": {k: v * 1000 for k, v in percentiles(pickups or [0.0]).items()},
         "itl_ms": itl,
         "full_batch_decode_step_ms": full_step_ms(args) * args.time_scale,
@@ -277,7 +332,7 @@ def summarize(n: int, args: argparse.Namespace, elapsed: float, before: dict[str
 
 
 def print_row_header() -> None:
-    print(f"{'workers':>7} {'tok/s':>8} {'occ':>5} {'cmd/tok':>8} {'µs/tok':>7} "
+    print(f"{'workers':>7} {'tok/s':>8} {'occ':>5} {'cmd/tok':>8} {'µs/tok':>7} {'>idle':>6} "
           f"{'pickup p50/p99 ms':>18} {'ITL p50/p99 ms':>15} {'p99-step':>8} "
           f"{'cores wrk/load/redis':>21} {'busy':>5}", flush=True)
 
@@ -286,6 +341,7 @@ def print_row(r: dict[str, Any]) -> None:
     cores = r["cpu_cores"]
     print(f"{r['workers']:>7} {r['tokens_per_s']:>8.0f} {r['occupancy']:>5.2f} "
           f"{r['redis_commands_per_token']:>8.2f} {r['redis_cpu_us_per_token']:>7.1f} "
+          f"{r.get('redis_cpu_us_per_token_above_idle', float('nan')):>6.1f} "
           f"{r['pickup_ms']['p50']:>8.1f}/{r['pickup_ms']['p99']:<9.1f} "
           f"{r['itl_ms']['p50']:>6.0f}/{r['itl_ms']['p99']:<8.0f} "
           f"{r['itl_p99_beyond_step_ms']:>8.0f} "
@@ -365,7 +421,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64, help="mean output tokens")
     parser.add_argument("--load-procs", type=int, default=2, help="load generator processes")
     parser.add_argument("--warmup", type=float, default=None, help="seconds (default 15)")
+    parser.add_argument("--idle", type=float, default=None,
+                        help="seconds Redis's CPU is read with the fleet idle (default 10)")
     parser.add_argument("--measure", type=float, default=None, help="seconds (default 30)")
+    parser.add_argument("--slowlog", action="store_true",
+                        help="also record Redis's SLOWLOG of the window: µs per token per "
+                             "command and script (costs Redis some CPU)")
     parser.add_argument("--quick", action="store_true",
                         help="make bench's run: sizes 1,2,4, shorter windows")
     parser.add_argument("--out", default="benchmarks/results/scaling.json")
@@ -376,6 +437,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                   "1,2,4,8,16,32")).split(",")]
     args.streams_per_worker = args.streams_per_worker or args.concurrency
     args.warmup = args.warmup if args.warmup is not None else (8.0 if args.quick else 15.0)
+    args.idle = args.idle if args.idle is not None else (3.0 if args.quick else 10.0)
     args.measure = args.measure if args.measure is not None else (10.0 if args.quick else 30.0)
     return args
 
