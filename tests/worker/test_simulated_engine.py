@@ -66,6 +66,11 @@ def test_each_step_sleeps_what_the_model_gives_for_its_batched_tokens() -> None:
     assert sleeps == pytest.approx([MODEL.seconds(n) for n in batched if n])
     assert engine.stats()["simulated_modeled_s"] == pytest.approx(sum(sleeps))
     assert engine.stats()["requests"] == 0
+    # The step-time percentiles a benchmark sets the streams' token gaps against.
+    ordered = sorted(sleeps)
+    assert engine.stats()["simulated_step_ms_p50"] == pytest.approx(
+        ordered[len(ordered) // 2] * 1000)
+    assert engine.stats()["simulated_step_ms_p99"] == pytest.approx(ordered[-1] * 1000)
 
 
 def test_tokens_depend_only_on_prompt_choice_and_position() -> None:

@@ -34,6 +34,8 @@ from kvrelay_worker.simulated.tokenizer import VOCAB_SIZE, SimulatedTokenizer
 DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_MAX_BATCHED_TOKENS = 8192
 _BLOCK_SIZE = 16
+# Seconds of latest steps whose modeled durations the stats summarise (p50, p99).
+_RECENT_S = 20.0
 # Large odd multipliers spread a choice's tokens over the vocabulary.
 _INDEX_MULT = 7919
 _POSITION_MULT = 104_729
@@ -96,6 +98,9 @@ class SimulatedEngine:
         self.num_steps = 0
         self.batched_tokens = 0
         self.modeled_seconds = 0.0
+        # (when, modeled seconds) of the steps of the last ``_RECENT_S``: what a stream's
+        # token gap is made of, so a benchmark can tell delivery delays from the steps.
+        self.recent_steps: deque[tuple[float, float]] = deque()
         self.max_batch_size = 0
 
     # ------------------------------------------------------------------ requests
@@ -272,15 +277,22 @@ class SimulatedEngine:
             return
         self.num_steps += 1
         self.batched_tokens += batched
-        self.modeled_seconds += self.model.seconds(batched)
+        seconds = self.model.seconds(batched)
+        self.modeled_seconds += seconds
+        now = time.monotonic()
+        self.recent_steps.append((now, seconds))
+        while self.recent_steps[0][0] < now - _RECENT_S:
+            self.recent_steps.popleft()
         self.max_batch_size = max(self.max_batch_size, batch_size)
 
     # --------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
         """The real engine's keys (KV figures as if every sequence held its blocks) and
-        the simulation's own: batched tokens and modeled seconds over all steps."""
+        the simulation's own: batched tokens and modeled seconds over all steps, and the
+        p50 and p99 of the modeled step times of the last ``_RECENT_S`` seconds."""
         total = self.max_num_seqs * (self.max_model_len // _BLOCK_SIZE)
+        recent = [seconds for _, seconds in self.recent_steps]
         used = sum(
             (len(r.prompt_ids) + max(len(c.tokens) for c in r.choices)) // _BLOCK_SIZE + 1
             for r in (self.requests[i] for i in self._running))
@@ -295,4 +307,14 @@ class SimulatedEngine:
             "max_model_len": self.max_model_len, "block_size": _BLOCK_SIZE,
             "simulated": True, "simulated_batched_tokens": self.batched_tokens,
             "simulated_modeled_s": self.modeled_seconds,
+            "simulated_step_ms_p50": _percentile(recent, 0.50) * 1000,
+            "simulated_step_ms_p99": _percentile(recent, 0.99) * 1000,
         }
+
+
+def _percentile(values: Seq[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``values``; 0 when there are none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
