@@ -35,6 +35,11 @@ from kvrelay_worker.publisher import DoneItem, EventItem, HandbackItem, Item, Pu
 from kvrelay_worker.served_engine import ServedEngine
 
 log = logging.getLogger(__name__)
+# While engine steps take less than this, a new job's Started waits for the next step's
+# events (one publisher batch, not two); after a longer step it is sent at once, so a
+# stream learns of its pickup at most about a second later than before (a queue wait has
+# five seconds of grace in the SDK).
+_ANNOUNCE_WITH_STEPS_UNDER_S = 1.0
 
 _ABORT_FAILURES = {
     Outcome.CANCELLED: (ErrorCode.CANCELLED, "the job was cancelled"),
@@ -45,6 +50,9 @@ _ABORT_FAILURES = {
 @dataclass
 class _Add:
     job: ActiveJob
+    # The job's ``Started``: sent with the next step's events (one publisher batch for
+    # both), or at once while steps are long (``_ANNOUNCE_WITH_STEPS_UNDER_S``).
+    announce: list[Item]
 
 
 @dataclass
@@ -70,6 +78,10 @@ class EngineService:
         self.metrics = metrics
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._jobs: dict[str, ActiveJob] = {}
+        # Events of jobs added since the last step, sent ahead of its events; and how long
+        # that step took (a long one sends them at once instead).
+        self._announce: list[Item] = []
+        self._last_step_s = 0.0
         self._thread = threading.Thread(target=self._run, name="kvrelay-engine", daemon=True)
         self._stopping = threading.Event()
         self._ready = threading.Event()
@@ -102,8 +114,10 @@ class EngineService:
         """Whether the engine thread still runs (a job submitted to a dead one never ends)."""
         return self._thread.is_alive()
 
-    def submit(self, job: ActiveJob) -> None:
-        self._commands.put(_Add(job))
+    def submit(self, job: ActiveJob, announce: list[Item] | None = None) -> None:
+        """Add ``job``; ``announce`` (its ``Started``) leaves with the next step's events
+        while steps are short, so a job's arrival costs Redis no batch of its own."""
+        self._commands.put(_Add(job, announce or []))
 
     def abort(self, job_id: str, reason: str) -> None:
         self._commands.put(_Abort(job_id, reason))
@@ -134,6 +148,7 @@ class EngineService:
             self._apply_commands(block=idle)
             self._expire_deadlines()
             if self.engine.has_unfinished_requests():
+                started = time.monotonic()
                 try:
                     outputs = self.engine.step()
                 except Exception:
@@ -142,6 +157,7 @@ class EngineService:
                     log.exception("engine step failed; failing the jobs it held")
                     self._fail_all(ErrorCode.INTERNAL, "the engine failed while running the job")
                     continue
+                self._last_step_s = time.monotonic() - started
                 self._publish(outputs)
             self._refresh_stats()
 
@@ -152,7 +168,7 @@ class EngineService:
             return
         while command is not None:
             if isinstance(command, _Add):
-                self._add(command.job)
+                self._add(command.job, command.announce)
             else:
                 self._abort(command.job_id, command.reason)
             try:
@@ -160,7 +176,10 @@ class EngineService:
             except queue.Empty:
                 return
 
-    def _add(self, job: ActiveJob) -> None:
+    def _add(self, job: ActiveJob, announce: list[Item]) -> None:
+        if self._last_step_s >= _ANNOUNCE_WITH_STEPS_UNDER_S:
+            self._send(announce)  # a long step must not hold back the news of a pickup
+            announce = []
         plan = job.replay
         try:
             self.engine.add_request(
@@ -172,14 +191,15 @@ class EngineService:
         except EngineInputError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError)
                     else ErrorCode.INVALID_REQUEST)
-            self._send([EventItem(job, Failed(seq=0, code=code, message=str(exc)),
-                                  Outcome.FAILED)])
+            self._send([*announce, EventItem(job, Failed(seq=0, code=code, message=str(exc)),
+                                             Outcome.FAILED)])
             return
         except Exception as exc:
             log.exception("could not add job %s", job.job_id)
-            self._send([EventItem(job, Failed(seq=0, code=ErrorCode.INTERNAL, message=str(exc)),
-                                  Outcome.FAILED)])
+            self._send([*announce, EventItem(
+                job, Failed(seq=0, code=ErrorCode.INTERNAL, message=str(exc)), Outcome.FAILED)])
             return
+        self._announce.extend(announce)
         self._jobs[job.job_id] = job
         self.metrics.prompt_tokens.inc(len(job.prompt_ids))
 
@@ -197,7 +217,7 @@ class EngineService:
                 self._abort(job.job_id, Outcome.DEADLINE)
 
     def _fail_all(self, code: str, message: str) -> None:
-        items: list[Item] = []
+        items: list[Item] = self._take_announce()
         for job in list(self._jobs.values()):
             try:
                 self.engine.abort_request(job.job_id)
@@ -212,8 +232,13 @@ class EngineService:
             log.exception("engine could not drain after a failure")
         self._send(items)
 
+    def _take_announce(self) -> list[Item]:
+        """The announcements of the jobs added since the last step (sent ahead of it)."""
+        items, self._announce = self._announce, []
+        return items
+
     def _publish(self, outputs: list[StepOutput]) -> None:
-        items: list[Item] = []
+        items: list[Item] = self._take_announce()
         for out in outputs:
             job = self._jobs.get(out.request_id)
             if job is None:

@@ -283,10 +283,10 @@ class WorkerRuntime:
                 self.metrics.queue_time.observe(max(0.0, job.claimed_at - request.enqueued_at))
             started = Started(seq=0, worker=self.settings.worker_name, attempt=attempt,
                               prompt_tokens=len(prompt_ids))
-            self.publisher.put([EventItem(job, started)])
             if self.settings.enable_prefix_caching:
                 self.prefixes.note(request)
-            self.service.submit(job)
+            # Started leaves with the next step's events while steps are short.
+            self.service.submit(job, [EventItem(job, started)])
             self._wait_for_end(job)
         return job.outcome or "unknown"
 
