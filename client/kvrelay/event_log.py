@@ -10,10 +10,11 @@ A job's events live in two Redis streams:
 - while it runs, the **tail** of the worker that owns it (``Keyspace.worker_tail``, the
   owner named by the job record's ``owner``): one entry per publisher batch, one field per
   job in it, named by the job id, valued ``f"{last_seq}:"`` (``;`` when the events end
-  the job) followed by that batch's pair of the job (``[job_id, events]``, as published). The worker moves a job's tail events
-  into its log every few batches, when it ends, and when it lets go of it; the next owner
-  moves whatever is left when it claims the job. The tail keeps more batches than that
-  takes, so every event is in one of the two.
+  the job) followed by that batch's pair of the job (``[job_id, events]``, as
+  published). The worker moves a job's tail events into its log every few batches, when
+  it ends, and when it lets go of it; the next owner moves whatever is left when it
+  claims the job. The tail keeps more batches than that takes, so every event is in one
+  of the two.
 
 "Everything after seq N" is the log's entries from ``(N+1)-0`` on, then the owner's tail
 entries past the log's last seq; events at or before N are dropped.
@@ -39,6 +40,7 @@ __all__ = [
     "DIGEST_FIELD",
     "EVENT_FIELD",
     "LIVE_LOG_TTL_S",
+    "OWNER_FIELD",
     "TAIL_ENDED",
     "TAIL_LIVE",
     "TAIL_READ_ENTRIES",
