@@ -182,8 +182,9 @@ async def read_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *
         value = fields.get(field)
         if value is None:
             continue
-        mark = min((i for i in (value.find(b":"), value.find(b";")) if i >= 0), default=-1)
-        if mark < 0 or int(value[:mark]) <= newest:
+        # The last seq is the value's leading digits; the separator follows them.
+        mark = len(value) - len(value.lstrip(b"0123456789"))
+        if mark == 0 or mark == len(value) or int(value[:mark]) <= newest:
             continue
         newest = int(value[:mark])
         try:

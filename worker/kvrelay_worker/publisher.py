@@ -30,6 +30,7 @@ from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore
 from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.redis_scripts import TAIL_JOBS_PER_ENTRY
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ _STOP = object()
 # A job's events stay only in this worker's tail for at most this many batches before
 # they move into the job's log (the tail keeps ``TAIL_MAX_LEN`` batches: room to spare).
 LOG_MOVE_BATCHES = 16
-# Jobs per tail entry (``redis_scripts.APPEND_BATCH`` splits larger batches).
-_JOBS_PER_TAIL_ENTRY = 2000
 assert LOG_MOVE_BATCHES * 2 <= TAIL_READ_ENTRIES <= TAIL_MAX_LEN
 
 
@@ -201,7 +200,7 @@ class Publisher:
         written, nor its job for finished, before it is. (A retry may write the tail and
         publish again: readers drop seqs they have; a log entry is never written twice.)"""
         batch = [job_events for _, job_events in per_job.values()]
-        entries = -(-sum(1 for b in batch if b.events) // _JOBS_PER_TAIL_ENTRY)
+        entries = -(-sum(1 for b in batch if b.events) // TAIL_JOBS_PER_ENTRY)
         tail_expiry = self._tail_expiry_due(any(b.terminal for b in batch))
         delay = 0.05
         while True:

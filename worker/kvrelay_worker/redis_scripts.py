@@ -15,6 +15,10 @@ from redis.commands.core import Script
 from kvrelay import event_log
 from kvrelay.event_log import AppendResult
 
+# Jobs per tail entry: a larger batch is split (Lua's ``unpack`` has a stack limit); the
+# publisher counts tail entries by it.
+TAIL_JOBS_PER_ENTRY = 2000
+
 _CONSTANTS: dict[str, object] = {
     "EVENT_FIELD": event_log.EVENT_FIELD,
     "TERMINAL_FIELD": event_log.TERMINAL_FIELD,
@@ -23,7 +27,7 @@ _CONSTANTS: dict[str, object] = {
     "ENTRY_ID_SUFFIX": event_log.ENTRY_ID_SUFFIX,
     "TAIL_LIVE": event_log.TAIL_LIVE,
     "TAIL_ENDED": event_log.TAIL_ENDED,
-    "TAIL_FIELDS_PER_ENTRY": 4000,
+    "TAIL_FIELDS_PER_ENTRY": 2 * TAIL_JOBS_PER_ENTRY,
     **{result.name: int(result) for result in AppendResult},
 }
 
