@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -52,9 +53,26 @@ def _counters(client: redis.Redis) -> dict[str, float]:
     return out
 
 
-def run(url: str, jobs: int, tokens: int, steps: int) -> dict[str, object]:
+def _listen(url: str, channel: str, stop: threading.Event) -> None:
+    """A reply channel's subscriber, reading every message as a client would."""
+    pubsub = redis.Redis.from_url(url).pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel)
+    while not stop.is_set():
+        pubsub.get_message(timeout=0.1)
+    pubsub.close()
+
+
+def run(url: str, jobs: int, tokens: int, steps: int, interval_ms: float = 0.0,
+        subscribers: bool = False) -> dict[str, object]:
     client = redis.Redis.from_url(url)
     client.flushdb()
+    stop = threading.Event()
+    listeners = [threading.Thread(target=_listen, args=(url, KEYS.reply_channel(f"client-{i}"),
+                                                        stop), daemon=True)
+                 for i in range(2 if subscribers else 0)]
+    for listener in listeners:
+        listener.start()
+    time.sleep(0.5 if listeners else 0.0)
     store = JobStore(client, WorkerSettings(redis_url=url, model_name="bench"))
     running = [_Job(store, i) for i in range(jobs)]
     generated = 0
@@ -83,14 +101,18 @@ def run(url: str, jobs: int, tokens: int, steps: int) -> dict[str, object]:
             batch.append(entry)
             job.seq += 1
         store.append_batch(batch)
+        if interval_ms > 0:
+            time.sleep(interval_ms / 1000)
         running = [job if job.seq <= tokens + 1 else _Job(store, i)
                    for i, job in enumerate(running)]
     elapsed = time.perf_counter() - started
     after = _counters(client)
     client.close()
+    stop.set()
     per_token = {k: round((after[k] - before.get(k, 0.0)) / generated, 4)
                  for k in after if after[k] > before.get(k, 0.0) and "info" not in k}
     return {"jobs": jobs, "tokens_per_job": tokens, "steps": steps,
+            "interval_ms": interval_ms, "subscribers": len(listeners),
             "generated_tokens": generated, "batch_wall_ms": round(elapsed / steps * 1000, 3),
             "per_token": per_token}
 
@@ -101,9 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=64, help="jobs per batch")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per job")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--interval-ms", type=float, default=0.0,
+                        help="pause between batches, as an engine step would (Redis then "
+                             "sleeps and wakes for each batch, as it does in a fleet)")
+    parser.add_argument("--subscribers", action="store_true",
+                        help="two clients subscribed to the reply channels (PUBLISH then "
+                             "delivers, as it does in a fleet)")
     parser.add_argument("--out", default="benchmarks/results/batch_script_cost.json")
     args = parser.parse_args(argv)
-    result = run(args.redis, args.jobs, args.tokens, args.steps)
+    result = run(args.redis, args.jobs, args.tokens, args.steps, args.interval_ms,
+                 args.subscribers)
     per_token = result["per_token"]
     assert isinstance(per_token, dict)
     print(f"{result['generated_tokens']} tokens in {args.steps} batches of {args.jobs} jobs "

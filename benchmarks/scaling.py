@@ -68,12 +68,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def pinned(cpus: set[int] | None) -> Any:
+    """A ``preexec_fn`` that confines the child (and every thread it starts) to ``cpus``."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def cpu_split(args: argparse.Namespace) -> tuple[set[int] | None, set[int] | None]:
+    """(Redis's CPUs, everyone else's) under ``--redis-cpu``; (None, None) without it."""
+    if args.redis_cpu is None:
+        return None, None
+    everyone = set(os.sched_getaffinity(0))
+    if args.redis_cpu not in everyone or len(everyone) < 2:
+        raise SystemExit(f"--redis-cpu {args.redis_cpu}: needs another CPU of {everyone}")
+    return {args.redis_cpu}, everyone - {args.redis_cpu}
+
+
+def start_redis(workdir: Path, cpus: set[int] | None = None
+                ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     log = (workdir / "redis.log").open("wb")
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)], stdout=log, stderr=subprocess.STDOUT)
+         "--appendonly", "no", "--dir", str(workdir)], stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=pinned(cpus))
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -99,8 +118,8 @@ def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def start_workers(n: int, url: str, args: argparse.Namespace,
-                  workdir: Path) -> list[subprocess.Popen[bytes]]:
+def start_workers(n: int, url: str, args: argparse.Namespace, workdir: Path,
+                  cpus: set[int] | None = None) -> list[subprocess.Popen[bytes]]:
     env = worker_env(url, args)
     procs = []
     for i in range(n):
@@ -110,7 +129,8 @@ def start_workers(n: int, url: str, args: argparse.Namespace,
              "--pool", "threads", "--concurrency", str(args.concurrency),
              "--hostname", f"sim{i}@%h", "--loglevel", "WARNING", "--without-mingle",
              "--without-gossip"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=pinned(cpus)))
     return procs
 
 
@@ -172,11 +192,12 @@ def cpu_seconds(procs: Sequence[int]) -> float:
 def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"kvrelay-scaling-{n}-") as tmp:
         workdir = Path(tmp)
-        redis_proc, url = start_redis(workdir)
+        redis_cpus, fleet_cpus = cpu_split(args)
+        redis_proc, url = start_redis(workdir, redis_cpus)
         workers: list[subprocess.Popen[bytes]] = []
         loads: list[subprocess.Popen[bytes]] = []
         try:
-            workers = start_workers(n, url, args, workdir)
+            workers = start_workers(n, url, args, workdir, fleet_cpus)
             wait_workers(url, workers, timeout=60 + 5 * n)
             # What Redis spends with the fleet up and idle (Celery's polling, heartbeats,
             # its own cron): per second, whatever the tokens.
@@ -195,7 +216,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 loads.append(subprocess.Popen(
                     [sys.executable, str(HERE / "scaling_load.py"), json.dumps(config)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=(workdir / f"load-{i}.log").open("wb")))
+                    stderr=(workdir / f"load-{i}.log").open("wb"), preexec_fn=pinned(fleet_cpus)))
             time.sleep(args.warmup)
             groups = {"workers": [p.pid for p in workers], "load": [p.pid for p in loads],
                       "redis": [redis_proc.pid]}
@@ -272,14 +293,37 @@ def slowlog_totals(url: str) -> dict[str, float]:
         entries = client.slowlog_get(1_000_000)
     finally:
         client.close()
+    names = script_names()
     totals: dict[str, float] = {}
     for entry in entries:
         words = entry["command"].split(b" ")
         name = words[0].decode().lower()
         if name == "evalsha" and len(words) > 2:
-            name = f"evalsha {words[1][:8].decode()} keys={words[2].decode()}"
+            sha = words[1].decode()
+            name = f"evalsha {names.get(sha, sha[:8])}"
         totals[name] = totals.get(name, 0.0) + float(entry["duration"])
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1])[:20])
+        calls = f"{name} calls"
+        totals[calls] = totals.get(calls, 0.0) + 1.0
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def script_names() -> dict[str, str]:
+    """SHA1 -> name of every Lua script the worker and the SDK load."""
+    import hashlib
+
+    from kvrelay import admission
+    from kvrelay_worker import redis_scripts
+
+    sources = {name: value for name, value in vars(redis_scripts).items()
+               if name.isupper() and isinstance(value, str) and "redis.call" in value}
+    sources.update({name: value for name, value in vars(admission).items()
+                    if name.isupper() and isinstance(value, str) and "redis.call" in value})
+    names = {}
+    for name, source in sources.items():  # as sent: bare, or with Redis 7's flag line
+        for prefix in ("", "#!lua\n", "#!lua flags=allow-oom\n"):
+            text = prefix + (source.lstrip("\n") if prefix else source)
+            names[hashlib.sha1(text.encode()).hexdigest()] = name
+    return names
 
 
 def _busy_share(before: Any, after: Any) -> float:
@@ -442,6 +486,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle", type=float, default=None,
                         help="seconds Redis's CPU is read with the fleet idle (default 10)")
     parser.add_argument("--measure", type=float, default=None, help="seconds (default 30)")
+    parser.add_argument("--redis-cpu", type=int, default=None, metavar="CPU",
+                        help="give redis-server this CPU to itself (the workers and load "
+                             "generators get the others), as a Redis host would have")
     parser.add_argument("--slowlog", action="store_true",
                         help="also record Redis's SLOWLOG of the window: µs per token per "
                              "command and script (costs Redis some CPU)")
