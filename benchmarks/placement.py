@@ -103,6 +103,31 @@ class RunResult:
     wall_s: float
     jobs: list[JobResult] = field(default_factory=list)
 
+    def turn_populations(self) -> dict[str, Any]:
+        """Later turns (not a conversation's first) split by whether they ran on the worker
+        that ran the conversation's previous turn (its history cached there) or moved.
+
+        In the off run, a turn that stayed is a cache hit that the shared queue made by
+        chance, on whichever worker asked first; placement can at best give every later
+        turn such a hit, so ``off TTFT p50 / stayed TTFT p50`` of the off run bounds the
+        TTFT p50 gain that placement could show on this workload.
+        """
+        previous = {(j.conversation, j.turn): j.worker_pid for j in self.jobs}
+        stayed: list[float] = []
+        moved: list[float] = []
+        for job in self.jobs:
+            before = previous.get((job.conversation, job.turn - 1))
+            if job.turn > 0 and before is not None:
+                (stayed if before == job.worker_pid else moved).append(job.ttft_s)
+        first = [j.ttft_s for j in self.jobs if j.turn == 0]
+        return {
+            "stayed_turns": len(stayed),
+            "stayed_ttft_p50_s": statistics.median(stayed) if stayed else None,
+            "moved_turns": len(moved),
+            "moved_ttft_p50_s": statistics.median(moved) if moved else None,
+            "first_turn_ttft_p50_s": statistics.median(first) if first else None,
+        }
+
     def summary(self) -> dict[str, Any]:
         prompt = sum(j.prompt_tokens for j in self.jobs)
         cached = sum(j.cached_tokens for j in self.jobs)
@@ -125,6 +150,7 @@ class RunResult:
             "jobs_per_s": len(self.jobs) / self.wall_s,
             "max_worker_share": max(shares.values()) / len(self.jobs),
             "worker_jobs": sorted(shares.values(), reverse=True),
+            **self.turn_populations(),
         }
 
 
@@ -180,10 +206,17 @@ def run_once(model: str, workload: Workload, args: argparse.Namespace, placement
             settings = {"model": model, "device": "cpu", "dtype": "float32",
                         "concurrency": args.concurrency, "kv_cache_memory": args.kv_cache_memory,
                         "max_num_seqs": args.concurrency, "redis_url": redis.url}
+            cpus = sorted(os.sched_getaffinity(0))
             for n in range(2):
                 plan = plan_worker(worker_environment(os.environ, settings), loglevel="WARNING",
                                    hostname=f"placement-{n}@%h")
-                workers.append(processes.spawn(plan.argv, env=plan.env,
+                argv, env = list(plan.argv), dict(plan.env)
+                if args.pin and len(cpus) >= 2:
+                    # One core and one matmul thread per worker, as one worker per
+                    # accelerator: two workers' thread pools never fight over both cores.
+                    argv = ["taskset", "-c", str(cpus[n % len(cpus)]), *argv]
+                    env["OMP_NUM_THREADS"] = "1"
+                workers.append(processes.spawn(argv, env=env,
                                                log=Path(workdir) / f"worker{n}.log"))
             served = plan.served_model
             with Client(redis.url, model=served, require_worker=False) as client:
@@ -219,6 +252,17 @@ def print_table(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float]:
         print(f"placement {'on' if r['placement'] else 'off'}: enqueue->pickup p50 "
               f"{r['queue_p50_s']:.3f} s, enqueue->first token p50 (worker) "
               f"{r['worker_ttft_p50_s']:.3f} s")
+    for r in (off, on):
+        stayed, moved = r["stayed_ttft_p50_s"], r["moved_ttft_p50_s"]
+        print(f"placement {'on' if r['placement'] else 'off'}: later turns on the previous "
+              f"turn's worker {r['stayed_turns']} (TTFT p50 "
+              f"{'-' if stayed is None else f'{stayed:.3f} s'}), moved {r['moved_turns']} "
+              f"(TTFT p50 {'-' if moved is None else f'{moved:.3f} s'}); first turns "
+              f"{r['first_turn_ttft_p50_s']:.3f} s")
+    if off["stayed_ttft_p50_s"]:
+        ratios["ttft_p50_bound_off_over_stayed"] = off["ttft_p50_s"] / off["stayed_ttft_p50_s"]
+        print(f"bound: were every later turn as fast as the off run's turns that stayed, "
+              f"TTFT p50 off/on could reach {ratios['ttft_p50_bound_off_over_stayed']:.2f}x")
     print(f"TTFT p50 off/on: {ratios['ttft_p50_off_over_on']:.2f}x   throughput on/off: "
           f"{ratios['throughput_on_over_off']:.2f}x   hit rate on {on['hit_rate']:.1%} vs off "
           f"{off['hit_rate']:.1%}   busiest worker on: {on['max_worker_share']:.0%} of jobs")
@@ -245,6 +289,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--load-cap", type=float, default=1.0,
                         help="placement_load_cap: a worker takes placed jobs while its jobs "
                              "stay under this multiple of its concurrency")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="let both workers use every core with torch's default threads "
+                             "(by default each gets one core and one thread)")
     parser.add_argument("--quick", action="store_true",
                         help="4 conversations of 3 turns (a smoke run, not the figures)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/placement.json"))

@@ -20,7 +20,8 @@ Placement is advisory: a dead worker's queued jobs are moved to the shared queue
 live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
 depend on where a job was queued. It is off unless ``KVRELAY_PLACEMENT=true`` (or
 ``AsyncClient(placement=True)``): the placement benchmark shows more cache hits and up to
-1.5x the throughput with it, but no better median TTFT.
+1.5x the throughput with it, but a worse median TTFT: a placed turn waits behind its own
+worker's load, which the shared queue balances.
 """
 
 from __future__ import annotations
