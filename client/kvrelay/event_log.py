@@ -8,13 +8,13 @@ A job's events live in two Redis streams:
   entry carries a second field ``t``, so a writer can tell from the last entry alone that
   the job already ended;
 - while it runs, the **tail** of the worker that owns it (``Keyspace.worker_tail``, the
-  owner named by the job record's ``owner``): one entry per publisher batch, one field per
-  job in it, named by the job id, valued ``f"{last_seq}:"`` (``;`` when the events end
-  the job) followed by that batch's pair of the job (``[job_id, events]``, as
-  published). The worker moves a job's tail events into its log every few batches, when
-  it ends, and when it lets go of it; the next owner moves whatever is left when it
-  claims the job. The tail keeps more batches than that takes, so every event is in one
-  of the two.
+  owner named by the job record's ``owner``): one entry per publisher batch, with one
+  field ``b`` holding every job of the batch as a record (``tail_record``: the job id, its
+  last seq in the batch, whether the events end the job, and its events array), one
+  string for the whole batch so that Redis handles one value per batch, not one per job.
+  The worker moves a job's tail events into its log every few batches, when it ends, and
+  when it lets go of it; the next owner moves whatever is left when it claims the job.
+  The tail keeps more batches than that takes, so every event is in one of the two.
 
 "Everything after seq N" is the log's entries from ``(N+1)-0`` on, then the owner's tail
 entries past the log's last seq; events at or before N are dropped.
@@ -27,13 +27,14 @@ write through ``add_entry``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterator, Mapping
 from enum import IntEnum
 from typing import Any, Final
 
 import msgspec
 
-from kvrelay.event_frames import unpack_events, unpack_pair
+from kvrelay.event_frames import unpack_events
 from kvrelay.keys import Keyspace
 
 __all__ = [
@@ -41,8 +42,7 @@ __all__ = [
     "EVENT_FIELD",
     "LIVE_LOG_TTL_S",
     "OWNER_FIELD",
-    "TAIL_ENDED",
-    "TAIL_LIVE",
+    "TAIL_FIELD",
     "TAIL_READ_ENTRIES",
     "TERMINAL_FIELD",
     "AppendResult",
@@ -52,7 +52,8 @@ __all__ = [
     "first_id_after",
     "read_after",
     "seq_of_entry_id",
-    "tail_value",
+    "tail_record",
+    "tail_records",
 ]
 
 # The field holding an entry's events array, and the marker field of a terminal entry.
@@ -60,9 +61,13 @@ EVENT_FIELD: Final = "e"
 TERMINAL_FIELD: Final = "t"
 # Every entry id is ``{seq}-{ENTRY_ID_SUFFIX}``; ``{seq}-0`` sorts just before it.
 ENTRY_ID_SUFFIX: Final = 1
-# What separates a tail value's last seq from its events: the events end the job or not.
-TAIL_LIVE: Final = ":"
-TAIL_ENDED: Final = ";"
+# The one field of a tail entry: the batch's records, one after another.
+TAIL_FIELD: Final = "b"
+# A record's head: its job id's length; after the id, its last seq, 1 if the events end the
+# job (else 0), and its events array's length; then the array. Big-endian, as Lua's
+# ``struct.unpack`` in the worker's scripts reads them.
+_ID_HEAD: Final = struct.Struct(">H")
+_REST_HEAD: Final = struct.Struct(">IBI")
 # The job record's field (``Keyspace.job_record``) holding ``protocol.request_digest`` of the
 # request the job id belongs to: set by the first sender, kept after the job ends (the
 # prompt is not), so a retry attaches to the job and a different request is refused.
@@ -108,9 +113,30 @@ def seq_of_entry_id(entry: bytes | str) -> int:
     return int(text.split("-", 1)[0])
 
 
-def tail_value(last_seq: int, pair: bytes, *, ended: bool) -> bytes:
-    """A job's field value in a tail entry (``pair`` from ``pack_pair``)."""
-    return f"{last_seq}{TAIL_ENDED if ended else TAIL_LIVE}".encode() + pair
+def tail_record(job_id: str, last_seq: int, events: bytes, *, ended: bool) -> bytes:
+    """One job's part of a tail entry (``events`` from ``pack_events``); a batch's entry
+    is its jobs' records joined."""
+    name = job_id.encode()
+    return b"".join((_ID_HEAD.pack(len(name)), name,
+                     _REST_HEAD.pack(last_seq, 1 if ended else 0, len(events)), events))
+
+
+def tail_records(blob: bytes) -> Iterator[tuple[str, int, bool, bytes]]:
+    """The ``(job id, last seq, ended, events array)`` of each record of a tail entry;
+    raises ``ValueError`` (``struct.error`` included) where the blob is cut short."""
+    view = memoryview(blob)
+    at = 0
+    while at < len(view):
+        (length,) = _ID_HEAD.unpack_from(view, at)
+        at += _ID_HEAD.size
+        job_id = bytes(view[at:at + length]).decode()
+        at += length
+        last_seq, ended, size = _REST_HEAD.unpack_from(view, at)
+        at += _REST_HEAD.size
+        if at + size > len(view):
+            raise ValueError("tail record cut short")
+        yield job_id, last_seq, bool(ended), bytes(view[at:at + size])
+        at += size
 
 
 def entry_events(fields: Mapping[Any, Any] | list[Any] | None) -> bytes | None:
@@ -177,19 +203,15 @@ async def read_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *
         return found
     newest_first: list[Any] = await client.xrevrange(
         keys.worker_tail(owner.decode()), count=TAIL_READ_ENTRIES) or []
-    field = job_id.encode()
     for _entry, fields in reversed(newest_first):
-        value = fields.get(field)
-        if value is None:
+        blob = fields.get(TAIL_FIELD.encode())
+        if not blob:
             continue
-        # The last seq is the value's leading digits; the separator follows them.
-        mark = len(value) - len(value.lstrip(b"0123456789"))
-        if mark == 0 or mark == len(value) or int(value[:mark]) <= newest:
-            continue
-        newest = int(value[:mark])
         try:
-            _job_id, events = unpack_pair(value[mark + 1:])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
-        found.extend(_split(events))
+            for record_job, last_seq, _ended, events in tail_records(bytes(blob)):
+                if record_job == job_id and last_seq > newest:
+                    newest = last_seq
+                    found.extend(_split(events))
+        except (ValueError, UnicodeDecodeError):
+            continue  # a damaged entry: what it held is read as missing (a gap)
     return found

@@ -183,21 +183,28 @@ class JobLifecycle:
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, f"cancelling job {job_id}") from exc
 
-    async def watch(self, job_id: str) -> None:
+    async def watch(self, job_id: str, token: str) -> None:
         """Count one more watcher of ``job_id``: its worker publishes on the job's own
-        channel while any is left."""
+        channel while any is left. ``token`` names the watching stream in the set of all
+        of them (``Keyspace.watching``): while that set is empty, workers read no job's
+        own count. Watching again with the same token adds no second member."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.incr(self.keys.watchers(job_id))
         pipe.expire(self.keys.watchers(job_id), WATCH_TTL_S)
+        pipe.sadd(self.keys.watching, token)
+        pipe.expire(self.keys.watching, WATCH_TTL_S)
         await pipe.execute()
 
-    def unwatch_soon(self, job_id: str) -> None:
+    def unwatch_soon(self, job_id: str, token: str) -> None:
         """One watcher fewer, in the background (callers may be leaving a ``finally``)."""
-        self.spawn(self._unwatch_quietly(job_id))
+        self.spawn(self._unwatch_quietly(job_id, token))
 
-    async def _unwatch_quietly(self, job_id: str) -> None:
+    async def _unwatch_quietly(self, job_id: str, token: str) -> None:
         try:
-            await self.redis.decr(self.keys.watchers(job_id))
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.decr(self.keys.watchers(job_id))
+            pipe.srem(self.keys.watching, token)
+            await pipe.execute()
         except Exception as exc:
             log.debug("could not unwatch job %s: %s", job_id, exc)
 

@@ -91,6 +91,17 @@ class Keyspace:
         not yet in their logs (see ``kvrelay.event_log``)."""
         return f"{self.prefix}tail:{worker_id}"
 
+    def worker_fenced(self, worker_id: str) -> str:
+        """Flag set when another worker claimed a job this worker held: from then on its
+        batches check every job's lease (before it, none can have been taken)."""
+        return f"{self.prefix}fenced:{worker_id}"
+
+    @property
+    def watching(self) -> str:
+        """Set of the streams watching jobs they did not start (a token each), over every
+        job: while it is empty, workers skip reading each job's own watcher count."""
+        return self.prefix + "watching"
+
     def worker_heartbeat(self, worker_id: str) -> str:
         """A worker's heartbeat and stats (JSON), expiring unless refreshed."""
         return f"{self.prefix}worker:{worker_id}"

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-PROTOCOL_MAJOR: Final = 2
+PROTOCOL_MAJOR: Final = 3
 PROTOCOL_MINOR: Final = 0
 
 # Largest request payload a worker accepts, in bytes of JSON.

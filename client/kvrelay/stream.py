@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 import typing
+import uuid
 from collections.abc import AsyncIterator
 from typing import ClassVar, Final
 
@@ -207,8 +208,10 @@ class AsyncStream(AsyncResource):
         self._completion: Completion | None = None
         self._error: KvrelayError | None = None
         self._abort_on_exit = self._busy = False
-        # Counted among the job's watchers (listening on its own channel).
+        # Counted among the job's watchers (listening on its own channel), and this
+        # stream's member of the set of every watching stream (``Keyspace.watching``).
         self._watching = False
+        self._watch_token = uuid.uuid4().hex
         self._loop: asyncio.AbstractEventLoop | None = None
         # Events handed out since this stream last let the loop run (see ``__anext__``).
         self._burst = 0
@@ -323,7 +326,7 @@ class AsyncStream(AsyncResource):
         if previous is not None:
             dispatcher.unsubscribe(previous)
         try:
-            await self._jobs.watch(self._job_id)
+            await self._jobs.watch(self._job_id, self._watch_token)
         except REDIS_ERRORS as exc:
             raise self._jobs.connection_error(exc, f"watching job {self._job_id}") from exc
         self._watching = True
@@ -374,7 +377,7 @@ class AsyncStream(AsyncResource):
             self._jobs.dispatcher.unsubscribe(self._mailbox)
         if self._watching:
             self._watching = False
-            self._jobs.unwatch_soon(self._job_id)
+            self._jobs.unwatch_soon(self._job_id, self._watch_token)
         self._jobs.untrack(self)
         if self._abort_on_exit:
             self._abort_on_exit = False

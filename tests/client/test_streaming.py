@@ -234,15 +234,19 @@ async def test_a_resumed_stream_counts_itself_among_the_jobs_watchers(
     stream = await asyncio.wait_for(client.resume("job-w"), 5)
     assert await fake_redis.get(watchers) == b"1"
     assert 0 < await fake_redis.ttl(watchers) <= 3600
+    assert await fake_redis.scard(KEYS.watching) == 1  # and in the set over every job
     second = await asyncio.wait_for(client.resume("job-w"), 5)
     assert await fake_redis.get(watchers) == b"2"
+    assert await fake_redis.scard(KEYS.watching) == 2
+    assert 0 < await fake_redis.ttl(KEYS.watching) <= 3600
     await second.aclose()
     await play(fake_redis, "job-w", events[2:])
     async with asyncio.timeout(5), stream:
         assert (await stream.final()).text == "ab"
 
     async def released() -> bool:
-        return await fake_redis.get(watchers) == b"0"
+        return (await fake_redis.get(watchers) == b"0"
+                and not await fake_redis.exists(KEYS.watching))
 
     await wait_until(released)
 

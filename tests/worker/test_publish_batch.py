@@ -1,5 +1,6 @@
-"""The publisher's batched script against a real Redis: one call per batch, fenced per job,
-one tail entry and one message per client per batch, events moved into the logs every few
+"""The publisher's batched script against a real Redis: one call per batch, reading no job
+until another worker has taken one of this worker's (then fenced per job) or a stream
+watches one, one tail entry and one message per client per batch, events moved into the logs every few
 batches and whenever a job ends or changes hands, coalescing that keeps ``seq``
 contiguous."""
 
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 import redis.asyncio as aioredis
+from helpers.takeover import taken_over
+from helpers.takeover import watched as watched_by_a_stream
 
 from kvrelay import event_log
 from kvrelay.event_frames import unpack_events, unpack_message
@@ -96,7 +99,6 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
     a, c = _job("a", "reply-1"), _job("c", "reply-1")
     other, watched = _job("other", "reply-2"), _job("watched", "reply-2")
     _own(store, a, c, other, watched)
-    store.redis.set(KEYS.watchers(watched.job_id), 1)
     publisher = _publisher(store)
     pubsub = store.redis.pubsub()
     channels = ["reply-1", "reply-2", *(KEYS.events_channel(j) for j in ("a", "watched"))]
@@ -106,6 +108,7 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
     warm = _job("warm-up")  # loads the script: a first call may meet NOSCRIPT
     _own(store, warm)
     publisher._process([EventItem(warm, _tokens([0]))])
+    watched_by_a_stream(store.redis, watched.job_id)  # a stream elsewhere resumed it
     before = _calls(store.redis)
     publisher._process([
         EventItem(a, Started(seq=0, worker="w")), EventItem(c, _tokens([7])),
@@ -134,9 +137,12 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
         "reply-2": [("other", [0]), ("watched", [0])],
         KEYS.events_channel("watched"): [("watched", [0])],
     }
-    # One script call, one read of the leases and watcher counts, no log read; one tail
-    # entry and one log entry (c's); one message per client and one per watched job.
-    assert _delta(before, after, "evalsha") == 1
+    # A stream watches a job: the fast call (one look at the fence flag and the watching
+    # set) is refused, and the batch comes again with every job's lease and watcher
+    # count (one read); no log read; one tail entry and one log entry (c's); one message
+    # per client and one per watched job.
+    assert _delta(before, after, "evalsha") == 2
+    assert _delta(before, after, "exists") == 1
     assert _delta(before, after, "mget") == 1
     assert _delta(before, after, "get") == 0
     assert _delta(before, after, "xrevrange") == 0
@@ -147,13 +153,41 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
     assert _delta(before, after, "expire") == 2
     assert 0 < store.redis.ttl(KEYS.event_log("c")) <= 50
     assert 40 < store.redis.ttl(store.tail_key) <= 50
+    # The next batch, within a second, checks each job at once: no refused call first.
+    before = _calls(store.redis)
+    publisher._process([EventItem(a, _tokens([3])), EventItem(watched, _tokens([4]))])
+    assert _delta(before, _calls(store.redis), "evalsha") == 1
+
+
+def test_while_no_job_was_taken_or_is_watched_a_batch_reads_no_job(
+        store: JobStore, clean_redis_url: str) -> None:
+    """The fast path: one look at two keys, whatever the batch holds; a lease that expired
+    unclaimed does not stop the writes (only a claim by another worker does)."""
+    jobs = [_job(f"j{i}", "reply-1") for i in range(40)]
+    _own(store, *jobs)
+    publisher = _publisher(store)
+    publisher._process([EventItem(job, _tokens([0])) for job in jobs])  # loads the script
+    store.redis.delete(KEYS.lease("j7"))  # expired; nobody claimed it
+    before = _calls(store.redis)
+    publisher._process([EventItem(job, _tokens([1])) for job in jobs])
+    after = _calls(store.redis)
+    assert _delta(before, after, "evalsha") == 1
+    assert _delta(before, after, "exists") == 1
+    assert _delta(before, after, "mget") == 0
+    assert _delta(before, after, "get") == 0
+    assert [e.seq for e in _everything(clean_redis_url, "j7")] == [0, 1]  # type: ignore[attr-defined]
+    [entry] = store.redis.xrevrange(store.tail_key, count=1)
+    assert list(entry[1]) == [event_log.TAIL_FIELD.encode()]  # one field for the batch
+    records = list(event_log.tail_records(entry[1][event_log.TAIL_FIELD.encode()]))
+    assert [(job_id, seq, ended) for job_id, seq, ended, _ in records] == [
+        (job.job_id, 1, False) for job in jobs]
 
 
 def test_a_stale_owners_job_writes_nothing_while_the_batchs_other_jobs_are_written(
         store: JobStore, clean_redis_url: str) -> None:
     a, stale = _job("a", "reply-1"), _job("stale", "reply-1")
     _own(store, a)
-    store.redis.set(KEYS.lease(stale.job_id), "the-new-owner")
+    taken_over(store, stale.job_id, "the-new-owner")
     fenced: list[str] = []
     publisher = _publisher(store, fenced)
     pubsub = store.redis.pubsub()
@@ -223,7 +257,7 @@ def test_a_fenced_job_gets_its_tail_events_written_to_its_log_at_once(
     for i in range(3):
         publisher._process([EventItem(job, _tokens([i]))])
     assert _log(store.redis, "j") == []
-    store.redis.set(KEYS.lease("j"), "the-new-owner")
+    taken_over(store, "j", "the-new-owner")
     publisher._process([EventItem(job, _tokens([3]))])
     assert fenced == ["j"]
     [(last, events)] = _log(store.redis, "j")
@@ -248,6 +282,14 @@ def test_a_takeover_moves_what_the_dead_owner_left_in_its_tail(store: JobStore,
     assert claim.progress.tokens == {0: [10, 11, 12, 13, 14]}
     [(last, events)] = _log(store.redis, "j")
     assert (last, len(events)) == (4, 5)
+    # The claim raised the dead owner's fence flag: should it wake up, its batch for the
+    # job writes nothing, and its other jobs are checked one by one.
+    assert store.redis.ttl(KEYS.worker_fenced(store.worker_id)) > 6 * 86_400
+    assert not store.redis.exists(KEYS.worker_fenced(successor.worker_id))
+    fenced: list[str] = []
+    _publisher(store, fenced)._process([EventItem(job, _tokens([99]))])
+    assert fenced == ["j"]
+    assert len(_log(store.redis, "j")) == 1
     # A job nobody holds gets its last event after the tail's (the watchdog's failure).
     other = _job("k")
     store.redis.hset(KEYS.job_record("k"), "state", "running")

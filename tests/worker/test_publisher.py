@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 from helpers.job_log import read_events
+from helpers.takeover import taken_over
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens, Usage
@@ -102,7 +103,7 @@ def test_a_fenced_terminal_event_still_ends_the_task(store: JobStore) -> None:
     """Another worker owns the job now: nothing is written, and the task thread waiting on
     the job wakes up (the engine has already let go of it, so no abort can end it)."""
     job = _job("j2")
-    store.redis.set(KEYS.lease(job.job_id), "another-worker")
+    taken_over(store, job.job_id)
     fenced: list[str] = []
     publisher = _publisher(store, fenced)
     publisher._process([EventItem(job, Failed(seq=0, code="internal", message="x"),
@@ -115,7 +116,7 @@ def test_a_fenced_terminal_event_still_ends_the_task(store: JobStore) -> None:
 
 def test_a_fenced_token_event_stops_the_job_in_the_engine(store: JobStore) -> None:
     job = _job("j3")
-    store.redis.set(KEYS.lease(job.job_id), "another-worker")
+    taken_over(store, job.job_id)
     fenced: list[str] = []
     _publisher(store, fenced)._process([EventItem(job, _tokens([1]))])
     assert fenced == ["j3"]

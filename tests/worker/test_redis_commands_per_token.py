@@ -1,7 +1,8 @@
 """Redis commands a real worker spends on a known workload, counted by Redis itself.
 
-The publisher's design fixes what events may cost: per batch one script call, one read of
-the leases and watcher counts (MGET), one tail entry (XADD) and one PUBLISH per client;
+The publisher's design fixes what events may cost: per batch one script call, one look at
+two keys (EXISTS of the worker's fence flag and of the set of watching streams; no job's
+lease or watcher count while both are absent), one tail entry (XADD) and one PUBLISH per client;
 per job a log entry (XADD) every ``LOG_MOVE_BATCHES`` batches and when it ends, the
 log's expiry with its first move and its last; no read of the log before a write. Before
 the batched script every event cost XREVRANGE + GET + XADD + EXPIRE + PUBLISH inside its
@@ -76,11 +77,13 @@ def test_event_writes_cost_what_the_design_says(
     # Per batch one tail entry and, all jobs being one client's, one PUBLISH (Celery's
     # broker adds a few of its own); per job a log entry per LOG_MOVE_BATCHES batches and
     # one at its end; the log never read to write it.
-    # One MGET per publisher batch (at most the engine's steps plus the jobs' Started
-    # events) and one per lease refresh (all held leases at once).
+    # One EXISTS per publisher batch (at most the engine's steps plus the jobs' Started
+    # events; each claim adds one, of the job's abort flag), and no job's lease read per
+    # batch: the only MGETs are the lease refreshes (all held leases at once).
     refreshes = math.ceil(elapsed / REFRESH_S) + 1
-    batches = delta("mget")
-    assert 0 < batches <= steps + JOBS + refreshes
+    batches = delta("exists") - JOBS
+    assert 0 < batches <= steps + JOBS
+    assert delta("mget") <= refreshes
     moves_per_job = math.ceil(batches / LOG_MOVE_BATCHES) + 1
     assert delta("xadd") <= batches + JOBS * moves_per_job
     assert delta("publish") < batches + JOBS

@@ -35,6 +35,9 @@ from kvrelay_worker.settings import WorkerSettings
 # Entries a worker's tail keeps: more batches than any job's events stay only there
 # (``publisher.LOG_MOVE_BATCHES``), with room for retried batches.
 TAIL_MAX_LEN = 64
+# After ``APPEND_BATCH`` refused its fast path, how long batches go straight to the
+# per-job check (one refused call per this time, not per batch, while watchers exist).
+CHECK_EACH_JOB_FOR_S = 1.0
 
 # A script, its keys and its arguments.
 _ScriptCall = tuple[Script, list[str], list[Any]]
@@ -152,6 +155,11 @@ class JobStore:
         self.tail_key = self.keys.worker_tail(self.worker_id)
         # The tail's name less a worker id: the scripts name a previous owner's tail.
         self.tail_prefix = self.keys.worker_tail("")
+        # Raised by another worker's claim of one of this worker's jobs; and its prefix,
+        # with which a claim names the previous owner's.
+        self.fence_key = self.keys.worker_fenced(self.worker_id)
+        self.fence_prefix = self.keys.worker_fenced("")
+        self._check_each_until = -float("inf")
         self._check_expired = script(redis_scripts.CHECK_EXPIRED)
         self._commit_requeue = script(redis_scripts.COMMIT_REQUEUE)
         # Behind sentinels: replicas that must hold a job-state write before it counts.
@@ -181,7 +189,8 @@ class JobStore:
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
              self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
             [job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
-             self.live_ttl_s, digest, self.tail_prefix, self.settings.log_max_len],
+             self.live_ttl_s, digest, self.tail_prefix, self.settings.log_max_len,
+             self.fence_prefix],
         )
         status = _text(result[0])
         if status == "claimed":
@@ -263,10 +272,18 @@ class JobStore:
         """
         results: list[Any] = [1] * len(jobs)
         live = [i for i, job in enumerate(jobs) if job.events]
+        check_each = time.monotonic() < self._check_each_until
         while live:
-            reply = self._pipelined([self._batch_call([jobs[i] for i in live], tail_expiry_s)])[0]
+            call = self._batch_call([jobs[i] for i in live], tail_expiry_s, check_each)
+            reply = self._pipelined([call])[0]
             if isinstance(reply, Exception):
                 return [reply] * len(jobs)
+            if not check_each and [int(r) for r in reply] == [redis_scripts.CHECK_EACH_JOB]:
+                # Fenced jobs or watchers somewhere: check each job for a while, rather
+                # than pay a refused fast call per batch.
+                check_each = True
+                self._check_each_until = time.monotonic() + CHECK_EACH_JOB_FOR_S
+                continue
             fenced = {live[int(position) - 1] for position in reply}
             if not fenced:
                 break
@@ -275,19 +292,26 @@ class JobStore:
             live = [i for i in live if i not in fenced]
         return results
 
-    def _batch_call(self, jobs: Sequence[JobEvents], tail_expiry_s: int) -> _ScriptCall:
-        """``APPEND_BATCH``'s keys and arguments: everything packed here, Lua only fences."""
+    def _batch_call(self, jobs: Sequence[JobEvents], tail_expiry_s: int,
+                    check_each: bool) -> _ScriptCall:
+        """``APPEND_BATCH``'s keys and arguments: everything packed here, Lua only fences
+        (and, on its fast path, not even that: no per-job key or argument at all)."""
         head, _, tail = self.keys.events_channel("\0").partition("\0")
-        key_list = [self.tail_key]
+        key_list = [self.tail_key, self.fence_key, self.keys.watching]
         per_job: list[Any] = []
+        records: list[bytes] = []
         messages: dict[str, list[bytes]] = {}
         move_keys: list[str] = []
         moves: list[Any] = []
         for job in jobs:
             job_id = job.job_id
-            key_list += [self.keys.lease(job_id), self.keys.watchers(job_id)]
-            pair = pack_pair(job_id, pack_events([data for _, _, data in job.events]))
-            per_job += [job_id, event_log.tail_value(job.events[-1][0], pair, ended=job.terminal)]
+            events = pack_events([data for _, _, data in job.events])
+            pair = pack_pair(job_id, events)
+            records.append(event_log.tail_record(job_id, job.events[-1][0], events,
+                                                 ended=job.terminal))
+            if check_each:
+                key_list += [self.keys.lease(job_id), self.keys.watchers(job_id)]
+                per_job += [job_id, pair]
             if job.reply_to:
                 messages.setdefault(job.reply_to, []).append(pair)
             if job.moved:
@@ -298,8 +322,8 @@ class JobStore:
         for channel, pairs in messages.items():
             per_message += [channel, pack_message(pairs)]
         args: list[Any] = [self.worker_id, self.settings.log_max_len, TAIL_MAX_LEN,
-                           tail_expiry_s, len(jobs), len(messages), len(move_keys), head, tail,
-                           *per_job, *per_message, *moves]
+                           tail_expiry_s, len(per_job) // 2, len(messages), len(move_keys),
+                           head, tail, b"".join(records), *per_job, *per_message, *moves]
         return self._append_batch, key_list + move_keys, args
 
     def move_to_log(self, job_id: str, events: Sequence[bytes], last_seq: int) -> bool:

@@ -30,7 +30,6 @@ from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore
 from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.redis_scripts import TAIL_JOBS_PER_ENTRY
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +199,7 @@ class Publisher:
         written, nor its job for finished, before it is. (A retry may write the tail and
         publish again: readers drop seqs they have; a log entry is never written twice.)"""
         batch = [job_events for _, job_events in per_job.values()]
-        entries = -(-sum(1 for b in batch if b.events) // TAIL_JOBS_PER_ENTRY)
+        entries = 1 if any(b.events for b in batch) else 0  # one tail entry per batch
         tail_expiry = self._tail_expiry_due(any(b.terminal for b in batch))
         delay = 0.05
         while True:

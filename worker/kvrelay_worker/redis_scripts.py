@@ -15,9 +15,14 @@ from redis.commands.core import Script
 from kvrelay import event_log
 from kvrelay.event_log import AppendResult
 
-# Jobs per tail entry: a larger batch is split (Lua's ``unpack`` has a stack limit); the
-# publisher counts tail entries by it.
-TAIL_JOBS_PER_ENTRY = 2000
+# How long a worker's fence flag (``Keyspace.worker_fenced``) lasts after another worker
+# last claimed one of its jobs: a process that stalls past its leases and wakes up within
+# this time still finds every batch checked lease by lease.
+FENCE_FLAG_TTL_S = 7 * 86_400
+# ``APPEND_BATCH``'s answer when its fast path may not write: the fence flag is up or some
+# stream watches a job, so the batch must come again with every job's lease and watcher
+# count (no job position is 0).
+CHECK_EACH_JOB = 0
 
 _CONSTANTS: dict[str, object] = {
     "EVENT_FIELD": event_log.EVENT_FIELD,
@@ -25,9 +30,9 @@ _CONSTANTS: dict[str, object] = {
     "DIGEST_FIELD": event_log.DIGEST_FIELD,
     "OWNER_FIELD": event_log.OWNER_FIELD,
     "ENTRY_ID_SUFFIX": event_log.ENTRY_ID_SUFFIX,
-    "TAIL_LIVE": event_log.TAIL_LIVE,
-    "TAIL_ENDED": event_log.TAIL_ENDED,
-    "TAIL_FIELDS_PER_ENTRY": 2 * TAIL_JOBS_PER_ENTRY,
+    "TAIL_FIELD": event_log.TAIL_FIELD,
+    "FENCE_FLAG_TTL_S": FENCE_FLAG_TTL_S,
+    "CHECK_EACH_JOB": CHECK_EACH_JOB,
     **{result.name: int(result) for result in AppendResult},
 }
 
@@ -60,9 +65,10 @@ def _format(script: str) -> str:
         script = script.replace("{" + name + "}", str(value))
     return script
 
-# Helpers some scripts start with: msgpack array headers and a pair's events
-# (``kvrelay.event_frames``), the end of a job's log, and ``settle``: move a job's events that are still only in its
-# owner's tail (``kvrelay.event_log``) into its log, as one entry.
+# Helpers some scripts start with: msgpack array headers (``kvrelay.event_frames``), a
+# job's record in a tail entry, the end of a job's log, and ``settle``: move a job's
+# events that are still only in its owner's tail (``kvrelay.event_log``) into its log,
+# as one entry.
 _LUA_HELPERS = _format("""
 local function array_header(n)
   if n < 16 then return string.char(0x90 + n) end
@@ -76,12 +82,6 @@ local function array_parts(s)
   if b == 0xdc then return string.byte(s, 2) * 256 + string.byte(s, 3), string.sub(s, 4) end
   local b1, b2, b3, b4 = string.byte(s, 2, 5)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4, string.sub(s, 6)
-end
-local function pair_events(pair)
-  local b = string.byte(pair, 2)
-  if b >= 0xa0 and b <= 0xbf then return string.sub(pair, 3 + b - 0xa0) end
-  if b == 0xd9 then return string.sub(pair, 4 + string.byte(pair, 3)) end
-  return string.sub(pair, 5 + string.byte(pair, 3) * 256 + string.byte(pair, 4))
 end
 local function log_end(log_key)
   local last = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
@@ -101,6 +101,18 @@ local function add_log_entry(log_key, max_len, last_seq, data, terminal)
   end
   return redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}', data)
 end
+local function tail_find(blob, job_id)
+  local at, size = 1, #blob
+  while at <= size do
+    local id_len, seq, ended, events_len
+    id_len, at = struct.unpack('>I2', blob, at)
+    local id = string.sub(blob, at, at + id_len - 1)
+    seq, ended, events_len, at = struct.unpack('>I4BI4', blob, at + id_len)
+    if id == job_id then return seq, ended == 1, string.sub(blob, at, at + events_len - 1) end
+    at = at + events_len
+  end
+  return nil
+end
 local function settle(log_key, tail_key, job_id, max_len, ttl)
   local last_seq, ended = log_end(log_key)
   if ended or not tail_key then return last_seq, ended end
@@ -108,16 +120,14 @@ local function settle(log_key, tail_key, job_id, max_len, ttl)
   for _, entry in ipairs(redis.call('XRANGE', tail_key, '-', '+')) do
     local fields = entry[2]
     for i = 1, #fields, 2 do
-      if fields[i] == job_id then
-        local value = fields[i + 1]
-        local mark = string.find(value, '[{TAIL_LIVE}{TAIL_ENDED}]')
-        local seq = tonumber(string.sub(value, 1, mark - 1))
-        if seq > top then
-          local n, body = array_parts(pair_events(string.sub(value, mark + 1)))
+      if fields[i] == '{TAIL_FIELD}' then
+        local seq, last, events = tail_find(fields[i + 1], job_id)
+        if seq and seq > top then
+          local n, body = array_parts(events)
           parts[#parts + 1] = body
           count = count + n
           top = seq
-          terminal = string.sub(value, mark, mark) == '{TAIL_ENDED}'
+          terminal = last
         end
       end
     end
@@ -133,11 +143,13 @@ end
 
 # KEYS: job record, lease, running zset, event log, abort flag
 # ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest,
-#       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length
+#       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length,
+#       fence flag prefix (``Keyspace.worker_fenced`` less the worker id)
 # -> {"done"} | {"reused"} | {"aborted"} | {"owned", owner}
 #    | {"claimed", attempt, log entries}
 # One round trip does the pickup checks, moves what the previous owner left in its tail
-# into the log, and returns what earlier attempts wrote. A copy whose request differs from
+# into the log, raises the previous owner's fence flag (its batches then check each
+# job's lease), and returns what earlier attempts wrote. A copy whose request differs from
 # the one the job id belongs to is "reused" (never run).
 CLAIM = _LUA_HELPERS + _format("""
 local record = redis.call('HMGET', KEYS[1], 'state', '{DIGEST_FIELD}', 'handback',
@@ -149,7 +161,12 @@ if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 -- to its owner); only a lease its holder is handing back may be taken.
 local owner = redis.call('GET', KEYS[2])
 if owner and record[3] ~= owner then return {'owned', owner} end
-if record[4] then settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6]) end
+if record[4] then
+  settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6])
+  if record[4] ~= ARGV[2] then
+    redis.call('SET', ARGV[10] .. record[4], '1', 'EX', {FENCE_FLAG_TTL_S})
+  end
+end
 local attempt = tonumber(record[5] or '0') + 1
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', '{OWNER_FIELD}', ARGV[2], 'payload', ARGV[4],
@@ -255,57 +272,62 @@ redis.call('PUBLISH', ARGV[2], ARGV[6])
 return seq
 """)
 
-# The publisher's whole batch in one call. One MGET reads every job's lease and watcher
-# count; if any lease is someone else's, nothing is written and those jobs are named (the
-# publisher drops them and sends the rest again). Otherwise: one tail entry with every
-# job's events, the messages Python packed per client, one PUBLISH on the job's own
-# channel per watched job, and the log entries of the jobs whose events move into their
-# logs this batch. Per job, Lua only compares its lease; everything else is built in
-# Python and passed through whole.
+# The publisher's whole batch in one call: one tail entry holding every job's events
+# (one string, ``event_log.tail_record`` joined), the messages Python packed per client,
+# and the log entries of the jobs whose events move into their logs this batch.
+# Fast path (job count 0): no job is read at all. Writing unchecked is safe while this
+# worker's fence flag is down (no other worker has claimed any of its jobs) and no stream
+# watches any job (the ``watching`` set is empty); otherwise it answers ``CHECK_EACH_JOB`` and the
+# publisher sends the batch again with each job's lease and watcher count. Then one MGET
+# reads them; if any lease is someone else's, nothing is written and those jobs are named
+# (the publisher drops them and sends the rest again), else each watched job's pair also
+# goes out on its own channel.
 # Redis Cluster is out of scope (Celery has no Cluster broker): the keys of many jobs
 # meet in one call.
-# KEYS: the worker's tail, then per job: its lease, its watcher count; then per move: the
-#       job's event log
+# KEYS: the worker's tail, its fence flag, the watching set, then per job checked: its
+#       lease, its watcher count; then per move: the job's event log
 # ARGV: worker id, max log length, max tail length, tail expiry s (0: leave it as is),
-#       job count, message count, move count, job channel's name before and after the
-#       job id, then per job: job id, tail value (``event_log.tail_value``); per message:
-#       channel, message (``pack_message``); per move: its last seq, its events array,
-#       terminal (0/1), oldest seq to keep (0: keep all), log expiry s (0: leave it as is)
-# -> {} when written, or the positions (1-based) of the jobs fenced (nothing written).
-#    A log entry the log already has (an earlier try of this batch got through) is
-#    skipped.
+#       job count (0: the fast path), message count, move count, job channel's name
+#       before and after the job id, the tail entry ('' when no job has events), then
+#       per job checked: job id, pair (``pack_pair``); per message: channel, message
+#       (``pack_message``); per move: its last seq, its events array, terminal (0/1),
+#       oldest seq to keep (0: keep all), log expiry s (0: leave it as is)
+# -> {} when written, {CHECK_EACH_JOB} (fast path refused), or the positions (1-based)
+#    of the jobs fenced (nothing written). A log entry the log already has (an earlier
+#    try of this batch got through) is skipped.
 APPEND_BATCH = _LUA_HELPERS + _format("""
 local jobs, messages, moves = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local flags = {}
-for first = 2, 1 + 2 * jobs, 512 do
-  local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 511, 1 + 2 * jobs)))
-  for i = 1, #got do flags[first + i - 1] = got[i] end
-end
-local fenced = {}
-for j = 1, jobs do
-  if flags[2 * j] ~= ARGV[1] then fenced[#fenced + 1] = j end
-end
-if #fenced > 0 then return fenced end
-local a = 10
-for first = a, a + 2 * jobs - 1, {TAIL_FIELDS_PER_ENTRY} do
-  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*',
-             unpack(ARGV, first, math.min(first + {TAIL_FIELDS_PER_ENTRY} - 1, a + 2 * jobs - 1)))
-end
-if jobs > 0 and ARGV[4] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
-for j = 1, jobs do
-  local watchers = flags[2 * j + 1]
-  if watchers and (tonumber(watchers) or 0) > 0 then
-    local value = ARGV[a + 2 * j - 1]
-    local mark = string.find(value, '[{TAIL_LIVE}{TAIL_ENDED}]')
-    redis.call('PUBLISH', ARGV[8] .. ARGV[a + 2 * j - 2] .. ARGV[9],
-               array_header(1) .. string.sub(value, mark + 1))
+local a = 11
+if jobs == 0 then
+  if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return {{CHECK_EACH_JOB}} end
+else
+  local flags = {}
+  for first = 4, 3 + 2 * jobs, 512 do
+    local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 511, 3 + 2 * jobs)))
+    for i = 1, #got do flags[first + i - 1] = got[i] end
   end
+  local fenced = {}
+  for j = 1, jobs do
+    if flags[2 + 2 * j] ~= ARGV[1] then fenced[#fenced + 1] = j end
+  end
+  if #fenced > 0 then return fenced end
+  for j = 1, jobs do
+    local watchers = flags[3 + 2 * j]
+    if watchers and (tonumber(watchers) or 0) > 0 then
+      redis.call('PUBLISH', ARGV[8] .. ARGV[a + 2 * j - 2] .. ARGV[9],
+                 array_header(1) .. ARGV[a + 2 * j - 1])
+    end
+  end
+end
+if ARGV[10] ~= '' then
+  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', '{TAIL_FIELD}', ARGV[10])
+  if ARGV[4] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 end
 a = a + 2 * jobs
 for k = 1, messages do redis.call('PUBLISH', ARGV[a + 2 * k - 2], ARGV[a + 2 * k - 1]) end
 a = a + 2 * messages
 for k = 1, moves do
-  local log_key = KEYS[1 + 2 * jobs + k]
+  local log_key = KEYS[3 + 2 * jobs + k]
   local added = add_log_entry(log_key, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
   if type(added) == 'table' and added.err then
     if not string.find(added.err, 'equal or smaller', 1, true) then return added end
