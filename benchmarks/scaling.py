@@ -314,15 +314,14 @@ def script_names() -> dict[str, str]:
     from kvrelay import admission
     from kvrelay_worker import redis_scripts
 
-    sources = {name: value for name, value in vars(redis_scripts).items()
-               if name.isupper() and isinstance(value, str) and "redis.call" in value}
-    sources.update({name: value for name, value in vars(admission).items()
-                    if name.isupper() and isinstance(value, str) and "redis.call" in value})
     names = {}
-    for name, source in sources.items():  # as sent: bare, or with Redis 7's flag line
-        for prefix in ("", "#!lua\n", "#!lua flags=allow-oom\n"):
-            text = prefix + (source.lstrip("\n") if prefix else source)
-            names[hashlib.sha1(text.encode()).hexdigest()] = name
+    for module in (redis_scripts, admission):
+        for name, source in vars(module).items():
+            if not (name.isupper() and isinstance(source, str) and "redis.call" in source):
+                continue
+            for flagged, allow_oom in ((False, False), (True, False), (True, True)):
+                text = redis_scripts.script_text(source, flagged=flagged, allow_oom=allow_oom)
+                names[hashlib.sha1(text.encode()).hexdigest()] = name
     return names
 
 

@@ -123,15 +123,18 @@ def tail_record(job_id: str, last_seq: int, events: bytes, *, ended: bool) -> by
 
 def tail_records(blob: bytes) -> Iterator[tuple[str, int, bool, bytes]]:
     """The ``(job id, last seq, ended, events array)`` of each record of a tail entry;
-    raises ``ValueError`` (``struct.error`` included) where the blob is cut short."""
+    raises ``ValueError`` where the blob is cut short or a job id is not UTF-8."""
     view = memoryview(blob)
     at = 0
     while at < len(view):
-        (length,) = _ID_HEAD.unpack_from(view, at)
-        at += _ID_HEAD.size
-        job_id = bytes(view[at:at + length]).decode()
-        at += length
-        last_seq, ended, size = _REST_HEAD.unpack_from(view, at)
+        try:
+            (length,) = _ID_HEAD.unpack_from(view, at)
+            at += _ID_HEAD.size
+            job_id = bytes(view[at:at + length]).decode()
+            at += length
+            last_seq, ended, size = _REST_HEAD.unpack_from(view, at)
+        except struct.error as exc:  # not a ValueError
+            raise ValueError(f"tail record cut short: {exc}") from exc
         at += _REST_HEAD.size
         if at + size > len(view):
             raise ValueError("tail record cut short")
@@ -212,6 +215,6 @@ async def read_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *
                 if record_job == job_id and last_seq > newest:
                     newest = last_seq
                     found.extend(_split(events))
-        except (ValueError, UnicodeDecodeError):
+        except ValueError:
             continue  # a damaged entry: what it held is read as missing (a gap)
     return found

@@ -93,3 +93,15 @@ def test_the_format_is_spelled_out_in_one_module() -> None:
              ROOT / "benchmarks" / "client_streams.py"]
     for fake in fakes:
         assert re.search(r"from kvrelay import .*\bevent_log\b", fake.read_text()), fake
+
+
+def test_tail_records_read_back_and_a_cut_short_entry_is_a_value_error() -> None:
+    """A damaged tail entry reads as missing (``read_after`` skips a ``ValueError``), never
+    as an error of another type that would end the reader's stream."""
+    blob = (event_log.tail_record("a", 3, b"\x91\x01", ended=False)
+            + event_log.tail_record("b", 7, b"\x90", ended=True))
+    assert list(event_log.tail_records(blob)) == [("a", 3, False, b"\x91\x01"),
+                                                   ("b", 7, True, b"\x90")]
+    for cut in (1, 4, len(blob) - 1):
+        with pytest.raises(ValueError):
+            list(event_log.tail_records(blob[:cut]))

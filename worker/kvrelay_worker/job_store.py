@@ -261,10 +261,12 @@ class JobStore:
             for (job_id, e), start, data in zip(events, starts, datas, strict=True)])
 
     def append_batch(self, jobs: Sequence[JobEvents], *, tail_expiry_s: int = 0) -> list[Any]:
-        """Write and publish every job's events, fenced by each job's lease, in one script
-        call (``redis_scripts.APPEND_BATCH``): per job 1 (written) or ``AppendResult.FENCED``,
-        in the order given. A batch with fenced jobs is sent again without them (the
-        script writes nothing when any lease is someone else's).
+        """Write and publish every job's events in one script call
+        (``redis_scripts.APPEND_BATCH``): per job 1 (written) or ``AppendResult.FENCED``,
+        in the order given. No job is checked while this worker's fence flag is down and
+        no stream watches a job; otherwise each job's lease is, and a batch with fenced
+        jobs is sent again without them (the script writes nothing when any lease is
+        someone else's).
 
         A write Redis refuses (e.g. out of memory) comes back as that exception in every
         job's place; unreachable Redis raises. Run by SHA alone, loaded again when the

@@ -48,14 +48,19 @@ def supports_flags(client: redis.Redis) -> bool:
     return int(version.split(".", 1)[0]) >= 7
 
 
+def script_text(source: str, *, flagged: bool, allow_oom: bool = False) -> str:
+    """A script as sent to Redis: with a flag line where Redis knows script flags."""
+    if not flagged:
+        return source
+    return ("#!lua flags=allow-oom\n" if allow_oom else "#!lua\n") + source.lstrip("\n")
+
+
 def register(client: redis.Redis, source: str, *, flagged: bool,
              allow_oom: bool = False) -> Script:
     """Register a script; where Redis knows script flags, as a flagged script: a server
     out of memory (``maxmemory``, ``noeviction``) then refuses the whole script before it
     runs, never half of its writes, unless it is marked ``allow_oom``."""
-    if flagged:
-        source = ("#!lua flags=allow-oom\n" if allow_oom else "#!lua\n") + source.lstrip("\n")
-    return client.register_script(source)
+    return client.register_script(script_text(source, flagged=flagged, allow_oom=allow_oom))
 
 
 def _format(script: str) -> str:
