@@ -3,7 +3,7 @@
 No worker, no client, no Celery: ``JobStore.append_batch`` called in a loop the way a
 worker's publisher calls it, one batch per engine step, for ``--jobs`` jobs of
 ``--tokens`` tokens each (a finished job is replaced by a new one, its log moved at its
-end and every 16 batches as the publisher does). Redis's own counters around the loop:
+end and every 16 batches and the job released by its last batch, as the publisher does). Redis's own counters around the loop:
 ``INFO commandstats`` (calls and µs inside each command, a script's including its inner
 calls) and ``INFO cpu``. Set beside ``scaling.py``'s figures, this separates what the
 script costs from what the same commands cost on a machine crowded with workers.
@@ -92,7 +92,8 @@ def run(url: str, jobs: int, tokens: int, steps: int, interval_ms: float = 0.0,
                 generated += 1
             data = encode_event(event)  # type: ignore[arg-type]
             ended = isinstance(event, Finished)
-            entry = JobEvents(job.job_id, job.reply_to, [(job.seq, ended, data)])
+            entry = JobEvents(job.job_id, job.reply_to, [(job.seq, ended, data)],
+                              release=ended)
             job.batches += 1
             if ended or job.batches % LOG_MOVE_BATCHES == 0:
                 entry.moved, entry.moved_last, job.unlogged = [*job.unlogged, data], job.seq, []

@@ -52,6 +52,16 @@ WATCH_TTL_S: Final = 3600
 _SERVED_MODELS_TTL_S: Final = 1.0
 # A model missing from an answer older than this is looked up again before refusing.
 _SERVED_MODELS_RECHECK_S: Final = 0.1
+# Claim a job id for a request in one round trip: the digest set if the id is new (then
+# the record expires as a live log would: a job that never reaches a worker keeps its id
+# no longer), and the digest the id holds. A script, not a pipeline: ``EXPIRE NX`` would
+# do it as commands, but Redis 6.2 lacks it.
+# KEYS: job record -- ARGV: digest field, digest, ttl s -> {created (0/1), held digest}
+_RESERVE: Final = """
+local created = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if created == 1 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+return {created, redis.call('HGET', KEYS[1], ARGV[1])}
+"""
 
 
 class JobLifecycle:
@@ -95,6 +105,7 @@ class JobLifecycle:
         self._payload_limits: dict[str, int] = {}
         self._live: weakref.WeakSet[AsyncStream] = weakref.WeakSet()
         self._background: set[asyncio.Task[None]] = set()
+        self._reserve = redis.register_script(_RESERVE)
 
     # ------------------------------------------------------------------ a job's steps
 
@@ -142,15 +153,9 @@ class JobLifecycle:
         ``JobIdReused`` when another request has it."""
         record = self.keys.job_record(request.job_id)
         digest = request_digest(request)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hsetnx(record, event_log.DIGEST_FIELD, digest)
-        pipe.hget(record, event_log.DIGEST_FIELD)
         try:
-            created, held = await pipe.execute()
-            if created:
-                # A job that never reaches a worker keeps its id no longer than a log.
-                # (Not ``EXPIRE NX`` in the pipeline: Redis 6.2 lacks it.)
-                await self.redis.expire(record, event_log.LIVE_LOG_TTL_S)
+            created, held = await self._reserve(
+                keys=[record], args=[event_log.DIGEST_FIELD, digest, event_log.LIVE_LOG_TTL_S])
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, f"reserving job id {request.job_id}") from exc
         if created:

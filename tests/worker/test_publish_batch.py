@@ -18,6 +18,7 @@ from helpers.takeover import watched as watched_by_a_stream
 
 from kvrelay import event_log
 from kvrelay.event_frames import unpack_events, unpack_message
+from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, Started, Tokens, Usage, decode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
@@ -140,19 +141,23 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
     # A stream watches a job: the fast call (one look at the fence flag and the watching
     # set) is refused, and the batch comes again with every job's lease and watcher
     # count (one read); no log read; one tail entry and one log entry (c's); one message
-    # per client and one per watched job.
+    # per client and one per watched job; c, which ended, released in the same call
+    # (one look at its lease).
     assert _delta(before, after, "evalsha") == 2
     assert _delta(before, after, "exists") == 1
     assert _delta(before, after, "mget") == 1
-    assert _delta(before, after, "get") == 0
+    assert _delta(before, after, "get") == 1
     assert _delta(before, after, "xrevrange") == 0
     assert _delta(before, after, "xadd") == 2
     assert _delta(before, after, "publish") == 3
-    # Expiry: c's ended log, and the tail's, as long as an ended log's (a batch that ends
-    # a job sets it); none per event.
-    assert _delta(before, after, "expire") == 2
+    # Expiry: c's ended log and record, and the tail's, as long as an ended log's (a
+    # batch that ends a job sets it); none per event.
+    assert _delta(before, after, "expire") == 3
     assert 0 < store.redis.ttl(KEYS.event_log("c")) <= 50
+    assert 0 < store.redis.ttl(KEYS.job_record("c")) <= 50
     assert 40 < store.redis.ttl(store.tail_key) <= 50
+    assert c.released
+    assert not a.released
     # The next batch, within a second, checks each job at once: no refused call first.
     before = _calls(store.redis)
     publisher._process([EventItem(a, _tokens([3])), EventItem(watched, _tokens([4]))])
@@ -207,6 +212,91 @@ def test_a_stale_owners_job_writes_nothing_while_the_batchs_other_jobs_are_writt
 def _finished() -> Finished:
     return Finished(seq=0, finish_reason="length", finish_reasons=["length"],
                     usage=Usage(prompt_tokens=2, completion_tokens=1, cached_tokens=0))
+
+
+def _running(store: JobStore, job: ActiveJob) -> None:
+    """What a claim leaves: the record running with its payload, the lease, the zset."""
+    _own(store, job)
+    store.redis.hset(KEYS.job_record(job.job_id), mapping={"state": "running",
+                                                           "payload": "{}"})
+    store.redis.zadd(store.running_key, {job.job_id: 1})
+
+
+def _record(store: JobStore, job_id: str) -> dict[str, str]:
+    raw = store.redis.hgetall(KEYS.job_record(job_id))
+    return {k.decode(): v.decode() for k, v in raw.items()}  # type: ignore[union-attr]
+
+
+def test_the_batch_that_writes_a_jobs_end_releases_it_in_the_same_call(
+        store: JobStore, clean_redis_url: str) -> None:
+    """No round trip of its own for a job's end: the record says done (payload dropped,
+    an ended log's expiry), the lease and the running entry are gone, and the task
+    thread finds nothing left to release."""
+    ended, going_on = _job("ended"), _job("going-on")
+    _running(store, ended)
+    _running(store, going_on)
+    publisher = _publisher(store)
+    publisher._process([EventItem(going_on, _tokens([0]))])  # loads the script
+    before = _calls(store.redis)
+    publisher._process([EventItem(ended, _tokens([1])),
+                        EventItem(ended, _finished(), Outcome.FINISHED),
+                        EventItem(going_on, _tokens([2]))])
+    assert _delta(before, _calls(store.redis), "evalsha") == 1
+    assert ended.outcome == Outcome.FINISHED
+    assert ended.released
+    assert _record(store, "ended")["state"] == "done"
+    assert _record(store, "ended")["payload"] == ""
+    assert 0 < store.redis.ttl(KEYS.job_record("ended")) <= 50
+    assert not store.redis.exists(KEYS.lease("ended"))
+    assert store.redis.zscore(store.running_key, "ended") is None
+    assert [type(e).__name__ for e in _everything(clean_redis_url, "ended")] == [
+        "Tokens", "Finished"]
+    # The job still running keeps all of it.
+    assert not going_on.released
+    assert _record(store, "going-on")["state"] == "running"
+    assert store.redis.get(KEYS.lease("going-on")) == store.worker_id.encode()
+    assert store.redis.zscore(store.running_key, "going-on") == 1
+
+
+def test_a_job_handed_on_or_whose_lease_is_gone_is_not_released_by_its_last_batch(
+        store: JobStore) -> None:
+    """A fenced job ends without a write; a lease that expired unclaimed is not this
+    worker's to drop (as with ``release_done``): the watchdog's takeover ends the job."""
+    stale, expired = _job("stale"), _job("expired")
+    _running(store, stale)
+    _running(store, expired)
+    publisher = _publisher(store, [])
+    publisher._process([EventItem(expired, _tokens([0]))])
+    store.redis.delete(KEYS.lease("expired"))
+    publisher._process([EventItem(expired, _finished(), Outcome.FINISHED)])
+    assert _record(store, "expired")["state"] == "running"
+    assert store.redis.zscore(store.running_key, "expired") == 1
+    # Nothing is left for its task thread: a ``release_done`` would find no lease either.
+    assert expired.released
+    taken_over(store, "stale", "the-new-owner")
+    publisher._process([EventItem(stale, _finished(), Outcome.FINISHED)])
+    assert stale.outcome == Outcome.FENCED
+    assert not stale.released
+    assert _record(store, "stale")["state"] == "running"
+    assert store.redis.get(KEYS.lease("stale")) == b"the-new-owner"
+
+
+def test_an_ending_batch_sent_again_after_its_reply_was_lost_is_not_fenced_by_itself(
+        store: JobStore) -> None:
+    """Checked job by job (a stream watches it), the retry finds the lease its first
+    try dropped; the record shows this worker ended the job, so it is written, not
+    fenced. Had another worker taken the job and ended it, it would be fenced."""
+    _running(store, _job("j"))
+    watched_by_a_stream(store.redis, "j")
+    data = [(0, False, b"\x81\xa1x\x01"), (1, True, b"\x81\xa1x\x02")]
+    batch = JobEvents("j", "", list(data), moved=[d for _, _, d in data], moved_last=1,
+                      release=True)
+    assert store.append_batch([batch]) == [1]
+    assert _record(store, "j")["state"] == "done"
+    assert store.append_batch([batch]) == [1]  # the reply of the first try was lost
+    assert len(store.redis.xrange(KEYS.event_log("j"))) == 1
+    store.redis.hset(KEYS.job_record("j"), event_log.OWNER_FIELD, "the-new-owner")
+    assert store.append_batch([batch]) == [AppendResult.FENCED]
 
 
 def test_a_jobs_events_move_from_the_tail_to_its_log_every_few_batches(

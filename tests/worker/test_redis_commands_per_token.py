@@ -4,7 +4,8 @@ The publisher's design fixes what events may cost: per batch one script call, on
 two keys (EXISTS of the worker's fence flag and of the set of watching streams; no job's
 lease or watcher count while both are absent), one tail entry (XADD) and one PUBLISH per client;
 per job a log entry (XADD) every ``LOG_MOVE_BATCHES`` batches and when it ends, the
-log's expiry with its first move and its last; no read of the log before a write. Before
+log's expiry with its first move and its last, and its release in the batch that ends it;
+no read of the log before a write. Before
 the batched script every event cost XREVRANGE + GET + XADD + EXPIRE + PUBLISH inside its
 own call; before the tail and reply channels, one XADD and one PUBLISH per event.
 """
@@ -95,3 +96,8 @@ def test_event_writes_cost_what_the_design_says(
     # and ended ones, the tail's with the batch that ends the job).
     assert delta("get") <= 2 * JOBS
     assert delta("expire") <= 5 * JOBS + 1 < events
+    # Script calls: a claim per job, one per batch, one per lease refresh (its MGET),
+    # and the first call of each of those three scripts twice (the fresh server answers
+    # NOSCRIPT, then it is loaded); a job's end is released by the batch that writes it,
+    # not by a call of its own (those would add JOBS).
+    assert delta("evalsha") <= JOBS + batches + delta("mget") + 3

@@ -24,6 +24,11 @@ class Outcome:
     FENCED = "fenced"
 
 
+# Outcomes after which the job is over for good (its lease released and its record
+# marked done); the others (handback, fenced) leave the job to another worker.
+ENDED_HERE = frozenset({Outcome.FINISHED, Outcome.FAILED, Outcome.CANCELLED, Outcome.DEADLINE})
+
+
 @dataclass(eq=False)
 class ActiveJob:
     job_id: str
@@ -50,6 +55,9 @@ class ActiveJob:
     unlogged_since: int | None = None
     # Set by the engine thread when it stops the job early (Outcome.*).
     abort_reason: str | None = None
+    # Set by the publisher when the batch that wrote the job's terminal event also
+    # released it (``JobEvents.release``): nothing is left to release.
+    released: bool = False
     first_token_at: float | None = None
     last_token_at: float | None = None
     outcome: str | None = None

@@ -62,6 +62,9 @@ class JobEvents:
     expiry_s: int = 0
     # The oldest seq the log keeps (0: keep all; the byte cap, see ``log_window``).
     keep_from: int = 0
+    # The job ended here with this batch: its lease is released and its record marked
+    # done by the same script call (no ``release_done`` of its own).
+    release: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -262,8 +265,8 @@ class JobStore:
 
     def append_batch(self, jobs: Sequence[JobEvents], *, tail_expiry_s: int = 0) -> list[Any]:
         """Write and publish every job's events in one script call
-        (``redis_scripts.APPEND_BATCH``): per job 1 (written) or ``AppendResult.FENCED``,
-        in the order given. No job is checked while this worker's fence flag is down and
+        (``redis_scripts.APPEND_BATCH``), releasing the jobs marked ``release``: per job
+        1 (written) or ``AppendResult.FENCED``, in the order given. No job is checked while this worker's fence flag is down and
         no stream watches a job; otherwise each job's lease is, and a batch with fenced
         jobs is sent again without them (the script writes nothing when any lease is
         someone else's).
@@ -323,10 +326,15 @@ class JobStore:
         per_message: list[Any] = []
         for channel, pairs in messages.items():
             per_message += [channel, pack_message(pairs)]
+        released = [job.job_id for job in jobs if job.release]
+        release_keys = [self.running_key] if released else []
+        for job_id in released:
+            release_keys += [self.keys.job_record(job_id), self.keys.lease(job_id)]
         args: list[Any] = [self.worker_id, self.settings.log_max_len, TAIL_MAX_LEN,
                            tail_expiry_s, len(per_job) // 2, len(messages), len(move_keys),
-                           head, tail, b"".join(records), *per_job, *per_message, *moves]
-        return self._append_batch, key_list + move_keys, args
+                           head, tail, b"".join(records), len(released), self.ended_ttl_s,
+                           *per_job, *per_message, *moves, *released]
+        return self._append_batch, key_list + move_keys + release_keys, args
 
     def move_to_log(self, job_id: str, events: Sequence[bytes], last_seq: int) -> bool:
         """Write ``events`` (this worker's, only in its tail so far) to the job's log as

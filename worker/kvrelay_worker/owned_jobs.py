@@ -15,15 +15,11 @@ from contextlib import contextmanager
 
 import redis
 
-from kvrelay_worker.active_job import ActiveJob, Outcome
+from kvrelay_worker.active_job import ENDED_HERE, ActiveJob, Outcome
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.job_store import JobStore
 
 log = logging.getLogger(__name__)
-
-# Outcomes after which the job is over for good (its lease released as done); the
-# others (handback, fenced) leave the job to another worker.
-_ENDED_HERE = frozenset({Outcome.FINISHED, Outcome.FAILED, Outcome.CANCELLED, Outcome.DEADLINE})
 
 
 class OwnedJobs:
@@ -59,12 +55,13 @@ class OwnedJobs:
         self.release(job)
 
     def release(self, job: ActiveJob) -> None:
-        """Mark the job done in Redis (lease dropped) if it ended on this worker.
+        """Mark the job done in Redis (lease dropped) if it ended on this worker, unless
+        the batch that wrote its terminal event already did.
 
         If Redis refuses, the lease simply expires: failover requeues the job, and its
         next claim finds the terminal event in the log and ends it as a duplicate.
         """
-        if job.outcome not in _ENDED_HERE:
+        if job.outcome not in ENDED_HERE or job.released:
             return
         try:
             self._store.release_done(job.job_id)

@@ -10,7 +10,8 @@ tail entry holding every job's events, one PUBLISH per client (its jobs' events 
 together, ``kvrelay.event_frames``) and one per watched job. A job's events move from the
 tail into its own log every ``LOG_MOVE_BATCHES`` batches, when it ends and when this
 worker lets go of it, as one log entry, so per token Redis runs a fraction of a command.
-After a job's terminal event is written the job's task thread is woken.
+A job that ends here is released (record done, lease dropped) by the batch that writes
+its terminal event; then the job's task thread is woken.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import redis
 
 from kvrelay.event_log import TAIL_READ_ENTRIES, AppendResult
 from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Tokens, encode_event
-from kvrelay_worker.active_job import ActiveJob, Outcome
+from kvrelay_worker.active_job import ENDED_HERE, ActiveJob, Outcome
 from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore
 from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
@@ -122,6 +123,8 @@ class Publisher:
         for (job, (job_items, job_events)), result in zip(per_job.items(), results,
                                                          strict=True):
             self._track_unlogged(job, job_events, result, tail_before)
+            if job_events.release and result == 1:
+                job.released = True  # before the job's end wakes its task thread
             for item in job_items:
                 self._after_write(item, result, now)
         for other in items:
@@ -148,6 +151,8 @@ class Publisher:
             terminal = isinstance(item.event, TERMINAL_EVENTS)
             entry[0].append(item)
             entry[1].events.append((item.event.seq, terminal, encode_event(item.event)))
+            if terminal and item.outcome in ENDED_HERE:
+                entry[1].release = True
         for job, (_, job_events) in per_job.items():
             due = job.unlogged_since is not None and (
                 self._tail_entries - job.unlogged_since >= LOG_MOVE_BATCHES - 1)

@@ -279,7 +279,10 @@ return seq
 
 # The publisher's whole batch in one call: one tail entry holding every job's events
 # (one string, ``event_log.tail_record`` joined), the messages Python packed per client,
-# and the log entries of the jobs whose events move into their logs this batch.
+# the log entries of the jobs whose events move into their logs this batch, and the
+# release of the jobs that ended here with it (``RELEASE_DONE``'s work, so a job's end
+# costs no round trip of its own, and its record says done in the same step that writes
+# its terminal event).
 # Fast path (job count 0): no job is read at all. Writing unchecked is safe while this
 # worker's fence flag is down (no other worker has claimed any of its jobs) and no stream
 # watches any job (the ``watching`` set is empty); otherwise it answers ``CHECK_EACH_JOB`` and the
@@ -290,19 +293,29 @@ return seq
 # Redis Cluster is out of scope (Celery has no Cluster broker): the keys of many jobs
 # meet in one call.
 # KEYS: the worker's tail, its fence flag, the watching set, then per job checked: its
-#       lease, its watcher count; then per move: the job's event log
+#       lease, its watcher count; then per move: the job's event log; then, when any job
+#       is released, the running zset and per release: the job's record, its lease
 # ARGV: worker id, max log length, max tail length, tail expiry s (0: leave it as is),
 #       job count (0: the fast path), message count, move count, job channel's name
-#       before and after the job id, the tail entry ('' when no job has events), then
-#       per job checked: job id, pair (``pack_pair``); per message: channel, message
-#       (``pack_message``); per move: its last seq, its events array, terminal (0/1),
-#       oldest seq to keep (0: keep all), log expiry s (0: leave it as is)
+#       before and after the job id, the tail entry ('' when no job has events),
+#       release count, ended record ttl s, then per job checked: job id, pair
+#       (``pack_pair``); per message: channel, message (``pack_message``); per move: its
+#       last seq, its events array, terminal (0/1), oldest seq to keep (0: keep all), log
+#       expiry s (0: leave it as is); per release: job id
+# A released job whose lease is this worker's is marked done (as ``RELEASE_DONE``); one
+# whose lease is gone is left alone. A checked job about to be released whose lease is
+# gone while its record says this worker ended it was released by an earlier try of this
+# batch (its reply was lost): it is written again, not fenced.
 # -> {} when written, {CHECK_EACH_JOB} (fast path refused), or the positions (1-based)
 #    of the jobs fenced (nothing written). A log entry the log already has (an earlier
 #    try of this batch got through) is skipped.
 APPEND_BATCH = _LUA_HELPERS + _format("""
 local jobs, messages, moves = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local a = 11
+local releases = tonumber(ARGV[11])
+local a = 13
+-- Where the releases' keys and job ids start.
+local rk = 3 + 2 * jobs + moves + 1
+local ra = a + 2 * jobs + 2 * messages + 5 * moves
 if jobs == 0 then
   if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return {{CHECK_EACH_JOB}} end
 else
@@ -311,9 +324,18 @@ else
     local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 511, 3 + 2 * jobs)))
     for i = 1, #got do flags[first + i - 1] = got[i] end
   end
+  local released = {}
+  for k = 1, releases do released[ARGV[ra + k - 1]] = KEYS[rk + 2 * k - 1] end
   local fenced = {}
   for j = 1, jobs do
-    if flags[2 + 2 * j] ~= ARGV[1] then fenced[#fenced + 1] = j end
+    local lease = flags[2 + 2 * j]
+    if lease ~= ARGV[1] then
+      local record = (not lease) and released[ARGV[a + 2 * j - 2]]
+      local ended = record and redis.call('HMGET', record, 'state', '{OWNER_FIELD}')
+      if not (ended and ended[1] == 'done' and ended[2] == ARGV[1]) then
+        fenced[#fenced + 1] = j
+      end
+    end
   end
   if #fenced > 0 then return fenced end
   for j = 1, jobs do
@@ -341,6 +363,15 @@ for k = 1, moves do
   end
   if ARGV[a + 4] ~= '0' then redis.call('EXPIRE', log_key, ARGV[a + 4]) end
   a = a + 5
+end
+for k = 1, releases do
+  local record, lease = KEYS[rk + 2 * k - 1], KEYS[rk + 2 * k]
+  if redis.call('GET', lease) == ARGV[1] then
+    redis.call('HSET', record, 'state', 'done', 'payload', '')
+    redis.call('EXPIRE', record, ARGV[12])
+    redis.call('ZREM', KEYS[rk], ARGV[a + k - 1])
+    redis.call('DEL', lease)
+  end
 end
 return {}
 """)
