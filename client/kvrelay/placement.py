@@ -9,8 +9,9 @@ worker is busy, goes to the shared queue, which every worker consumes.
 
 Busy means any of: draining; its load reaching ``load_cap`` x ``concurrency``; or its
 KV cache fuller than ``MAX_KV_USAGE``. And the holder gets the job only while its load is
-at most ``MAX_LOAD_LEAD`` above the least loaded live worker's: a placed job waits behind
-its worker's load, which the shared queue would have balanced. Its load is this client's unfinished jobs placed
+at most ``MAX_LOAD_LEAD`` above the least loaded candidate's (a placed job waits behind
+its worker's load, which the shared queue would have balanced). Its load is this
+client's unfinished jobs placed
 on it (counted exactly: up when placed, down when the job's stream ends) plus the rest
 (its heartbeat's ``jobs_running`` and its own queue's length, less this client's placed
 jobs counted at that read, less the jobs of this client that ended on it since). The heartbeats and queue lengths are read at most once per
@@ -53,10 +54,10 @@ PLACEMENT_VARIABLE: Final = "KVRELAY_PLACEMENT"
 # A worker whose KV cache is fuller than this would have to evict or preempt to take
 # another prompt: its jobs go to the shared queue.
 MAX_KV_USAGE: Final = 0.95
-# How many jobs more than the least loaded live worker the prefix's holder may carry and
-# still get the job. 0 moved conversations off their cache too often (hit rate 82.5% in
+# How many jobs more than the least loaded worker (of those with a queue of their own)
+# the prefix's holder may carry and still get the job. 0 moved conversations off their cache too often (hit rate 82.5% in
 # the placement benchmark); none at all let a worker's own conversations queue behind
-# each other (TTFT p50 0.33-0.36 s against 0.25-0.28 s with 1).
+# each other (TTFT p50 0.33-0.36 s against 0.25-0.30 s with 1).
 MAX_LOAD_LEAD: Final = 1
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 # Placed jobs remembered until their stream ends; past this many the oldest are forgotten.

@@ -266,7 +266,8 @@ class JobStore:
     def append_batch(self, jobs: Sequence[JobEvents], *, tail_expiry_s: int = 0) -> list[Any]:
         """Write and publish every job's events in one script call
         (``redis_scripts.APPEND_BATCH``), releasing the jobs marked ``release``: per job
-        1 (written) or ``AppendResult.FENCED``, in the order given. No job is checked while this worker's fence flag is down and
+        1 (written) or ``AppendResult.FENCED``, in the order given. No job is checked
+        while this worker's fence flag is down and
         no stream watches a job; otherwise each job's lease is, and a batch with fenced
         jobs is sent again without them (the script writes nothing when any lease is
         someone else's).
