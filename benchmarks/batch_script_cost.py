@@ -3,8 +3,8 @@
 No worker, no client, no Celery: ``JobStore.append_batch`` called in a loop the way a
 worker's publisher calls it, one batch per engine step, for ``--jobs`` jobs of
 ``--tokens`` tokens each (a finished job is replaced by a new one, its log moved at its
-end and every 16 batches and the job released by its last batch, as the publisher does). Redis's own counters around the loop:
-``INFO commandstats`` (calls and µs inside each command, a script's including its inner
+end and every 16 batches and the job released by its last batch, as the publisher does).
+Redis's own counters around the loop: ``INFO commandstats`` (calls and µs inside each command, a script's including its inner
 calls) and ``INFO cpu``. Set beside ``scaling.py``'s figures, this separates what the
 script costs from what the same commands cost on a machine crowded with workers.
 

@@ -20,20 +20,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import redis
-from scaling import start_redis
+from scaling import process_counters, redis_counters, start_redis
 
 
-def _cpu_s(client: redis.Redis) -> float:
-    cpu = client.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+def _cpu_s(url: str) -> float:
+    return redis_counters(url)["_cpu_s"]
 
 
-def measure(client: redis.Redis, proc: psutil.Process, requests: int, interval_s: float,
-            pipeline: int, idle_cpu_per_s: float) -> dict[str, float]:
+def measure(url: str, pid: int, requests: int, interval_s: float, pipeline: int,
+            idle_cpu_per_s: float) -> dict[str, float]:
+    client = redis.Redis.from_url(url)
     client.config_resetstat()
-    cpu_before, wakes_before = _cpu_s(client), proc.num_ctx_switches().voluntary
+    cpu_before, wakes_before = _cpu_s(url), process_counters(pid)["wakeups"]
     started = time.perf_counter()
     for _ in range(requests // pipeline):
         if pipeline == 1:
@@ -46,9 +45,10 @@ def measure(client: redis.Redis, proc: psutil.Process, requests: int, interval_s
         if interval_s:
             time.sleep(interval_s)
     elapsed = time.perf_counter() - started
-    cpu = _cpu_s(client) - cpu_before - idle_cpu_per_s * elapsed
-    wakes = proc.num_ctx_switches().voluntary - wakes_before
+    cpu = _cpu_s(url) - cpu_before - idle_cpu_per_s * elapsed
+    wakes = process_counters(pid)["wakeups"] - wakes_before
     inside = float(client.info("commandstats")["cmdstat_set"]["usec_per_call"])
+    client.close()
     return {"interval_ms": interval_s * 1000, "pipeline": pipeline,
             "requests_per_s": requests / elapsed,
             "redis_cpu_us_per_command": cpu * 1e6 / requests,
@@ -62,12 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvrelay-round-trip-") as tmp:
         server, url = start_redis(Path(tmp))
         try:
-            client = redis.Redis.from_url(url)
-            proc = psutil.Process(server.pid)
-            idle_before = _cpu_s(client)
+            idle_before = _cpu_s(url)
             time.sleep(5.0)
-            idle = (_cpu_s(client) - idle_before) / 5.0
-            rows = [measure(client, proc, n, interval, pipeline, idle)
+            idle = (_cpu_s(url) - idle_before) / 5.0
+            rows = [measure(url, server.pid, n, interval, pipeline, idle)
                     for n, interval, pipeline in ((20_000, 0.0, 1), (3_000, 0.001, 1),
                                                   (1_000, 0.005, 1), (64_000, 0.0, 16))]
         finally:

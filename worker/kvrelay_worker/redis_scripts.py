@@ -369,7 +369,7 @@ for k = 1, releases do
   if redis.call('GET', lease) == ARGV[1] then
     redis.call('HSET', record, 'state', 'done', 'payload', '')
     redis.call('EXPIRE', record, ARGV[12])
-    redis.call('ZREM', KEYS[rk], ARGV[a + k - 1])
+    redis.call('ZREM', KEYS[rk], ARGV[ra + k - 1])
     redis.call('DEL', lease)
   end
 end
