@@ -15,9 +15,12 @@ KEYS = Keyspace()  # the default namespace
 
 def taken_over(store: JobStore, job_id: str, new_owner: str = "another-worker") -> None:
     """What another worker's claim of ``job_id`` leaves for ``store``'s worker, its old
-    owner: the lease is the new owner's and the old owner's fence flag is up (the claim
-    also moves the old owner's tail events into the log; that part is left out here)."""
-    store.redis.set(KEYS.lease(job_id), new_owner)
+    owner: the lease and the record name the new owner's run, and the old owner's fence
+    flag is up (the claim also moves the old owner's tail events into the log; that part
+    is left out here)."""
+    run = f"{new_owner}#1"
+    store.redis.set(KEYS.lease(job_id), run)
+    store.redis.hset(KEYS.job_record(job_id), mapping={"owner": new_owner, "run": run})
     store.redis.set(KEYS.worker_fenced(store.worker_id), "1", ex=FENCE_FLAG_TTL_S)
 
 

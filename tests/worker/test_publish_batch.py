@@ -25,7 +25,14 @@ from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore, PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import LOG_MOVE_BATCHES, EventItem, Item, Publisher, coalesce
+from kvrelay_worker.publisher import (
+    LOG_MOVE_BATCHES,
+    DoneItem,
+    EventItem,
+    Item,
+    Publisher,
+    coalesce,
+)
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace
@@ -83,10 +90,12 @@ def _delta(before: dict[str, int], after: dict[str, int], name: str) -> int:
 
 
 def _own(store: JobStore, *jobs: ActiveJob) -> None:
-    """Hold the jobs' leases, as a claim does (and name this worker their owner)."""
+    """Hold the jobs' leases, as a claim does (and name this worker their owner, and its
+    id their run: what a run id defaults to)."""
     for job in jobs:
         store.redis.set(KEYS.lease(job.job_id), store.worker_id)
-        store.redis.hset(KEYS.job_record(job.job_id), event_log.OWNER_FIELD, store.worker_id)
+        store.redis.hset(KEYS.job_record(job.job_id), mapping={
+            event_log.OWNER_FIELD: store.worker_id, "run": store.worker_id})
 
 
 def _publisher(store: JobStore, fenced: list[str] | None = None) -> Publisher:
@@ -278,14 +287,14 @@ def test_a_job_handed_on_or_whose_lease_is_gone_is_not_released_by_its_last_batc
     assert stale.outcome == Outcome.FENCED
     assert not stale.released
     assert _record(store, "stale")["state"] == "running"
-    assert store.redis.get(KEYS.lease("stale")) == b"the-new-owner"
+    assert store.redis.get(KEYS.lease("stale")) == b"the-new-owner#1"
 
 
 def test_an_ending_batch_sent_again_after_its_reply_was_lost_is_not_fenced_by_itself(
         store: JobStore) -> None:
     """Checked job by job (a stream watches it), the retry finds the lease its first
-    try dropped; the record shows this worker ended the job, so it is written, not
-    fenced. Had another worker taken the job and ended it, it would be fenced."""
+    try dropped; the record shows this run ended the job, so it is written, not
+    fenced. Had another run taken the job and ended it, it would be fenced."""
     _running(store, _job("j"))
     watched_by_a_stream(store.redis, "j")
     data = [(0, False, b"\x81\xa1x\x01"), (1, True, b"\x81\xa1x\x02")]
@@ -295,7 +304,8 @@ def test_an_ending_batch_sent_again_after_its_reply_was_lost_is_not_fenced_by_it
     assert _record(store, "j")["state"] == "done"
     assert store.append_batch([batch]) == [1]  # the reply of the first try was lost
     assert len(store.redis.xrange(KEYS.event_log("j"))) == 1
-    store.redis.hset(KEYS.job_record("j"), event_log.OWNER_FIELD, "the-new-owner")
+    store.redis.hset(KEYS.job_record("j"), mapping={event_log.OWNER_FIELD: "the-new-owner",
+                                                    "run": "the-new-owner#1"})
     assert store.append_batch([batch]) == [AppendResult.FENCED]
 
 
@@ -337,9 +347,11 @@ def test_a_retried_batch_writes_no_log_entry_twice(store: JobStore) -> None:
     assert len(store.redis.xrange(KEYS.event_log("j"))) == 1
 
 
-def test_a_fenced_job_gets_its_tail_events_written_to_its_log_at_once(
-        store: JobStore) -> None:
-    """The next owner may claim it only after this worker's tail has dropped them."""
+def test_a_fenced_run_writes_nothing_more_to_the_log(store: JobStore) -> None:
+    """A run that lost its job writes neither its new events nor, as it lets go, the
+    ones only in its tail: the claim that fenced it moved those itself, and the new run
+    may already have written the same seqs (a stale move would take their place).
+    (Before runs were fenced, the fenced run moved its tail events into the log.)"""
     job = _job("j")
     _own(store, job)
     fenced: list[str] = []
@@ -350,8 +362,9 @@ def test_a_fenced_job_gets_its_tail_events_written_to_its_log_at_once(
     taken_over(store, "j", "the-new-owner")
     publisher._process([EventItem(job, _tokens([3]))])
     assert fenced == ["j"]
-    [(last, events)] = _log(store.redis, "j")
-    assert (last, [e.seq for e in events]) == (2, [0, 1, 2])  # type: ignore[attr-defined]
+    publisher._process([DoneItem(job, Outcome.FENCED)])
+    assert _log(store.redis, "j") == []
+    assert not store.move_to_log("j", [b"\x81\xa1x\x01"], 7)
 
 
 def test_a_takeover_moves_what_the_dead_owner_left_in_its_tail(store: JobStore,

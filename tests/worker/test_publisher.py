@@ -59,7 +59,8 @@ def _log(store: JobStore, job_id: str) -> list[tuple[int, object]]:
 def _own(store: JobStore, job_id: str) -> None:
     """Hold the job's lease and name this worker its owner, as a claim does."""
     store.redis.set(KEYS.lease(job_id), store.worker_id)
-    store.redis.hset(KEYS.job_record(job_id), "owner", store.worker_id)
+    store.redis.hset(KEYS.job_record(job_id), mapping={"owner": store.worker_id,
+                                                       "run": store.worker_id})
 
 
 def test_coalesce_merges_a_jobs_consecutive_tokens_of_one_choice() -> None:

@@ -38,6 +38,9 @@ class ActiveJob:
     prompt_ids: list[int]
     attempt: int
     prior: PriorProgress
+    # The claim's run id (``job_store.run_id``): what the job's lease holds while this
+    # run owns it; every write of the run is fenced by it.
+    run_id: str = ""
     claimed_at: float = field(default_factory=time.time)
     # The prefix-cache salt the engine uses: the request's own, kept apart per namespace.
     cache_salt: str | None = None

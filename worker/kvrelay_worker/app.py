@@ -44,6 +44,10 @@ def make_celery(s: WorkerSettings) -> Celery:
         # rediss://: verify the broker's certificate as every other connection does.
         broker_use_ssl=celery_ssl_options(s.redis_url),
         broker_connection_retry_on_startup=True,
+        # An error reply from the broker (NOREPLICAS, MISCONF, READONLY, BUSY, ...: Redis
+        # refusing writes for a while) restarts the consumer, as a lost connection does,
+        # instead of stopping the worker and every job it runs.
+        broker_channel_error_retry=True,
         broker_transport_options={
             "visibility_timeout": s.visibility_timeout,
             "unacked_restore_interval": s.unacked_restore_interval,

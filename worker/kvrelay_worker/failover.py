@@ -5,6 +5,12 @@ Looks for jobs of this model whose owner stopped refreshing its lease and requeu
 not Celery's visibility timeout. A job that lost too many workers fails ``worker_lost``.
 The same watch moves the jobs waiting in dead workers' own queues (``orphan_queues``)
 onto the shared queue.
+
+A lease is judged on time Redis was reachable: after any failed write of this worker
+(Redis refusing writes or failing over) the watch takes nothing over until its writes have
+gone through for a whole lease period, in which live owners refresh or take back leases
+that ran out during the outage. So an outage shorter than that takes over nothing, and
+a real death still costs about one lease period.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import logging
 from collections.abc import Callable
 
 from kvrelay.protocol import ErrorCode, Failed
+from kvrelay_worker.held_writes import until_written
 from kvrelay_worker.job_request import reply_to_of
 from kvrelay_worker.job_store import JobStore
 from kvrelay_worker.orphan_queues import OrphanQueues
 from kvrelay_worker.periodic import Periodic
+from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -27,13 +35,16 @@ Requeue = Callable[[str, str], None]
 
 class Failover:
     def __init__(self, store: JobStore, settings: WorkerSettings, requeue: Requeue,
-                 orphans: OrphanQueues | None = None) -> None:
+                 orphans: OrphanQueues | None = None, health: RedisHealth | None = None
+                 ) -> None:
         self.store = store
         self.orphans = orphans
         self.requeue = requeue
         self.max_attempts = settings.max_attempts
+        self.lease_ttl = settings.lease_ttl
+        self.health = health or RedisHealth()
         self._thread = Periodic("kvrelay-failover", settings.watchdog_interval,
-                                self.take_over_expired)
+                                self.take_over_expired, self.health)
 
     def start(self) -> None:
         # Before this worker's consumer starts: jobs of dead workers go to the queue's front.
@@ -54,15 +65,25 @@ class Failover:
                 self.orphans.sweep()
             except Exception as exc:  # the lease takeover below must still run
                 log.warning("could not move dead workers' queued jobs (%s)", exc)
+        if self.health.writable_for() < self.lease_ttl:
+            return  # just back from an outage: owners are still taking their leases back
         for job_id in self.store.expired_candidates():
-            status, payload = self.store.check_expired(job_id)
-            if status == "requeue" and payload is not None:
-                log.warning("job %s lost its worker; requeueing it", job_id)
-                self.requeue(job_id, payload)
-                self.store.commit_requeue(job_id)
-            elif status == "exhausted":
-                log.warning("job %s lost %d workers; failing it", job_id, self.max_attempts)
-                self.store.append_unowned(job_id, Failed(
-                    seq=0, code=ErrorCode.WORKER_LOST,
-                    message=f"workers died {self.max_attempts} times while running this job",
-                ), reply_to=reply_to_of(payload) if payload is not None else "")
+            self._take_over(job_id)
+
+    def _take_over(self, job_id: str) -> None:
+        status, payload = self.store.check_expired(job_id)
+        if status == "requeue" and payload is not None:
+            log.warning("job %s lost its worker; requeueing it", job_id)
+            until_written(lambda: self.requeue(job_id, payload), f"the copy of job {job_id}",
+                          self.health)
+            until_written(lambda: self.store.commit_requeue(job_id),
+                          f"the requeue of job {job_id}", self.health)
+        elif status == "exhausted":
+            log.warning("job %s lost %d workers; failing it", job_id, self.max_attempts)
+            failed = Failed(
+                seq=0, code=ErrorCode.WORKER_LOST,
+                message=f"workers died {self.max_attempts} times while running this job")
+            reply_to = reply_to_of(payload) if payload is not None else ""
+            # Its record already says done: this is the job's only chance of an end.
+            until_written(lambda: self.store.append_unowned(job_id, failed, reply_to=reply_to),
+                          f"the end of job {job_id}", self.health)

@@ -13,6 +13,7 @@ import redis
 from kvrelay.protocol import WorkerInfo, encode_worker_info
 from kvrelay_worker.admission_advert import advertise_admission
 from kvrelay_worker.periodic import Periodic
+from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -20,14 +21,14 @@ log = logging.getLogger(__name__)
 
 class Heartbeat:
     def __init__(self, client: redis.Redis, settings: WorkerSettings,
-                 info: Callable[[], WorkerInfo]) -> None:
+                 info: Callable[[], WorkerInfo], health: RedisHealth | None = None) -> None:
         self.redis = client
         self.settings = settings
         self.worker_id = settings.worker_id
         self.keys = settings.keys
         self.info = info
         self.ttl_ms = int(max(3.0, 3 * settings.lease_refresh) * 1000)
-        self._thread = Periodic("kvrelay-heartbeat", settings.lease_refresh, self.beat)
+        self._thread = Periodic("kvrelay-heartbeat", settings.lease_refresh, self.beat, health)
 
     def start(self) -> None:
         self.beat()

@@ -7,6 +7,7 @@ that needs one (each owns its Redis connection pool).
 from __future__ import annotations
 
 import functools
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,8 @@ class JobEvents:
     # The job ended here with this batch: its lease is released and its record marked
     # done by the same script call (no ``release_done`` of its own).
     release: bool = False
+    # The run that writes (``run_id``; '': the worker's id, as a lease set by hand holds).
+    run: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -73,6 +76,11 @@ class JobEvents:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def run_id(worker_id: str) -> str:
+    """A new run id for one claim by ``worker_id``: what its lease holds."""
+    return f"{worker_id}#{secrets.token_hex(6)}"
 
 
 @dataclass
@@ -184,16 +192,17 @@ class JobStore:
 
     # ------------------------------------------------------------------ claiming
 
-    def claim(self, job_id: str, payload_json: str, digest: str) -> Claim:
-        """Take the job unless it is done, aborted, owned, or its id belongs to another
-        request (``digest``: ``protocol.request_digest``); one round trip."""
+    def claim(self, job_id: str, payload_json: str, digest: str, run: str = "") -> Claim:
+        """Take the job for ``run`` (``run_id``) unless it is done, aborted, owned, or its
+        id belongs to another request (``digest``: ``protocol.request_digest``); one
+        round trip. Sent again after a lost reply, the same run's claim stands."""
         result = self._one(
             self._claim,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
              self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
             [job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
              self.live_ttl_s, digest, self.tail_prefix, self.settings.log_max_len,
-             self.fence_prefix],
+             self.fence_prefix, run or self.worker_id],
         )
         status = _text(result[0])
         if status == "claimed":
@@ -205,52 +214,54 @@ class JobStore:
             return Claim("claimed", attempt=int(result[1]), progress=progress)
         return Claim(status)
 
-    def release_done(self, job_id: str) -> bool:
+    def release_done(self, job_id: str, run: str = "") -> bool:
         return bool(self._one(
             self._release_done,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
-            [job_id, self.worker_id, self.ended_ttl_s],
+            [job_id, run or self.worker_id, self.ended_ttl_s],
         ))
 
-    def mark_handback(self, job_id: str) -> bool:
-        return bool(self._mark_handback(keys=[self.keys.job_record(job_id), self.keys.lease(job_id)],
-                                        args=[self.worker_id]))
+    def mark_handback(self, job_id: str, run: str = "") -> bool:
+        return bool(self._one(self._mark_handback,
+                              [self.keys.job_record(job_id), self.keys.lease(job_id)],
+                              [run or self.worker_id]))
 
-    def release_handback(self, job_id: str) -> bool:
-        return bool(self._release_handback(
-            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
-            args=[job_id, self.worker_id],
+    def release_handback(self, job_id: str, run: str = "") -> bool:
+        return bool(self._one(
+            self._release_handback,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
+            [job_id, run or self.worker_id],
         ))
 
     # -------------------------------------------------------------------- events
 
-    def _append_call(self, job_id: str, event: AnyEvent, fenced: bool, reply_to: str,
+    def _append_call(self, job_id: str, event: AnyEvent, fenced: bool | str, reply_to: str,
                      keep_from: int = 0, data: bytes | None = None) -> _ScriptCall:
         terminal = isinstance(event, TERMINAL_EVENTS)
         events = pack_events([encode_event(event) if data is None else data])
         return (
             self._append,
             [self.keys.event_log(job_id), self.keys.lease(job_id), self.keys.job_record(job_id)],
-            [reply_to, self.keys.events_channel(job_id), self.worker_id if fenced else "",
+            [reply_to, self.keys.events_channel(job_id), _fence_run(fenced, self.worker_id),
              event.seq, events, pack_message([pack_pair(job_id, events)]),
              self.settings.log_max_len, 1 if terminal else 0, self.ended_ttl_s,
              self.live_ttl_s, keep_from, self.tail_prefix, job_id],
         )
 
-    def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool,
+    def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool | str,
                      reply_to: str = "") -> Any:
         """Append + publish ``event`` at its ``seq`` (on ``reply_to`` when given, and on the
         job's own channel); returns that seq or an ``AppendResult``. Not for a job whose
         events go through ``append_batch``.
 
-        With ``fenced`` the write happens only while this worker holds the job's lease, so
-        a worker presumed dead can never interleave events with its successor; without,
-        it first moves into the log what the job's last owner left in its tail.
+        With ``fenced`` (True: this worker's id; or a run id) the write happens only while
+        that run holds the job's lease, so a worker presumed dead can never interleave
+        events with its successor; without, it first moves into the log what the job's
+        last owner left in its tail. Waits for the replicas like every state write.
         """
-        script, key_list, args = self._append_call(job_id, event, fenced, reply_to)
-        return script(keys=key_list, args=args)
+        return self._one(*self._append_call(job_id, event, fenced, reply_to))
 
-    def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool,
+    def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool | str,
                       keep_from: Sequence[int] | None = None,
                       encoded: Sequence[bytes] | None = None) -> list[Any]:
         """``append_event`` for many (job id, event) pairs in one round trip; each result
@@ -277,7 +288,7 @@ class JobStore:
         server lost it (restart).
         """
         results: list[Any] = [1] * len(jobs)
-        live = [i for i, job in enumerate(jobs) if job.events]
+        live = [i for i, job in enumerate(jobs) if job.events or job.moved]
         check_each = time.monotonic() < self._check_each_until
         while live:
             call = self._batch_call([jobs[i] for i in live], tail_expiry_s, check_each)
@@ -311,15 +322,18 @@ class JobStore:
         moves: list[Any] = []
         for job in jobs:
             job_id = job.job_id
-            events = pack_events([data for _, _, data in job.events])
-            pair = pack_pair(job_id, events)
-            records.append(event_log.tail_record(job_id, job.events[-1][0], events,
-                                                 ended=job.terminal))
+            pair = b""
+            if job.events:
+                events = pack_events([data for _, _, data in job.events])
+                pair = pack_pair(job_id, events)
+                records.append(event_log.tail_record(job_id, job.events[-1][0], events,
+                                                     ended=job.terminal))
+                if job.reply_to:
+                    messages.setdefault(job.reply_to, []).append(pair)
             if check_each:
-                key_list += [self.keys.lease(job_id), self.keys.watchers(job_id)]
-                per_job += [job_id, pair]
-            if job.reply_to:
-                messages.setdefault(job.reply_to, []).append(pair)
+                key_list += [self.keys.lease(job_id), self.keys.watchers(job_id),
+                             self.keys.job_record(job_id)]
+                per_job += [job_id, pair, job.run or self.worker_id]
             if job.moved:
                 move_keys.append(self.keys.event_log(job_id))
                 moves += [job.moved_last, pack_events(job.moved), 1 if job.terminal else 0,
@@ -327,22 +341,26 @@ class JobStore:
         per_message: list[Any] = []
         for channel, pairs in messages.items():
             per_message += [channel, pack_message(pairs)]
-        released = [job.job_id for job in jobs if job.release]
+        released = [job for job in jobs if job.release]
         release_keys = [self.running_key] if released else []
-        for job_id in released:
-            release_keys += [self.keys.job_record(job_id), self.keys.lease(job_id)]
+        release_args: list[Any] = []
+        for job in released:
+            release_keys += [self.keys.job_record(job.job_id), self.keys.lease(job.job_id)]
+            release_args += [job.job_id, job.run or self.worker_id]
         args: list[Any] = [self.worker_id, self.settings.log_max_len, TAIL_MAX_LEN,
-                           tail_expiry_s, len(per_job) // 2, len(messages), len(move_keys),
+                           tail_expiry_s, len(per_job) // 3, len(messages), len(move_keys),
                            head, tail, b"".join(records), len(released), self.ended_ttl_s,
-                           *per_job, *per_message, *moves, *released]
+                           *per_job, *per_message, *moves, *release_args]
         return self._append_batch, key_list + move_keys + release_keys, args
 
-    def move_to_log(self, job_id: str, events: Sequence[bytes], last_seq: int) -> bool:
-        """Write ``events`` (this worker's, only in its tail so far) to the job's log as
-        one entry; False when the log already has them."""
+    def move_to_log(self, job_id: str, events: Sequence[bytes], last_seq: int,
+                    run: str = "") -> bool:
+        """Write ``events`` (this run's, only in its tail so far) to the job's log as one
+        entry; False when the log already has them or another run has claimed the job."""
         return bool(self._one(
-            self._move_to_log, [self.keys.event_log(job_id)],
-            [last_seq, pack_events(events), self.settings.log_max_len, self.live_ttl_s]))
+            self._move_to_log, [self.keys.event_log(job_id), self.keys.job_record(job_id)],
+            [last_seq, pack_events(events), self.settings.log_max_len, self.live_ttl_s,
+             run or self.worker_id]))
 
     def _pipelined(self, calls: list[_ScriptCall]) -> list[Any]:
         """Run script calls in one pipelined round trip, by their SHA alone.
@@ -375,6 +393,11 @@ class JobStore:
         pipe = self.redis.pipeline(transaction=False)
         for script, key_list, args in calls:
             pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+        return self._execute(pipe)
+
+    def _execute(self, pipe: Any) -> list[Any]:
+        """Send a pipeline of writes; behind sentinels closed by a ``WAIT`` (its reply
+        left out). Error replies come back in place."""
         wanted = self._replica_wait.wanted()
         if wanted > 0:
             pipe.execute_command("WAIT", wanted, self._replica_wait.timeout_ms)
@@ -410,21 +433,28 @@ class JobStore:
         pipe.hset(self.keys.job_record(job_id), "state", "done")
         pipe.hdel(self.keys.job_record(job_id), "payload")
         pipe.expire(self.keys.job_record(job_id), self.ended_ttl_s)
-        pipe.execute()
+        for reply in self._execute(pipe):
+            if isinstance(reply, Exception):
+                raise reply
         return seq
 
     # ----------------------------------------------------------- leases/failover
 
-    def refresh_leases(self, job_ids: list[str]) -> tuple[list[str], list[str]]:
-        """Extend the leases this worker holds, in one script call: the jobs whose lease
-        it lost (another worker owns them now), and the jobs whose abort flag is set."""
+    def refresh_leases(self, job_ids: list[str], runs: Sequence[str] | None = None
+                       ) -> tuple[list[str], list[str]]:
+        """Extend the leases of the runs this worker holds (``runs``, per job; default:
+        the worker's id), in one script call: the jobs whose lease it lost (another run
+        owns them now), and the jobs whose abort flag is set. A lease that expired while
+        Redis was out of reach is taken again if no other run claimed the job since."""
         if not job_ids:
             return [], []
         key_list = [self.running_key]
-        for job_id in job_ids:
-            key_list += [self.keys.lease(job_id), self.keys.abort_flag(job_id)]
-        codes = self._one(self._refresh, key_list,
-                          [self.worker_id, self.lease_ms, now_ms(), *job_ids])
+        args: list[Any] = [self.lease_ms, now_ms()]
+        for job_id, run in zip(job_ids, runs or [self.worker_id] * len(job_ids), strict=True):
+            key_list += [self.keys.lease(job_id), self.keys.abort_flag(job_id),
+                         self.keys.job_record(job_id)]
+            args += [job_id, run]
+        codes = self._one(self._refresh, key_list, args)
         lost = [j for j, code in zip(job_ids, codes, strict=True) if not int(code) & 1]
         aborted = [j for j, code in zip(job_ids, codes, strict=True) if int(code) & 2]
         return lost, aborted
@@ -435,22 +465,31 @@ class JobStore:
         return [_text(i) for i in ids]
 
     def check_expired(self, job_id: str) -> tuple[str, str | None]:
-        result = self._check_expired(
-            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
-                  self.keys.requeue_marker(job_id)],
-            args=[job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000),
-                  self.ended_ttl_s],
+        result = self._one(
+            self._check_expired,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+             self.keys.requeue_marker(job_id)],
+            [job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000),
+             self.ended_ttl_s],
         )
         status = _text(result[0])
         payload = _text(result[1]) if len(result) > 1 and result[1] else None
         return status, payload
 
     def commit_requeue(self, job_id: str) -> None:
-        self._commit_requeue(
-            keys=[self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
-                  self.keys.requeue_marker(job_id)],
-            args=[job_id],
+        self._one(
+            self._commit_requeue,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+             self.keys.requeue_marker(job_id)],
+            [job_id],
         )
+
+
+def _fence_run(fenced: bool | str, worker_id: str) -> str:
+    """``APPEND_EVENT``'s run argument: '' (unfenced), or the run the write is fenced by."""
+    if isinstance(fenced, str):
+        return fenced
+    return worker_id if fenced else ""
 
 
 def _text(value: Any) -> str:

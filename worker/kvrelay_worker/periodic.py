@@ -6,16 +6,21 @@ import logging
 import threading
 from collections.abc import Callable
 
+from kvrelay_worker.redis_health import RedisHealth
+
 log = logging.getLogger(__name__)
 
 
 class Periodic:
     """Runs ``tick`` every ``period`` s; a failing tick is logged and tried next period."""
 
-    def __init__(self, name: str, period: float, tick: Callable[[], None]) -> None:
+    def __init__(self, name: str, period: float, tick: Callable[[], None],
+                 health: RedisHealth | None = None) -> None:
         self.name = name
         self.period = period
         self.tick = tick
+        # Told of every failed tick: the ticks here write to Redis.
+        self.health = health
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -31,4 +36,6 @@ class Periodic:
             try:
                 self.tick()
             except Exception as exc:
+                if self.health is not None:
+                    self.health.failed()
                 log.warning("%s failed (%s); retrying", self.name, exc)

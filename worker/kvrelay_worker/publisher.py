@@ -12,6 +12,12 @@ tail into its own log every ``LOG_MOVE_BATCHES`` batches, when it ends and when 
 worker lets go of it, as one log entry, so per token Redis runs a fraction of a command.
 A job that ends here is released (record done, lease dropped) by the batch that writes
 its terminal event; then the job's task thread is woken.
+
+Nothing is taken for written before Redis says so: a batch Redis refuses (any error
+reply) or cannot be reached for is held, in order, and sent again with backoff until it
+is written; the batches queued behind it merge into the next round meanwhile. A job's
+events move into its log before the tail can drop them, whether or not the job has sent
+anything since (a preempted or slow job is quiet for many batches).
 """
 
 from __future__ import annotations
@@ -23,14 +29,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import redis
-
 from kvrelay.event_log import TAIL_READ_ENTRIES, AppendResult
 from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Tokens, encode_event
 from kvrelay_worker.active_job import ENDED_HERE, ActiveJob, Outcome
+from kvrelay_worker.held_writes import until_written
 from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore
 from kvrelay_worker.log_window import LogWindow
 from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.redis_health import RedisHealth
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +76,15 @@ assert LOG_MOVE_BATCHES * 2 <= TAIL_READ_ENTRIES <= TAIL_MAX_LEN
 class Publisher:
     def __init__(self, store: JobStore, metrics: WorkerMetrics,
                  requeue: Callable[[str, str], None],
-                 on_fenced: Callable[[ActiveJob], None]) -> None:
+                 on_fenced: Callable[[ActiveJob], None],
+                 health: RedisHealth | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.requeue = requeue
         self.on_fenced = on_fenced
+        self.health = health or RedisHealth()
+        # Jobs with events only in the tail so far, in the order they got them.
+        self._unlogged: dict[ActiveJob, None] = {}
         self._queue: queue.SimpleQueue[list[Item] | object] = queue.SimpleQueue()
         # Entries written to this worker's tail so far (retries counted: an upper bound),
         # and when (monotonic) the tail's expiry is next refreshed.
@@ -145,7 +155,8 @@ class Publisher:
             job = item.job
             entry = per_job.get(job)
             if entry is None:
-                entry = per_job[job] = ([], JobEvents(job.job_id, job.request.reply_to or ""))
+                entry = per_job[job] = ([], JobEvents(job.job_id, job.request.reply_to or "",
+                                                      run=job.run_id))
             item.event.seq = job.next_seq
             job.next_seq += 1
             terminal = isinstance(item.event, TERMINAL_EVENTS)
@@ -153,19 +164,27 @@ class Publisher:
             entry[1].events.append((item.event.seq, terminal, encode_event(item.event)))
             if terminal and item.outcome in ENDED_HERE:
                 entry[1].release = True
+        for job in self._unlogged:
+            if job not in per_job and self._move_due(job):
+                # Quiet now, but its oldest tail events would soon be trimmed.
+                per_job[job] = ([], JobEvents(job.job_id, run=job.run_id))
         for job, (_, job_events) in per_job.items():
-            due = job.unlogged_since is not None and (
-                self._tail_entries - job.unlogged_since >= LOG_MOVE_BATCHES - 1)
-            if not (job_events.terminal or due):
+            if not (job_events.terminal or self._move_due(job)):
                 continue
             if job.log_window is None:
                 job.log_window = LogWindow(settings.log_max_bytes, job.prior.entry_sizes)
             job_events.moved = [*job.unlogged, *(data for _, _, data in job_events.events)]
-            job_events.moved_last = job_events.events[-1][0]
+            job_events.moved_last = (job_events.events[-1][0] if job_events.events
+                                     else job.unlogged_last)
             job_events.keep_from = job.log_window.add(
                 job_events.moved_last, sum(len(data) for data in job_events.moved))
             job_events.expiry_s = self._expiry_due(job, job_events.terminal, now)
         return per_job
+
+    def _move_due(self, job: ActiveJob) -> bool:
+        """Whether the job's oldest tail-only events are ``LOG_MOVE_BATCHES`` entries old."""
+        return job.unlogged_since is not None and (
+            self._tail_entries - job.unlogged_since >= LOG_MOVE_BATCHES - 1)
 
     def _expiry_due(self, job: ActiveJob, terminal: bool, now: float) -> int:
         """The expiry a move into the job's log sets (0: none due).
@@ -199,57 +218,58 @@ class Publisher:
 
     def _send(self, per_job: dict[ActiveJob, tuple[list[EventItem], JobEvents]]
               ) -> list[object]:
-        """One script call for the whole batch; retried while Redis is unreachable or
-        refuses it for want of memory, until it is written: an event is never taken for
-        written, nor its job for finished, before it is. (A retry may write the tail and
-        publish again: readers drop seqs they have; a log entry is never written twice.)"""
+        """One script call for the whole batch, sent until it is written: while Redis is
+        unreachable or answers any error (refusing writes, out of memory, failing over),
+        the batch is held and tried again. An event is never taken for written, nor its
+        job for finished, before it is. (A retry may write the tail and publish again:
+        readers drop seqs they have; a log entry is never written twice.)"""
         batch = [job_events for _, job_events in per_job.values()]
         entries = 1 if any(b.events for b in batch) else 0  # one tail entry per batch
         tail_expiry = self._tail_expiry_due(any(b.terminal for b in batch))
-        delay = 0.05
-        while True:
+
+        def attempt() -> list[object]:
             self._tail_entries += entries
-            try:
-                results = self.store.append_batch(batch, tail_expiry_s=tail_expiry)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("publisher: Redis unreachable (%s); retrying in %.2fs", exc, delay)
-            else:
-                if not any(isinstance(r, redis.OutOfMemoryError) for r in results):
-                    return results
-                log.warning("publisher: Redis is out of memory; %d jobs' events wait, "
-                            "retrying in %.2fs", len(results), delay)
-            time.sleep(delay)
-            # Capped low: behind sentinels the new primary is up within a second or two of
-            # the old one's death, and each step of backoff past that is a stall.
-            delay = min(delay * 2, 0.5)
+            results = self.store.append_batch(batch, tail_expiry_s=tail_expiry)
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+            return results
+
+        return until_written(attempt, f"the events of {len(batch)} jobs", self.health,
+                             any_error=True)
 
     def _track_unlogged(self, job: ActiveJob, job_events: JobEvents, result: object,
                         tail_before: int) -> None:
-        """Remember which of the job's events are only in the tail now; a job found
-        fenced gets those written to its log at once (its next owner may claim it after
-        this worker's tail has dropped them)."""
-        if result == AppendResult.FENCED:
-            self._move_unlogged(job)
-        elif not isinstance(result, Exception):
-            if job_events.moved:
-                job.unlogged = []
-                job.unlogged_since = None
-            elif job_events.events:
-                job.unlogged.extend(data for _, _, data in job_events.events)
-                job.unlogged_last = job_events.events[-1][0]
-                if job.unlogged_since is None:
-                    job.unlogged_since = tail_before
+        """Remember which of the job's events are only in the tail now. A fenced job's
+        are left where they are: the claim that fenced it moved them into the log."""
+        if result == AppendResult.FENCED or job_events.moved:
+            self._forget_unlogged(job)
+        elif job_events.events:
+            job.unlogged.extend(data for _, _, data in job_events.events)
+            job.unlogged_last = job_events.events[-1][0]
+            if job.unlogged_since is None:
+                job.unlogged_since = tail_before
+                self._unlogged[job] = None
 
-    def _move_unlogged(self, job: ActiveJob) -> None:
-        if not job.unlogged:
-            return
-        try:
-            self.store.move_to_log(job.job_id, job.unlogged, job.unlogged_last)
-        except Exception:
-            log.exception("publisher: could not move job %s's events from the tail to its "
-                          "log; its next owner moves them when it claims the job", job.job_id)
+    def _forget_unlogged(self, job: ActiveJob) -> None:
         job.unlogged = []
         job.unlogged_since = None
+        self._unlogged.pop(job, None)
+
+    def _move_unlogged(self, job: ActiveJob) -> None:
+        """Write the job's tail-only events into its log as this run lets go of it
+        (nothing when another run has claimed the job since: it moved them itself)."""
+        if job.unlogged:
+            events, last = job.unlogged, job.unlogged_last
+            try:
+                until_written(
+                    lambda: self.store.move_to_log(job.job_id, events, last, job.run_id),
+                    f"job {job.job_id}'s events into its log", self.health)
+            except Exception:
+                log.exception("publisher: could not move job %s's events from the tail to "
+                              "its log; its next owner moves them when it claims the job",
+                              job.job_id)
+        self._forget_unlogged(job)
 
     def _after_write(self, item: EventItem, result: object, now: float) -> None:
         job = item.job
@@ -279,12 +299,17 @@ class Publisher:
             job.finish(item.outcome)
 
     def _hand_back(self, job: ActiveJob) -> None:
-        """Let another worker continue the job: mark, send a copy, release the lease."""
+        """Let another worker continue the job: mark, send a copy, release the lease
+        (each step held and retried while Redis refuses; a copy sent twice is dropped by
+        its claim)."""
         self._move_unlogged(job)
         try:
-            if self.store.mark_handback(job.job_id):
-                self.requeue(job.job_id, job.payload_json)
-                self.store.release_handback(job.job_id)
+            if until_written(lambda: self.store.mark_handback(job.job_id, job.run_id),
+                             f"the hand-back of job {job.job_id}", self.health):
+                until_written(lambda: self.requeue(job.job_id, job.payload_json),
+                              f"the copy of job {job.job_id}", self.health)
+                until_written(lambda: self.store.release_handback(job.job_id, job.run_id),
+                              f"the release of job {job.job_id}", self.health)
             self.metrics.jobs.labels(outcome=Outcome.HANDBACK).inc()
         except Exception:
             log.exception("publisher: hand-back of job %s failed; its lease will expire and "

@@ -2,9 +2,15 @@
 
 Every key a script touches is built by ``kvrelay.keys.Keyspace`` and passed in ``KEYS``; the event
 log's names and result codes come from ``kvrelay.event_log``. The
-job record is a hash: ``state`` (running | queued | done), ``owner``, ``payload``,
-``attempts`` (claims so far), ``lost`` (attempts that died with their worker),
-``handback`` (owner handing the job back on shutdown; '' when none).
+job record is a hash: ``state`` (running | queued | done), ``owner`` (the worker of the
+latest claim), ``run`` (that claim's run id), ``payload``, ``attempts`` (claims so far),
+``lost`` (attempts that died with their worker), ``handback`` (the run handing the job
+back on shutdown; '' when none).
+
+A job's lease holds the run id of the claim that owns it (``run_id``: the worker's id and a
+token of that claim), not just the worker's id, so a worker that claims a job it still
+runs from before a stall fences that older run like any other, and a claim sent again
+after its reply was lost recognises its own lease.
 """
 
 from __future__ import annotations
@@ -149,33 +155,39 @@ end
 # KEYS: job record, lease, running zset, event log, abort flag
 # ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest,
 #       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length,
-#       fence flag prefix (``Keyspace.worker_fenced`` less the worker id)
+#       fence flag prefix (``Keyspace.worker_fenced`` less the worker id), run id
 # -> {"done"} | {"reused"} | {"aborted"} | {"owned", owner}
 #    | {"claimed", attempt, log entries}
 # One round trip does the pickup checks, moves what the previous owner left in its tail
 # into the log, raises the previous owner's fence flag (its batches then check each
-# job's lease), and returns what earlier attempts wrote. A copy whose request differs from
-# the one the job id belongs to is "reused" (never run).
+# job's lease) unless that run handed the job back, and returns what earlier attempts
+# wrote. A copy whose request differs from the one the job id belongs to is "reused"
+# (never run). A lease that already holds this run id is this claim's own, sent again
+# after its reply was lost: it is answered as claimed, with nothing changed.
 CLAIM = _LUA_HELPERS + _format("""
 local record = redis.call('HMGET', KEYS[1], 'state', '{DIGEST_FIELD}', 'handback',
-                          '{OWNER_FIELD}', 'attempts')
+                          '{OWNER_FIELD}', 'attempts', 'run')
 if record[1] == 'done' then return {'done'} end
 if record[2] and record[2] ~= ARGV[7] then return {'reused'} end
+local owner = redis.call('GET', KEYS[2])
+if owner == ARGV[11] then
+  return {'claimed', tonumber(record[5] or '1'), redis.call('XRANGE', KEYS[4], '-', '+')}
+end
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 -- Any live lease means the job is running (here too: a redelivered copy can come back
 -- to its owner); only a lease its holder is handing back may be taken.
-local owner = redis.call('GET', KEYS[2])
 if owner and record[3] ~= owner then return {'owned', owner} end
 if record[4] then
   settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6])
-  if record[4] ~= ARGV[2] then
+  local handed_back = record[3] and record[3] ~= '' and record[3] == record[6]
+  if record[4] ~= ARGV[2] or not handed_back then
     redis.call('SET', ARGV[10] .. record[4], '1', 'EX', {FENCE_FLAG_TTL_S})
   end
 end
 local attempt = tonumber(record[5] or '0') + 1
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('HSET', KEYS[1], 'state', 'running', '{OWNER_FIELD}', ARGV[2], 'payload', ARGV[4],
-           '{DIGEST_FIELD}', ARGV[7], 'attempts', attempt, 'handback', '')
+redis.call('SET', KEYS[2], ARGV[11], 'PX', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', '{OWNER_FIELD}', ARGV[2], 'run', ARGV[11],
+           'payload', ARGV[4], '{DIGEST_FIELD}', ARGV[7], 'attempts', attempt, 'handback', '')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[3]), ARGV[1])
 return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
@@ -184,7 +196,7 @@ return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
 # The job ended here: record it as done (keeping no prompt, only the request's digest, for
 # as long as its log), written before the lease is dropped.
 # KEYS: job record, lease, running zset
-# ARGV: job id, worker id, record ttl s -> 1 if this worker owned the job
+# ARGV: job id, run id, record ttl s -> 1 if this run owned the job
 RELEASE_DONE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
@@ -194,14 +206,14 @@ redis.call('DEL', KEYS[2])
 return 1
 """
 
-# KEYS: job record, lease -- ARGV: worker id -> 1 if marked
+# KEYS: job record, lease -- ARGV: run id -> 1 if marked
 MARK_HANDBACK = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'handback', ARGV[1])
 return 1
 """
 
-# KEYS: job record, lease, running zset -- ARGV: job id, worker id -> 1 if released
+# KEYS: job record, lease, running zset -- ARGV: job id, run id -> 1 if released
 RELEASE_HANDBACK = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[2])
@@ -210,29 +222,47 @@ redis.call('HSET', KEYS[1], 'state', 'queued')
 return 1
 """
 
-# Every held job's lease at once (one lease read, one ZADD; a PEXPIRE per job still held),
+# Every held job's lease at once (one MGET, one ZADD; a PEXPIRE per job still held),
 # and whether it was aborted (its abort flag, in case the control message was missed).
-# KEYS: running zset, then per job: lease, abort flag
-# ARGV: worker id, lease ms, now ms, then the job ids
+# A lease that expired while Redis was out of reach (refusing writes, failing over) and
+# that no other run has claimed since (the record still names this run, running) is
+# taken again: an outage is not a death.
+# KEYS: running zset, then per job: lease, abort flag, job record
+# ARGV: lease ms, now ms, then per job: job id, run id
 # -> per job: 0 (the lease is someone else's now) or 1 (extended), plus 2 when aborted
 REFRESH_LEASES = """
 local flags = {}
-for first = 2, #KEYS, 512 do
-  local last = math.min(first + 511, #KEYS)
-  local got = redis.call('MGET', unpack(KEYS, first, last))
-  for i = 1, #got do flags[first + i - 1] = got[i] end
+local jobs = (#KEYS - 1) / 3
+for j = 1, jobs do
+  flags[2 * j - 1] = KEYS[3 * j - 1]
+  flags[2 * j] = KEYS[3 * j]
+end
+local got = {}
+for first = 1, #flags, 512 do
+  local part = redis.call('MGET', unpack(flags, first, math.min(first + 511, #flags)))
+  for i = 1, #part do got[first + i - 1] = part[i] end
 end
 local results, members = {}, {}
-local expiry = tonumber(ARGV[3]) + tonumber(ARGV[2])
-for j = 1, (#KEYS - 1) / 2 do
+local expiry = tonumber(ARGV[2]) + tonumber(ARGV[1])
+for j = 1, jobs do
   local code = 0
-  if flags[2 * j] == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[2 * j], ARGV[2])
-    members[#members + 1] = expiry
-    members[#members + 1] = ARGV[3 + j]
+  local run = ARGV[2 + 2 * j]
+  local lease = got[2 * j - 1]
+  if lease == run then
+    redis.call('PEXPIRE', KEYS[3 * j - 1], ARGV[1])
     code = 1
+  elseif not lease then
+    local record = redis.call('HMGET', KEYS[3 * j + 1], 'state', 'run')
+    if record[1] == 'running' and record[2] == run then
+      redis.call('SET', KEYS[3 * j - 1], run, 'PX', ARGV[1])
+      code = 1
+    end
   end
-  if flags[2 * j + 1] then code = code + 2 end
+  if code == 1 then
+    members[#members + 1] = expiry
+    members[#members + 1] = ARGV[1 + 2 * j]
+  end
+  if got[2 * j] then code = code + 2 end
   results[j] = code
 end
 for first = 1, #members, 4000 do
@@ -245,12 +275,12 @@ return results
 # for a job the publisher is not batching: one its worker cannot run, or one no worker
 # holds (an unfenced write first settles what the last owner left in its tail).
 # KEYS: event log, lease, job record
-# ARGV: reply channel ('' = none), job channel, worker id ('' = unfenced), seq, events
+# ARGV: reply channel ('' = none), job channel, run id ('' = unfenced), seq, events
 #       array (the one event), message (``pack_message`` of its pair), max log length,
 #       terminal (0/1), log ttl s (after a terminal event), live log ttl s (before it),
 #       oldest seq to keep (0: keep all; the byte cap, see ``log_window``), tail key
 #       prefix, job id
-# -> the seq written, or an ``AppendResult``: FENCED (the lease is someone else's),
+# -> the seq written, or an ``AppendResult``: FENCED (the lease is not this run's),
 #    ALREADY_WRITTEN (the log has this seq), and for unfenced writes ENDED (the log
 #    already ended) or NOT_NEXT (``seq`` is not the next one: retry).
 APPEND_EVENT = _LUA_HELPERS + _format("""
@@ -293,19 +323,22 @@ return seq
 # Redis Cluster is out of scope (Celery has no Cluster broker): the keys of many jobs
 # meet in one call.
 # KEYS: the worker's tail, its fence flag, the watching set, then per job checked: its
-#       lease, its watcher count; then per move: the job's event log; then, when any job
-#       is released, the running zset and per release: the job's record, its lease
+#       lease, its watcher count, its record; then per move: the job's event log; then,
+#       when any job is released, the running zset and per release: the job's record,
+#       its lease
 # ARGV: worker id, max log length, max tail length, tail expiry s (0: leave it as is),
 #       job count (0: the fast path), message count, move count, job channel's name
 #       before and after the job id, the tail entry ('' when no job has events),
 #       release count, ended record ttl s, then per job checked: job id, pair
-#       (``pack_pair``); per message: channel, message (``pack_message``); per move: its
-#       last seq, its events array, terminal (0/1), oldest seq to keep (0: keep all), log
-#       expiry s (0: leave it as is); per release: job id
-# A released job whose lease is this worker's is marked done (as ``RELEASE_DONE``); one
-# whose lease is gone is left alone. A checked job about to be released whose lease is
-# gone while its record says this worker ended it was released by an earlier try of this
-# batch (its reply was lost): it is written again, not fenced.
+#       (``pack_pair``; '' for a job with nothing new, only a move), run id; per
+#       message: channel, message (``pack_message``); per move: its last seq, its events
+#       array, terminal (0/1), oldest seq to keep (0: keep all), log expiry s (0: leave it
+#       as is); per release: job id, run id
+# A checked job is this run's while its lease holds the run id, or while its lease is
+# gone (expired during an outage, or released by an earlier try of this batch whose
+# reply was lost) and its record still names this run, running or done; otherwise it is
+# fenced. A released job whose lease is this run's is marked done (as ``RELEASE_DONE``);
+# one whose lease is gone is left alone.
 # -> {} when written, {CHECK_EACH_JOB} (fast path refused), or the positions (1-based)
 #    of the jobs fenced (nothing written). A log entry the log already has (an earlier
 #    try of this batch got through) is skipped.
@@ -313,36 +346,39 @@ APPEND_BATCH = _LUA_HELPERS + _format("""
 local jobs, messages, moves = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local releases = tonumber(ARGV[11])
 local a = 13
--- Where the releases' keys and job ids start.
-local rk = 3 + 2 * jobs + moves + 1
-local ra = a + 2 * jobs + 2 * messages + 5 * moves
+-- Where the releases' keys and arguments start.
+local rk = 3 + 3 * jobs + moves + 1
+local ra = a + 3 * jobs + 2 * messages + 5 * moves
 if jobs == 0 then
   if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return {{CHECK_EACH_JOB}} end
 else
+  local names = {}
+  for j = 1, jobs do
+    names[2 * j - 1] = KEYS[1 + 3 * j]
+    names[2 * j] = KEYS[2 + 3 * j]
+  end
   local flags = {}
-  for first = 4, 3 + 2 * jobs, 512 do
-    local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 511, 3 + 2 * jobs)))
+  for first = 1, #names, 512 do
+    local got = redis.call('MGET', unpack(names, first, math.min(first + 511, #names)))
     for i = 1, #got do flags[first + i - 1] = got[i] end
   end
-  local released = {}
-  for k = 1, releases do released[ARGV[ra + k - 1]] = KEYS[rk + 2 * k - 1] end
   local fenced = {}
   for j = 1, jobs do
-    local lease = flags[2 + 2 * j]
-    if lease ~= ARGV[1] then
-      local record = (not lease) and released[ARGV[a + 2 * j - 2]]
-      local ended = record and redis.call('HMGET', record, 'state', '{OWNER_FIELD}')
-      if not (ended and ended[1] == 'done' and ended[2] == ARGV[1]) then
+    local lease, run = flags[2 * j - 1], ARGV[a + 3 * j - 1]
+    if lease ~= run then
+      local record = (not lease) and redis.call('HMGET', KEYS[3 + 3 * j], 'state', 'run')
+      if not (record and record[2] == run and
+              (record[1] == 'running' or record[1] == 'done')) then
         fenced[#fenced + 1] = j
       end
     end
   end
   if #fenced > 0 then return fenced end
   for j = 1, jobs do
-    local watchers = flags[3 + 2 * j]
-    if watchers and (tonumber(watchers) or 0) > 0 then
-      redis.call('PUBLISH', ARGV[8] .. ARGV[a + 2 * j - 2] .. ARGV[9],
-                 array_header(1) .. ARGV[a + 2 * j - 1])
+    local watchers, pair = flags[2 * j], ARGV[a + 3 * j - 2]
+    if pair ~= '' and watchers and (tonumber(watchers) or 0) > 0 then
+      redis.call('PUBLISH', ARGV[8] .. ARGV[a + 3 * j - 3] .. ARGV[9],
+                 array_header(1) .. pair)
     end
   end
 end
@@ -350,11 +386,11 @@ if ARGV[10] ~= '' then
   redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', '{TAIL_FIELD}', ARGV[10])
   if ARGV[4] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 end
-a = a + 2 * jobs
+a = a + 3 * jobs
 for k = 1, messages do redis.call('PUBLISH', ARGV[a + 2 * k - 2], ARGV[a + 2 * k - 1]) end
 a = a + 2 * messages
 for k = 1, moves do
-  local log_key = KEYS[3 + 2 * jobs + k]
+  local log_key = KEYS[3 + 3 * jobs + k]
   local added = add_log_entry(log_key, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
   if type(added) == 'table' and added.err then
     if not string.find(added.err, 'equal or smaller', 1, true) then return added end
@@ -366,22 +402,25 @@ for k = 1, moves do
 end
 for k = 1, releases do
   local record, lease = KEYS[rk + 2 * k - 1], KEYS[rk + 2 * k]
-  if redis.call('GET', lease) == ARGV[1] then
+  if redis.call('GET', lease) == ARGV[ra + 2 * k - 1] then
     redis.call('HSET', record, 'state', 'done', 'payload', '')
     redis.call('EXPIRE', record, ARGV[12])
-    redis.call('ZREM', KEYS[rk], ARGV[ra + k - 1])
+    redis.call('ZREM', KEYS[rk], ARGV[ra + 2 * k - 2])
     redis.call('DEL', lease)
   end
 end
 return {}
 """)
 
-# Write a job's events that are only in this worker's tail into its log (the worker is
-# letting go of the job, or found it fenced: the next owner may claim it after the tail
-# moved on). Unfenced, and harmless when the log already has them.
-# KEYS: event log -- ARGV: last seq, events array, max log length, log expiry s
-# -> 1 written, 0 already there
+# Write a job's events that are only in this worker's tail into its log, as one entry
+# (the worker is letting go of the job). Fenced by the record: only while no other run
+# has claimed the job since this one (a successor settled the tail itself, and may have
+# written these seqs already). Harmless when the log already has them.
+# KEYS: event log, job record -- ARGV: last seq, events array, max log length, log
+# expiry s, run id
+# -> 1 written, 0 already there or fenced
 MOVE_TO_LOG = _LUA_HELPERS + _format("""
+if redis.call('HGET', KEYS[2], 'run') ~= ARGV[5] then return 0 end
 local added = add_log_entry(KEYS[1], ARGV[3], ARGV[1], ARGV[2], false)
 if type(added) == 'table' and added.err then
   if string.find(added.err, 'equal or smaller', 1, true) then return 0 end
@@ -419,11 +458,13 @@ return {'requeue', redis.call('HGET', KEYS[1], 'payload')}
 # After the requeued copy was sent. The marker goes too: it only guards the moment
 # between CHECK_EXPIRED and here, and left in place it would stop the next takeover if the
 # new owner dies within its lifetime (a second death then waited for the marker, ~10 s).
+# A lease that is back (its owner took it again after an outage) makes the copy a
+# duplicate that its claim drops: nothing was lost.
 # KEYS: job record, lease, running zset, requeue marker -- ARGV: job id
 COMMIT_REQUEUE = """
-redis.call('HINCRBY', KEYS[1], 'lost', 1)
 redis.call('DEL', KEYS[4])
 if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('HINCRBY', KEYS[1], 'lost', 1)
   redis.call('HSET', KEYS[1], 'state', 'queued')
   redis.call('ZREM', KEYS[3], ARGV[1])
 end

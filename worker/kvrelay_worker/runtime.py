@@ -27,6 +27,7 @@ from kvrelay_worker.control_listener import ControlListener
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.failover import Failover, Requeue
 from kvrelay_worker.heartbeat import Heartbeat
+from kvrelay_worker.held_writes import until_written
 from kvrelay_worker.job_request import (
     JobRejected,
     decode_payload,
@@ -34,7 +35,7 @@ from kvrelay_worker.job_request import (
     reply_to_of,
     sampling_params_from,
 )
-from kvrelay_worker.job_store import JobStore, PriorProgress
+from kvrelay_worker.job_store import JobStore, PriorProgress, run_id
 from kvrelay_worker.lease_keeper import LeaseKeeper
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.orphan_queues import OrphanQueues
@@ -43,6 +44,7 @@ from kvrelay_worker.pickup_checks import check_queue_wait
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.recent_prefixes import RecentPrefixes, prefix_capacity
 from kvrelay_worker.redis_client import worker_redis
+from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.served_engine import ServedEngine
 from kvrelay_worker.settings import WorkerSettings
 
@@ -70,6 +72,8 @@ class WorkerRuntime:
         # The process's one connection pool: every thread below borrows from it.
         self.redis = worker_redis(settings)
         self.store = JobStore(self.redis, settings)
+        # Since when this process's writes get through (failover judges leases by it).
+        self.health = RedisHealth()
 
         if not settings.simulated:
             # torch and the engine load here, on the main thread, before any other thread
@@ -88,19 +92,20 @@ class WorkerRuntime:
             return LLMEngine(config, progress=False)
 
         self.publisher = Publisher(self.store, self.metrics, requeue=requeue,
-                                   on_fenced=lambda job: self.jobs.fence(job.job_id))
+                                   on_fenced=lambda job: self.jobs.fence(job.job_id),
+                                   health=self.health)
         self.service = EngineService(make_engine, self.publisher, self.metrics)
-        self.jobs = OwnedJobs(self.service, self.store)
+        self.jobs = OwnedJobs(self.service, self.store, self.health)
         self.engine = self.service.start()  # loads the model (on the engine's own thread)
         self.metrics.watch_engine(self.service.stats)
         engine_stats = self.engine.stats()
         # What the prefix cache most likely holds, advertised for placement.
         self.prefixes = RecentPrefixes(prefix_capacity(
             int(engine_stats["total_blocks"]) * int(engine_stats["block_size"])))
-        self.leases = LeaseKeeper(self.store, settings, self.jobs)
-        self.heartbeat = Heartbeat(self.redis, settings, self.worker_info)
+        self.leases = LeaseKeeper(self.store, settings, self.jobs, self.health)
+        self.heartbeat = Heartbeat(self.redis, settings, self.worker_info, self.health)
         self.orphans = OrphanQueues(self.redis, settings, self.heartbeat.ttl_ms / 1000)
-        self.failover = Failover(self.store, settings, requeue, self.orphans)
+        self.failover = Failover(self.store, settings, requeue, self.orphans, self.health)
         self.control = ControlListener(self.redis, settings.keys.control_channel,
                                        on_abort=self.jobs.abort)
         self.draining = False
@@ -208,7 +213,9 @@ class WorkerRuntime:
     def _end_unclaimed(self, job_id: str, code: str, message: str, outcome: str,
                        reply_to: str = "") -> str:
         """Fail a job this worker did not claim (it never ran) and count the outcome."""
-        self.store.fail_unclaimed(job_id, code, message, reply_to=reply_to)
+        until_written(lambda: self.store.fail_unclaimed(job_id, code, message,
+                                                        reply_to=reply_to),
+                      f"the end of job {job_id}", self.health)
         self.metrics.jobs.labels(outcome=outcome).inc()
         return outcome
 
@@ -224,14 +231,19 @@ class WorkerRuntime:
             return self._end_unclaimed(job_id, rejected.code, rejected.message, "rejected",
                                        reply_to_of(payload))
         if self.draining:
-            self.requeue(job_id, payload_json)
+            until_written(lambda: self.requeue(job_id, payload_json),
+                          f"the copy of job {job_id}", self.health)
             return Outcome.HANDBACK
         if request.deadline is not None and request.deadline <= time.time():
             return self._end_unclaimed(
                 job_id, ErrorCode.DEADLINE_EXCEEDED,
                 "the job's deadline passed before a worker picked it up", Outcome.DEADLINE,
                 request.reply_to or "")
-        claim = self.store.claim(job_id, payload_json, request_digest(request))
+        # The run this claim starts; a claim resent after a lost reply finds it its own.
+        run = run_id(self.settings.worker_id)
+        digest = request_digest(request)
+        claim = until_written(lambda: self.store.claim(job_id, payload_json, digest, run),
+                              f"the claim of job {job_id}", self.health)
         if claim.status == "aborted":
             return self._end_unclaimed(job_id, ErrorCode.CANCELLED,
                                        "the job was cancelled before it started",
@@ -244,39 +256,45 @@ class WorkerRuntime:
         if claim.status != "claimed" or claim.progress is None:
             log.info("dropping a copy of job %s (%s)", job_id, claim.status)
             return "duplicate"
-        return self._run_claimed(job_id, request, payload_json, claim.attempt, claim.progress)
+        return self._run_claimed(job_id, request, payload_json, claim.attempt, claim.progress,
+                                 run)
 
     def _fail_claimed(self, request: GenerateRequest, prior: PriorProgress, code: str,
-                      message: str, outcome: str) -> str:
+                      message: str, outcome: str, run: str) -> str:
         """End a job this worker claimed but cannot run: its ``Failed`` event, then done."""
         job_id = request.job_id
-        self.store.append_event(job_id, Failed(seq=prior.next_seq, code=code, message=message),
-                                fenced=True, reply_to=request.reply_to or "")
-        self.store.release_done(job_id)
+        failed = Failed(seq=prior.next_seq, code=code, message=message)
+        until_written(lambda: self.store.append_event(job_id, failed, fenced=run,
+                                                      reply_to=request.reply_to or ""),
+                      f"the end of job {job_id}", self.health)
+        until_written(lambda: self.store.release_done(job_id, run),
+                      f"the end of job {job_id}", self.health)
         self.metrics.jobs.labels(outcome=outcome).inc()
         return outcome
 
     def _run_claimed(self, job_id: str, request: GenerateRequest, payload_json: str,
-                     attempt: int, prior: PriorProgress) -> str:
+                     attempt: int, prior: PriorProgress, run: str) -> str:
         if prior.terminal:
-            self.store.release_done(job_id)
+            until_written(lambda: self.store.release_done(job_id, run),
+                          f"the end of job {job_id}", self.health)
             return "duplicate"
         if prior.truncated:
             return self._fail_claimed(
                 request, prior, ErrorCode.LOG_TRUNCATED,
                 "the job's worker died and its replay log no longer starts at its first event "
                 "(over KVRELAY_LOG_MAX_LEN or KVRELAY_LOG_MAX_BYTES): it cannot be continued",
-                Outcome.FAILED)
+                Outcome.FAILED, run)
         try:
             check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait)
             params = sampling_params_from(request)
             prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
                                         self.engine.max_model_len)
         except JobRejected as rejected:
-            return self._fail_claimed(request, prior, rejected.code, rejected.message, "rejected")
+            return self._fail_claimed(request, prior, rejected.code, rejected.message,
+                                      "rejected", run)
         job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
-                        next_seq=prior.next_seq,
+                        run_id=run, next_seq=prior.next_seq,
                         cache_salt=self.settings.keys.cache_salt(request.cache_salt))
         with self.jobs.hold(job):
             if attempt == 1 and request.enqueued_at:

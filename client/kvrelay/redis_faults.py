@@ -1,0 +1,41 @@
+"""Which Redis errors are a passing state of the server rather than a fault of the call.
+
+A write Redis refuses is not written, whatever the reason: a replica that stopped
+acknowledging (``NOREPLICAS`` under ``min-replicas-to-write``), a failed snapshot
+(``MISCONF``), a long script (``BUSY``), a primary turned replica (``READONLY``), no
+memory (``OOM``), a server still loading (``LOADING``), a failover in progress
+(``MASTERDOWN``, ``TRYAGAIN``), an ACL change (``NOPERM``). Each passes when an operator
+or Sentinel acts, so a caller that must not lose the write holds it and tries again;
+so does a caller whose connection broke or timed out. Only what is left (a malformed
+call, a script's own bug) is a fault to report.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import redis
+
+__all__ = ["REFUSAL_CODES", "is_refusal", "is_transient"]
+
+# Error codes (the reply's first word) of a server that refuses for now.
+REFUSAL_CODES: Final = frozenset({
+    "NOREPLICAS", "MISCONF", "BUSY", "READONLY", "OOM", "LOADING", "MASTERDOWN",
+    "TRYAGAIN", "NOPERM", "CLUSTERDOWN", "NOTBUSY", "UNBLOCKED",
+})
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """An error reply that says the server refused for now (its code may also come
+    inside a script's error text, as Redis 6 words a refused ``redis.call``)."""
+    if isinstance(exc, (redis.ReadOnlyError, redis.OutOfMemoryError, redis.BusyLoadingError)):
+        return True
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    words = str(exc).replace(":", " ").replace("(", " ").split()
+    return any(word.lstrip("-@") in REFUSAL_CODES for word in words)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Unreachable, timed out, or refused for now: the same call may succeed later."""
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) or is_refusal(exc)
