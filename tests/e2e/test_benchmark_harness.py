@@ -21,6 +21,7 @@ NOT_BENCHMARKS = {
     "mbu_from_json": "recomputes a stored run's figures and prints them; writes nothing",
     "scaling_load": "scaling.py's load-generator child: reports to its parent on stdout",
     "decode_step": "kernels.py's decode-step measurement: a module without a main",
+    "tables": "writes the docs' tables from stored results; measures nothing",
 }
 # Imports between scripts kept on purpose: the GPU scripts change only in how they write.
 SCRIPT_IMPORTS_KEPT = {("kernels", "kernels_attention")}
