@@ -111,7 +111,85 @@ def performance_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLES: dict[str, Callable[[], str]] = {"performance": performance_table}
+def latest_result(benchmark: str, measured: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The newest stored result of ``benchmark`` (by its envelope's date), if any."""
+    found = [(path, read_result(path)) for path in sorted((measured or MEASURED).glob("*.json"))]
+    mine = [(path, record) for path, record in found if record["benchmark"] == benchmark]
+    return max(mine, key=lambda pair: pair[1]["date"]) if mine else None
+
+
+def _leaves(node: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, Any]]:
+    """Numbers and booleans of a result, two levels deep, dotted names (lists left out)."""
+    out: list[tuple[str, Any]] = []
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool | int | float):
+            out.append((name, value))
+        elif isinstance(value, dict) and depth < 2:
+            out.extend(_leaves(value, name + ".", depth + 1))
+    return out
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool | int):
+        return str(value)
+    return f"{value:.4g}"
+
+
+MAX_ROWS = 16
+
+
+# Inputs rather than results: left out of the latest-result tables.
+_INPUTS = {"workload", "engine_options", "environment", "versions", "cases", "jobs", "config",
+           "prompts", "continuation", "model"}
+MAX_COLUMNS = 8
+
+
+def _row_table(rows: list[dict[str, Any]]) -> list[str]:
+    columns = [k for k, v in rows[0].items()
+               if isinstance(v, str | int | float | bool) or v is None][:MAX_COLUMNS]
+    lines = ["| " + " | ".join(f"`{c}`" for c in columns) + " |",
+             "|" + "---|" * len(columns)]
+    for row in rows[:MAX_ROWS]:
+        cells = [row.get(c) for c in columns]
+        lines.append("| " + " | ".join("" if v is None else
+                                      (v if isinstance(v, str) else _shown(v)) for v in cells)
+                     + " |")
+    return lines
+
+
+def latest_table(benchmark: str) -> str:
+    """The newest stored result's figures, for ``benchmarks/README.md``: its first list of
+    rows as a table, else its numbers by name."""
+    latest = latest_result(benchmark)
+    if latest is None:
+        return "No stored result yet: run it and keep the JSON in `benchmarks/measured/`.\n"
+    path, record = latest
+    figures = {k: v for k, v in record.items()
+               if k not in ("benchmark", "args", "commit", "machine", "date", *_INPUTS)}
+    lines = [f"`measured/{path.name}`, {record['date'][:10]}:", ""]
+    lists = [v for v in figures.values()
+             if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+    if lists:
+        return "\n".join(lines + _row_table(lists[0])) + "\n"
+    leaves = _leaves(figures)
+    lines += ["| figure | value |", "|---|---|"]
+    lines += [f"| `{name}` | {_shown(value)} |" for name, value in leaves[:MAX_ROWS]]
+    if len(leaves) > MAX_ROWS:
+        lines.append(f"| ({len(leaves) - MAX_ROWS} more in the file) | |")
+    return "\n".join(lines) + "\n"
+
+
+class _Tables(dict[str, Callable[[], str]]):
+    """The named tables; ``bench-NAME`` is benchmark NAME's latest result."""
+
+    def __missing__(self, name: str) -> Callable[[], str]:
+        if name.startswith("bench-"):
+            return lambda: latest_table(name.removeprefix("bench-").replace("-", "_"))
+        raise KeyError(name)
+
+
+TABLES = _Tables(performance=performance_table)
 
 
 def pages(root: Path = REPOSITORY) -> list[Path]:
