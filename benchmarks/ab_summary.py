@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness import write_result
+
 
 def rate(result: dict[str, Any], bench: str, path: str) -> float:
     if bench == "engine_overhead":
@@ -34,7 +36,7 @@ def summarise(folder: Path, commit: str) -> dict[str, Any]:
         print(f"{name:18} base {means['base']:6.1f} tok/s  this {means['this']:6.1f} tok/s"
               f"  this/base {means['this'] / means['base']:.3f}  "
               f"(runs: base {sides['base']}, this {sides['this']})")
-    (folder / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_result(folder / "summary.json", "ab", {"base_commit": commit, "folder": folder}, rows)
     return rows
 
 

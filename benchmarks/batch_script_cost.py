@@ -16,14 +16,13 @@ The database named by ``--redis`` is emptied (FLUSHDB) first: give it a scratch 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import redis
+from harness import write_result
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, Started, Tokens, encode_event
@@ -143,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         name = key.removeprefix("usec:")
         print(f"  {name:<10} {per_token.get('calls:' + name, 0):.4f} calls, "
               f"{per_token[key]:.3f} µs per token")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write_result(args.out, "batch_script_cost", args, result)
     return 0
 
 

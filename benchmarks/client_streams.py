@@ -24,16 +24,12 @@ import gc
 import json
 import multiprocessing
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import redis
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import flush_db, report
+from harness import flush_db, print_report, tiny_worker_stack, write_result
 
 from kvrelay import AsyncClient, event_log
 from kvrelay.event_frames import pack_events, pack_message, pack_pair
@@ -201,11 +197,9 @@ def run_fake(args: argparse.Namespace) -> dict[str, Any]:
 def run_real(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
-    from tiny_model import tiny_worker_stack
-
     with tempfile.TemporaryDirectory(prefix="kvrelay-streams-") as tmp, \
             tiny_worker_stack(args.redis, args.streams, Path(tmp)) as stack:
-        return asyncio.run(stream_all(args, stack.plan.served_model))
+        return asyncio.run(stream_all(args, stack.served_model))
 
 
 def main() -> None:
@@ -222,7 +216,8 @@ def main() -> None:
     args = parser.parse_args()
     flush_db(args.redis)
     result = run_real(args) if args.real_worker else run_fake(args)
-    report(result, args.out)
+    print_report(result)
+    write_result(args.out, "client_streams", args, result)
 
 
 if __name__ == "__main__":

@@ -18,18 +18,14 @@ clock (an idle machine). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
-
-from attention_cases import make_batch  # the kernel tests' paged batches
+from harness import write_result
+from harness.repository import load_repository_module
 
 from kvrelay_kernels.cpu_kernels.paged_attention import (
     cpu_kernel_usable,
@@ -39,6 +35,9 @@ from kvrelay_kernels.cpu_kernels.paged_attention import (
     set_tiled_blas,
 )
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
+
+# The kernel tests' paged batches.
+make_batch = load_repository_module("tests/kernels/attention_cases.py").make_batch
 
 CASES = ((48, 224), (16, 1024), (16, 2048), (16, 4096), (16, 6144))
 # (sequences, new tokens each, context before them)
@@ -130,14 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r['kernel_ms']:>11.2f}{r['kernel_gb_s']:>13.1f}{r['speedup']:>9.2f}x")
     chunks = [measure_chunks(b, q, c, args.repeats) for b, q, c in CHUNK_CASES]
     _print_chunks(chunks)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     timer = "process_time" if args.threads == 1 else "wall (perf_counter)"
-    out.write_text(json.dumps({"benchmark": "cpu_attention", "threads": args.threads,
-                               "timer": f"{timer}, best of repeats", "rows": rows,
-                               "chunk_rows": chunks},
-                              indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.out, "cpu_attention", args, {
+        "threads": args.threads, "timer": f"{timer}, best of repeats", "rows": rows,
+        "chunk_rows": chunks})
     return 0
 
 

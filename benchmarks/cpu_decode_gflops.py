@@ -28,7 +28,6 @@ matmul's GFLOP/s alone at decode's and prefill's row counts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -37,6 +36,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from harness import write_result
 
 GOAL = 0.8  # issue 18: decode GFLOP/s at least 80% of prefill's at batch 48
 LOWEST_PROMPT_ID = 100  # ordinary SmolLM2 token ids, as benchmarks/offline.py draws them
@@ -284,7 +285,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="also time each matmul alone at --batch and --budget rows")
     parser.add_argument("--quick", action="store_true", help="batch 8, 4 steps")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=RESULTS / "cpu-decode-gflops.json")
+    parser.add_argument("--out", "--output", dest="output", type=Path, default=RESULTS / "cpu-decode-gflops.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.steps = 8, 4
@@ -321,15 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     gemms = gemm_table(engine.model.config, (args.batch, args.budget)) if args.gemm else []
     if gemms:
         print(format_gemm_table(gemms))
-    result = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "environment": env, "prefill": prefill, "decode": decode, "gemms": gemms,
+    result = {"environment": env, "prefill": prefill, "decode": decode, "gemms": gemms,
               "decode_over_prefill": decode["gflops"] / prefill["gflops"],
               "decode_over_prefill_model": decode["gflops_model"] / prefill["gflops_model"],
               "flops_formula": "2*matmul_params*tokens + 2*vocab*hidden*sampled_rows "
                                "+ 4*heads*head_dim*context*layers per token"}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.output}")
+    write_result(args.output, "cpu_decode_gflops", args, result)
     return 0
 
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import report
+from harness import print_report, write_result
+from harness.tiny_model import make_tiny_model
 
 
 def measure(folder: Path, rounds: int, seed: int) -> dict[str, Any]:
@@ -63,12 +61,12 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(args.folder)
     if not (folder / "config.json").is_file():
-        from tiny_model import make_tiny_model
-
         make_tiny_model(folder)
     if args.prepare_only:
         return
-    report(measure(folder, args.rounds, args.seed), args.out)
+    result = measure(folder, args.rounds, args.seed)
+    print_report(result)
+    write_result(args.out, "engine_overhead", args, result)
 
 
 if __name__ == "__main__":

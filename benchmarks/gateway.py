@@ -29,10 +29,9 @@ from typing import Any
 
 import httpx
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import flush_db, report
+from harness import flush_db, print_report, tiny_worker_stack, worker_stack, write_result
+from harness.offline_systems import DEFAULT_MODEL, make_workload
+from harness.offline_systems import serving_engine_options as engine_options
 
 from kvrelay import AsyncClient
 
@@ -163,14 +162,6 @@ async def serving_side(side: str, url: str, base: str, model: str, workload: Any
 
 def serving(args: argparse.Namespace) -> dict[str, Any]:
     """SDK against gateway on serve.py's workload, one worker serving SmolLM2."""
-    import os
-
-    from offline import make_workload
-    from serve import DEFAULT_MODEL, engine_options
-
-    from kvrelay import Client
-    from kvrelay.cli.stack import LocalStack
-    from kvrelay.cli.worker_launch import plan_worker, worker_environment
     from kvrelay_worker.loading import load_model_source
 
     vocab = load_model_source(DEFAULT_MODEL).config.vocab_size
@@ -178,28 +169,19 @@ def serving(args: argparse.Namespace) -> dict[str, Any]:
     options = engine_options(workload, argparse.Namespace(max_num_batched_tokens=512))
     settings = {"model": DEFAULT_MODEL, "device": "cpu", "dtype": "float32",
                 "concurrency": len(workload.prompts), "redis_url": args.redis, **options}
-    plan = plan_worker(worker_environment(os.environ, settings), loglevel="WARNING")
     rates: dict[str, list[float]] = {"sdk": [], "gateway": []}
-    with tempfile.TemporaryDirectory(prefix="kvrelay-gateway-serving-") as tmp:
-        (Path(tmp) / "stack").mkdir()
-        stack = LocalStack(plan, Path(tmp) / "stack")
-        try:
-            stack.start_redis(args.redis)
-            stack.start_worker()
-            with Client(args.redis, model=plan.served_model) as client:
-                stack.wait_ready(client, timeout=300)
-            base = stack.start_gateway(args.port + 1).removesuffix("/v1")
-            wait_healthy(base)
-            # A first, uncounted pass: the worker's first full batch runs slower (memory
-            # first touched, allocator growth), which would favour whichever side ran second.
-            for side in ("warm-up", "sdk", "gateway", "gateway", "sdk"):
-                rate = asyncio.run(serving_side(side, args.redis, base, plan.served_model,
-                                                workload))
-                print(f"serving workload, {side}: {rate:.1f} output tok/s", file=sys.stderr)
-                if side in rates:
-                    rates[side].append(rate)
-        finally:
-            stack.stop()
+    with tempfile.TemporaryDirectory(prefix="kvrelay-gateway-serving-") as tmp, \
+            worker_stack(settings, Path(tmp) / "stack", args.redis) as stack:
+        base = stack.start_gateway(args.port + 1).removesuffix("/v1")
+        wait_healthy(base)
+        # A first, uncounted pass: the worker's first full batch runs slower (memory
+        # first touched, allocator growth), which would favour whichever side ran second.
+        for side in ("warm-up", "sdk", "gateway", "gateway", "sdk"):
+            rate = asyncio.run(serving_side(side, args.redis, base, stack.served_model,
+                                            workload))
+            print(f"serving workload, {side}: {rate:.1f} output tok/s", file=sys.stderr)
+            if side in rates:
+                rates[side].append(rate)
     sdk, gateway = statistics.fmean(rates["sdk"]), statistics.fmean(rates["gateway"])
     return {"serving_requests": len(workload.prompts),
             "serving_sdk_output_tok_s": [round(r, 1) for r in rates["sdk"]],
@@ -220,14 +202,11 @@ def wait_healthy(base: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tiny_model import tiny_worker_stack
-
     with tempfile.TemporaryDirectory(prefix="kvrelay-gateway-bench-") as tmp, \
             tiny_worker_stack(args.redis, args.concurrency * 2, Path(tmp)) as stack:
         base = stack.start_gateway(args.port).removesuffix("/v1")
         wait_healthy(base)
-        assert stack.gateway is not None
-        return asyncio.run(measure(args, base, stack.plan.served_model, stack.gateway.pid))
+        return asyncio.run(measure(args, base, stack.served_model, stack.gateway_pid))
 
 
 def main() -> None:
@@ -247,7 +226,8 @@ def main() -> None:
     if args.serving_requests:
         flush_db(args.redis)
         result.update(serving(args))
-    report(result, args.out)
+    print_report(result)
+    write_result(args.out, "gateway", args, result)
 
 
 if __name__ == "__main__":

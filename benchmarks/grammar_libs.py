@@ -34,7 +34,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -45,6 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from harness import write_result
 
 if TYPE_CHECKING:
     import torch
@@ -748,10 +749,7 @@ def main() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
     vocab_size = len(tokenizer)
     results: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "python": platform.python_version()},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "args": {k: str(v) for k, v in vars(args).items()},
         "vocab_size": vocab_size,
         "cases": {c.name: {"kind": c.kind, "spec": c.spec, "instance": c.instance,
                            "invalid": c.invalid,
@@ -769,10 +767,8 @@ def main() -> None:
         except Exception as exc:
             results["libraries"][name] = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(args.out, "grammar_libs", args, results)
     print(report(results))
-    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

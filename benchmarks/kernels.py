@@ -9,13 +9,11 @@ JSON and prints the tables that go into benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import write_result
 
 
 def cuda_ready() -> tuple[bool, str]:
@@ -83,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                          batches=[1, 16] if args.quick else [1, 16, 64])
         results["decode_step"] = rows
         print(format_decode_table(rows), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    print(f"wrote {out}")
+    write_result(args.out, "kernels", args, results)
     return 0
 
 

@@ -229,7 +229,8 @@ def _override_decode_tuning(programs_per_sm: int | None, tile_n: int | None,
 def main(argv: Sequence[str] | None = None) -> None:
     """``python benchmarks/kernels_attention.py [--batches 1 16] [--contexts 4096] [--json F]``."""
     import argparse
-    import json
+
+    from harness import write_result
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
@@ -243,8 +244,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = run_attention_benchmark(batches=args.batches, contexts=args.contexts)
     print(format_table(rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        write_result(args.json, "kernels_attention", args, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -21,9 +21,7 @@ configuration gets from one ``--kv-cache-memory``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness import write_result
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 KV_DTYPES = ("auto", "int8", "fp8_e4m3")
@@ -181,7 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "decode_batch": args.decode_batch, "decode_tokens": args.decode_tokens,
             "decode_rounds": args.decode_rounds,
             "text_chars": len(text), "tokens": len(token_ids), "quick": args.quick,
-            "machine": platform.machine(), "torch": torch.__version__,
+            "torch": torch.__version__,
             "results": [asdict(r) for r in results]}
 
 
@@ -234,9 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run(args)
     print_table(report)
     if not args.quick:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_result(args.out, "kv_quant", args, report)
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 import torch
+from harness import write_result
 
 HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 16
 GOAL_FP8_SPEEDUP = 1.7
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    parser.add_argument("--out", default="benchmarks/results/kv_quant_decode_gpu.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs CUDA", file=sys.stderr)
@@ -67,14 +69,19 @@ def main(argv: Sequence[str] | None = None) -> int:
               "fp8_e4m3": torch.float8_e4m3fn}
     print(f"{'batch':>6}{'context':>9}" + "".join(f"{n + ' ms':>14}" for n in dtypes)
           + f"{'int8 x':>9}{'fp8 x':>9}")
+    rows = []
     for batch in args.batches:
         for context in args.contexts:
             times = {name: time_decode(batch, context, dtype) for name, dtype in dtypes.items()}
             base = times["bfloat16"]
             print(f"{batch:>6}{context:>9}" + "".join(f"{t:>14.4f}" for t in times.values())
                   + f"{base / times['int8']:>9.2f}{base / times['fp8_e4m3']:>9.2f}")
+            rows.append({"batch": batch, "context": context,
+                         **{f"{name}_ms": t for name, t in times.items()}})
             torch.cuda.empty_cache()
     print(f"goal: fp8_e4m3 >= {GOAL_FP8_SPEEDUP}x bfloat16 at 32k context")
+    write_result(args.out, "kv_quant_decode_gpu", args,
+                 {"goal_fp8_speedup": GOAL_FP8_SPEEDUP, "rows": rows})
     return 0
 
 

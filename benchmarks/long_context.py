@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import random
 import statistics
@@ -36,9 +35,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import offline  # the sibling benchmark's systems and helpers
+from harness import offline_systems as offline  # offline.py's systems and helpers
+from harness import write_result
+from harness.results import jsonable
 
 GOAL_RATIO = 1.5
 
@@ -292,11 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine_args.kv_cache_gib = (1.1 * args.num_prompts * longest
                                     * kv_bytes_per_token(hf_config) / (1 << 30))
     print(f"model {args.model}, CPU float32, {torch.get_num_threads()} threads", flush=True)
-    report: dict[str, Any] = {"benchmark": "long_context", "model": args.model,
-                              "options": {k: offline._jsonable(v) for k, v in vars(args).items()},
-                              "engine_options": {k: offline._jsonable(v)
-                                                 for k, v in vars(engine_args).items()},
-                              "machine": offline.machine_info()}
+    report: dict[str, Any] = {"model": args.model,
+                              "engine_options": {k: jsonable(v)
+                                                 for k, v in vars(engine_args).items()}}
     if args.contexts:
         print("decode step vs context ...", flush=True)
         report["decode_steps"] = run_decode_steps(args)
@@ -304,10 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["throughput"] = run_throughput(args, engine_args, folder, vocab_size)
     print_decode_table(report.get("decode_steps", []))
     report["machine_after"] = {"load_average": list(os.getloadavg())}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    write_result(args.out, "long_context", args, report)
     return 0
 
 

@@ -23,19 +23,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import RequestTrace, percentiles
-from offline import machine_info
+from harness import RequestTrace, percentiles, write_result
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 ITL_RATIO_GOAL = 2.5
@@ -219,20 +213,14 @@ def main() -> None:
           f"within {TTFT_RATIO_GOAL}x of the fixed run's: {ttft_ratio:.2f}x "
           f"({'met' if ttft_ratio <= TTFT_RATIO_GOAL else 'missed'})")
     report = {
-        "benchmark": "mixed_latency",
-        "argv": sys.argv[1:],
         "workload": {k: v for k, v in vars(args).items() if k not in ("out",)},
         "target_step_ms": target_ms,
         "fixed": fixed,
         "target": target,
         "ttft_mean_ratio": ttft_ratio,
         "target_itl_p99_over_p50": itl_ratio,
-        "machine": machine_info(),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    write_result(args.out, "mixed_latency", args, report)
 
 
 if __name__ == "__main__":

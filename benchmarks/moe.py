@@ -14,14 +14,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import report
+from harness import print_report, write_result
 
 CONFIG = {"vocab_size": 49152, "hidden_size": 512, "intermediate_size": 1024,
           "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -82,7 +78,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/moe.json")
     args = parser.parse_args()
-    report(measure(args.rounds, args.threads), args.out)
+    result = measure(args.rounds, args.threads)
+    print_report(result)
+    write_result(args.out, "moe", args, result)
 
 
 if __name__ == "__main__":

@@ -16,20 +16,15 @@ maximal neighbour, and the ratio (goal: at most 1.10).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import percentiles
-from tiny_model import make_tiny_model
+from harness import percentiles, write_result
+from harness.tiny_model import make_tiny_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NUM_REQUESTS = 32
@@ -196,15 +191,12 @@ def main() -> None:
         print(f"{name:<12} {s['mean_ms']:>9.3f} {s['p50_ms']:>8.3f} {s['p90_ms']:>8.3f} "
               f"{s['p99_ms']:>8.3f} {s['cpu_ms_per_step']:>12.3f} {s['median_round_s']:>8.3f}")
     print(f"median of per-round mean-ITL ratios (maximal / ordinary): {paired:.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_result(args.out, "noisy_neighbor", args, {
         "model": args.model, "requests": NUM_REQUESTS, "max_tokens": args.max_tokens,
         "prompt_len": args.prompt_len, "rounds": args.rounds, "caps": caps,
         "cap_sources": sources, "torch_threads": torch.get_num_threads(),
         "itl": stats, "ratio_maximal_over_ordinary": ratio,
-        "machine": {"load_average": list(os.getloadavg()), "cpus": os.cpu_count()},
-    }, indent=2))
-    print(f"\nwrote {args.out}")
+    })
 
 
 if __name__ == "__main__":

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -34,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import private_redis, write_result
 
 # A random-weight Llama with SmolLM2's tokenizer, 6 layers 384 wide (~11M parameters
 # beside the embeddings, a tenth of SmolLM2's): prefill still dominates a long prompt's
@@ -196,11 +194,10 @@ def run_once(model: str, workload: Workload, args: argparse.Namespace, placement
     """A fresh Redis and two fresh workers, the workload, then everything stopped."""
     from kvrelay import Client
     from kvrelay.cli import processes
-    from kvrelay.cli.redis_server import PrivateRedis
     from kvrelay.cli.worker_launch import plan_worker, worker_environment
 
-    with tempfile.TemporaryDirectory(prefix="kvrelay-placement-") as workdir:
-        redis = PrivateRedis(Path(workdir) / "redis").start()
+    with tempfile.TemporaryDirectory(prefix="kvrelay-placement-") as workdir, \
+            private_redis(Path(workdir) / "redis") as redis:
         workers = []
         try:
             settings = {"model": model, "device": "cpu", "dtype": "float32",
@@ -232,7 +229,6 @@ def run_once(model: str, workload: Workload, args: argparse.Namespace, placement
         finally:
             for worker in workers:
                 processes.stop(worker, grace=40)
-            redis.stop()
 
 
 def print_table(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float]:
@@ -325,13 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratios = print_table(runs["off"], runs["on"])
     system_tokens = _shortest_system_prompt(args.model, workload)
     print(f"shortest system prompt: {system_tokens} tokens")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    write_result(args.out, "placement", args, {
         "shortest_system_prompt_tokens": system_tokens,
         "runs": runs, "ratios": ratios, "jobs": jobs,
-    }, indent=2))
-    print(f"wrote {args.out}")
+    })
     return 0
 
 

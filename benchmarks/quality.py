@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
-from quant_configs import CONFIGS, MODEL, make_llm
+from harness import write_result
+from harness.quant_configs import CONFIGS, MODEL, make_llm
 
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.teacher_forcing import sequence_logits
@@ -74,6 +74,7 @@ def main() -> None:
                         default=Path(__file__).resolve().parents[2] / "shared" / "seeds")
     parser.add_argument("--max-windows", type=int, default=12,
                         help="score only the first N windows (0: all; 7,399 tokens = 28)")
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     options = {"num_kv_blocks": 64, "max_num_seqs": 8, "enable_prefix_caching": False}
     rows: list[dict[str, Any]] = []
@@ -117,10 +118,9 @@ def main() -> None:
         r["perplexity_vs_float32"] = r["perplexity"] / base - 1
         print(f"{r['config']:<18} {r['perplexity']:>10.3f} {r['perplexity_vs_float32']:>+8.2%} "
               f"{r['top1_agreement']:>12.2%} {r['mean_abs_dlogit']:>14.4f}")
-    OUT.write_text(json.dumps({"model": MODEL, "window": WINDOW, "windows": len(windows),
-                               "scored_tokens": scored, "prompts": PROMPTS,
-                               "continuation": CONTINUATION, "rows": rows}, indent=1))
-    print(f"wrote {OUT}")
+    write_result(args.out, "quality", args, {
+        "model": MODEL, "window": WINDOW, "windows": len(windows), "scored_tokens": scored,
+        "prompts": PROMPTS, "continuation": CONTINUATION, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from quant_configs import CONFIGS, MODEL, make_llm
+from harness import write_result
+from harness.quant_configs import CONFIGS, MODEL, make_llm
 
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.models.quantize_model import weight_bytes
@@ -73,6 +72,7 @@ def measure(label: str) -> dict[str, Any] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = [row for label in CONFIGS if (row := measure(label)) is not None]
@@ -92,10 +92,8 @@ def main() -> None:
         print(f"GGUF file tensor bytes {file_bytes / 2**20:.1f} MiB; kept-quantized resident "
               f"weights {kept['weight_bytes'] / 2**20:.1f} MiB = "
               f"{kept['weight_bytes'] / file_bytes:.3f}x (target <= 1.3x)")
-    OUT.write_text(json.dumps({"model": MODEL, "threads": args.threads,
-                               "machine": platform.processor() or platform.machine(),
-                               "gguf_tensor_bytes": file_bytes, "rows": rows}, indent=1))
-    print(f"wrote {OUT}")
+    write_result(args.out, "quant", args, {"model": MODEL, "threads": args.threads,
+                                           "gguf_tensor_bytes": file_bytes, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ the session that wrote it); runs as is on a CUDA machine:
 
 from __future__ import annotations
 
-import json
+import argparse
 from pathlib import Path
 
 import torch
+from harness import write_result
 
 from kvrelay_kernels.quantized_matmul import quantized_matmul
 from kvrelay_kernels.quantized_weight import quantize_int4, quantize_int8
@@ -37,6 +38,9 @@ def cuda_ms(fn: object, iters: int = 200) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
     device = torch.device("cuda")
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -52,8 +56,8 @@ def main() -> None:
                          "of_copy": gbs / copy_gbs})
             print(f"{n}x{k} {name:<9} {ms * 1e3:8.1f} us {gbs:8.1f} GB/s "
                   f"{gbs / copy_gbs:6.1%} of copy ({copy_gbs:.0f} GB/s)")
-    OUT.write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                               "copy_gb_s": copy_gbs, "rows": rows}, indent=1))
+    write_result(args.out, "quant_gpu", args, {"device": torch.cuda.get_device_name(),
+                                               "copy_gb_s": copy_gbs, "rows": rows})
 
 
 if __name__ == "__main__":

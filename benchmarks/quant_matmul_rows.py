@@ -11,13 +11,14 @@ through more buffers than the caches hold, as in a decode step.
 
 from __future__ import annotations
 
-import json
+import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import write_result
 
 from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
@@ -47,6 +48,10 @@ def per_call_us(fn: Callable[[int], object], calls: int = 60) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "measured" / "cpu-quant-matmul-rows.json")
+    args = parser.parse_args()
     torch.manual_seed(0)
     floats = [torch.randn(OUT, IN) * 0.02 for _ in range(BUFFERS)]
     kinds: dict[str, list[QuantizedWeight]] = {
@@ -70,8 +75,8 @@ def main() -> None:
         results.append(row)
         print(f"{rows:>4} {row['float32_us']:>11.0f} " + " ".join(
             f"{row[k + '_fused_us']:>11.0f} {row[k + '_dequant_us']:>11.0f}" for k in kinds))
-    out = Path(__file__).parent / "measured" / "cpu-quant-matmul-rows.json"
-    out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": results}, indent=1))
+    write_result(args.out, "quant_matmul_rows", args,
+                 {"threads": torch.get_num_threads(), "rows": results})
 
 
 if __name__ == "__main__":

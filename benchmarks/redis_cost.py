@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,11 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import percentiles, report
-from tiny_model import tiny_worker_stack
+from harness import percentiles, print_report, tiny_worker_stack, write_result
 
 from kvrelay import AsyncClient
 from kvrelay.keys import Keyspace
@@ -198,15 +192,13 @@ def main() -> None:
     out = args.out or str(RESULTS / f"redis_cost-{args.label}.json")
     with tempfile.TemporaryDirectory(prefix="kvrelay-redis-cost-") as tmp, \
             tiny_worker_stack(None, args.streams, args.workdir or Path(tmp)) as stack:
-        result = asyncio.run(measure(stack.redis_url, stack.plan.served_model, args))
+        result = asyncio.run(measure(stack.url, stack.served_model, args))
     breakdown = result.pop("commands_per_token_by_command")
     usec = result.pop("command_usec_per_token_by_command")
-    report({**result, **{f"  {k} (calls, usec)": (v, usec[k]) for k, v in breakdown.items()}},
-           "/dev/null")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps({**result, "commands_per_token_by_command": breakdown,
-                                     "command_usec_per_token_by_command": usec}, indent=2))
-    print(f"wrote {out}", file=sys.stderr)
+    print_report({**result,
+                  **{f"  {k} (calls, usec)": (v, usec[k]) for k, v in breakdown.items()}})
+    write_result(out, "redis_cost", args, {**result, "commands_per_token_by_command": breakdown,
+                                           "command_usec_per_token_by_command": usec})
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ timers), the time inside the command from ``INFO commandstats``, and its wake-up
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import redis
-from scaling import process_counters, redis_counters, start_redis
+from harness import private_redis, write_result
+from harness.redis_counters import process_counters, redis_counters
 
 
 def _cpu_s(url: str) -> float:
@@ -60,17 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks/results/redis_round_trip.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvrelay-round-trip-") as tmp:
-        server, url = start_redis(Path(tmp))
-        try:
+        with private_redis(Path(tmp) / "redis") as server:
+            url = server.url
             idle_before = _cpu_s(url)
             time.sleep(5.0)
             idle = (_cpu_s(url) - idle_before) / 5.0
-            rows = [measure(url, server.pid, n, interval, pipeline, idle)
+            rows = [measure(url, server.process.pid, n, interval, pipeline, idle)
                     for n, interval, pipeline in ((20_000, 0.0, 1), (3_000, 0.001, 1),
                                                   (1_000, 0.005, 1), (64_000, 0.0, 16))]
-        finally:
-            server.terminate()
-            server.wait(10)
     print(f"Redis idle: {idle * 1000:.1f} ms CPU per second (subtracted below)")
     print(f"{'pacing':>12} {'pipeline':>8} {'req/s':>8} {'CPU µs/cmd':>11} "
           f"{'inside µs':>10} {'wake-ups/cmd':>13}")
@@ -79,10 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{pacing:>12} {r['pipeline']:>8} {r['requests_per_s']:>8.0f} "
               f"{r['redis_cpu_us_per_command']:>11.1f} {r['inside_command_us']:>10.2f} "
               f"{r['wakeups_per_command']:>13.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"idle_cpu_ms_per_s": idle * 1000, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_result(args.out, "redis_round_trip", args,
+                 {"idle_cpu_ms_per_s": idle * 1000, "rows": rows})
     return 0
 
 

@@ -15,15 +15,14 @@ per-request tables built once: what the engine does now). Run it against an olde
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
+from harness import write_result
 
 from kvrelay_worker.engine import sampling_batch
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -91,9 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         results["ms"][name] = {"median": median, "p90": p90, "first": times[0] * 1e3}
         print(f"{name:>12}: median {median:7.2f}  p90 {p90:7.2f}  first step "
               f"{times[0] * 1e3:7.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    write_result(args.out, "sampling_host_time", args, results)
     return 0
 
 

@@ -31,9 +31,9 @@ divided by the scale.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,10 +44,8 @@ from typing import Any
 
 import psutil
 import redis
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from latency_stats import percentiles
+from harness import percentiles, private_redis, write_result
+from harness.redis_counters import cpu_seconds, process_counters, redis_counters
 
 from kvrelay import Client
 
@@ -60,12 +58,6 @@ _FULL_OCCUPANCY = 0.9
 
 
 # ----------------------------------------------------------------------------- processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pinned(cpus: set[int] | None) -> Any:
@@ -83,25 +75,6 @@ def cpu_split(args: argparse.Namespace) -> tuple[set[int] | None, set[int] | Non
     if args.redis_cpu not in everyone or len(everyone) < 2:
         raise SystemExit(f"--redis-cpu {args.redis_cpu}: needs another CPU of {everyone}")
     return {args.redis_cpu}, everyone - {args.redis_cpu}
-
-
-def start_redis(workdir: Path, cpus: set[int] | None = None
-                ) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    log = (workdir / "redis.log").open("wb")
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)], stdout=log, stderr=subprocess.STDOUT,
-        preexec_fn=pinned(cpus))
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if redis.Redis.from_url(url).ping():
-                return proc, url
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
 
 
 def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
@@ -162,49 +135,13 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
 # -------------------------------------------------------------------------- measurement
 
 
-def redis_counters(url: str) -> dict[str, float]:
-    """Calls per command, and Redis's CPU seconds (user + system, all threads)."""
-    client = redis.Redis.from_url(url)
-    try:
-        stats = client.info("commandstats")
-        cpu = client.info("cpu")
-    finally:
-        client.close()
-    counters = {name.removeprefix("cmdstat_"): float(v["calls"]) for name, v in stats.items()}
-    # µs inside each command (a script's includes its inner commands'), under "_usec:".
-    counters.update({"_usec:" + name.removeprefix("cmdstat_"): float(v["usec"])
-                     for name, v in stats.items()})
-    counters["_cpu_s"] = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-    return counters
-
-
-def process_counters(pid: int) -> dict[str, float]:
-    """Redis's system calls that read and write (``/proc/PID/io``) and its voluntary
-    context switches (each is one sleep in ``epoll_wait``, so one wake-up): on a virtual
-    machine a round trip or a wake-up costs far more than the command it carries."""
-    proc = psutil.Process(pid)
-    io = proc.io_counters()
-    switches = proc.num_ctx_switches()
-    return {"read_calls": float(io.read_count), "write_calls": float(io.write_count),
-            "wakeups": float(switches.voluntary)}
-
-
-def cpu_seconds(procs: Sequence[int]) -> float:
-    total = 0.0
-    for pid in procs:
-        try:
-            times = psutil.Process(pid).cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix=f"kvrelay-scaling-{n}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"kvrelay-scaling-{n}-") as tmp, \
+            contextlib.ExitStack() as servers:
         workdir = Path(tmp)
         redis_cpus, fleet_cpus = cpu_split(args)
-        redis_proc, url = start_redis(workdir, redis_cpus)
+        server = servers.enter_context(private_redis(workdir / "redis", redis_cpus))
+        url, redis_pid = server.url, server.process.pid
         workers: list[subprocess.Popen[bytes]] = []
         loads: list[subprocess.Popen[bytes]] = []
         try:
@@ -230,16 +167,16 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     stderr=(workdir / f"load-{i}.log").open("wb"), preexec_fn=pinned(fleet_cpus)))
             time.sleep(args.warmup)
             groups = {"workers": [p.pid for p in workers], "load": [p.pid for p in loads],
-                      "redis": [redis_proc.pid]}
+                      "redis": [redis_pid]}
             if args.slowlog:
                 slowlog_start(url)
             start, before = time.time(), redis_counters(url)
-            syscalls_before = process_counters(redis_proc.pid)
+            syscalls_before = process_counters(redis_pid)
             cpu_before = {k: cpu_seconds(v) for k, v in groups.items()}
             machine_before = psutil.cpu_times()
             time.sleep(args.measure)
             end, after = time.time(), redis_counters(url)
-            syscalls_after = process_counters(redis_proc.pid)
+            syscalls_after = process_counters(redis_pid)
             slow = slowlog_totals(url) if args.slowlog else None
             steps = engine_step_ms(url)
             cpu_after = {k: cpu_seconds(v) for k, v in groups.items()}
@@ -259,8 +196,6 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 results.append(json.loads(out.decode().strip().splitlines()[-1]))
         finally:
             stop_all([*loads, *workers])
-            redis_proc.terminate()
-            redis_proc.wait(10)
     elapsed = end - start
     row = summarize(n, args, elapsed, before, after, results,
                     {k: (cpu_after[k] - cpu_before[k]) / elapsed for k in groups},
@@ -526,7 +461,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def from_json(path: Path) -> int:
     """Print the table, the projection and the PNG of a stored run again (no run)."""
     stored = json.loads(path.read_text())
-    args = argparse.Namespace(**stored["config"])
+    args = argparse.Namespace(**(stored.get("config") or stored["args"]))
     rows = stored["results"]
     print_row_header()
     for row in rows:
@@ -565,15 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_row(rows[-1])
     proj = projection(rows, args)
     print_projection(proj)
-    report = {
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
-        "full_step_ms": step, "machine": {"cpus": os.cpu_count(),
-                                          "memory_gib": psutil.virtual_memory().total / 2**30},
-        "results": rows, "projection": proj,
-    }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    write_result(out, "scaling", args, {"full_step_ms": step, "results": rows,
+                                        "projection": proj})
     png = out.with_suffix(".png")
     write_plot(png, rows, _title(args))
     print(f"wrote {out} and {png}")

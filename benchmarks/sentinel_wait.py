@@ -16,7 +16,6 @@ same scripts and the same batches are timed, in interleaved rounds (median round
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -25,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from harness import private_redis, write_result
 
-from kvrelay.cli.redis_server import PrivateRedis
 from kvrelay.protocol import Tokens
 from kvrelay_worker.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
@@ -66,13 +65,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=48)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS / "sentinel_wait.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        primary = PrivateRedis(Path(folder) / "primary").start()
-        replica = PrivateRedis(Path(folder) / "replica",
-                               extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
-        replica.start()
-        try:
+        with private_redis(Path(folder) / "primary") as primary, \
+                private_redis(Path(folder) / "replica",
+                              extra_args=("--replicaof", "127.0.0.1", str(primary.port))
+                              ) as replica:
             with redis.Redis(port=replica.port) as probe:
                 while probe.info("replication")["master_link_status"] != "up":
                     time.sleep(0.05)
@@ -90,9 +89,6 @@ def main() -> None:
                         "events_per_s": args.jobs * args.steps / total,
                     })
             client.close()
-        finally:
-            replica.stop()
-            primary.stop()
     summary: dict[str, Any] = {"jobs": args.jobs, "steps": args.steps, "rounds": args.rounds,
                                "modes": {}}
     for mode, rounds in per_round.items():
@@ -107,10 +103,7 @@ def main() -> None:
         figures["throughput_vs_plain"] = ratio
         print(f"{mode:<20}{figures['batch_p50_ms']:>14.3f}{figures['batch_p99_ms']:>14.3f}"
               f"{figures['events_per_s']:>12.0f}{ratio:>9.2f}x")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "sentinel_wait.json"
-    out.write_text(json.dumps(summary, indent=2))
-    print(f"wrote {out}")
+    write_result(args.out, "sentinel_wait", args, summary)
 
 
 if __name__ == "__main__":

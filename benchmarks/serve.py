@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -30,24 +29,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RequestTrace, percentiles, summarize, worker_stack, write_result
+from harness.offline_systems import DEFAULT_MODEL, Workload, make_workload
+from harness.offline_systems import serving_engine_options as engine_options
 
-from latency_stats import RequestTrace, percentiles, summarize
-from offline import Workload, machine_info, make_workload
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
 # Pause between idle-latency requests (see ``_idle_ttft``).
 _SETTLE_S = 0.5
-
-
-def engine_options(workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
-    """The same engine for both paths: every request fits at once, 512-token steps."""
-    return {
-        "max_num_seqs": len(workload.prompts),
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_model_len": 1024,
-        "kv_cache_memory": 2 << 30,
-    }
 
 
 # ------------------------------------------------------------------------ in-process
@@ -166,28 +153,17 @@ def run_queue(model: str, workload: Workload, options: dict[str, Any], engine: A
               idle_requests: int
               ) -> tuple[dict[str, Any], list[list[int]],
                          tuple[list[float], list[float], list[float]], dict[str, Any]]:
-    import os
-
     from kvrelay import Client
-    from kvrelay.cli.stack import LocalStack
-    from kvrelay.cli.worker_launch import plan_worker, worker_environment
 
     settings = {"model": model, "device": "cpu", "dtype": "float32",
                 "concurrency": len(workload.prompts), **options}
-    plan = plan_worker(worker_environment(os.environ, settings), loglevel="WARNING")
-    with tempfile.TemporaryDirectory(prefix="kvrelay-serve-") as workdir:
-        stack = LocalStack(plan, Path(workdir))
-        try:
-            url = stack.start_redis(None)
-            stack.start_worker()
-            with Client(url, model=plan.served_model) as client:
-                info = stack.wait_ready(client, timeout=300)
-            summary, outputs = asyncio.run(_stream_all(url, plan.served_model, workload))
-            idle = asyncio.run(_idle_ttft(url, plan.served_model, engine, idle_requests))
-            with Client(url, model=plan.served_model) as client:
-                stats = next(w.stats for w in client.workers() if w.pid == info.pid)
-        finally:
-            stack.stop()
+    with tempfile.TemporaryDirectory(prefix="kvrelay-serve-") as workdir, \
+            worker_stack(settings, Path(workdir)) as stack:
+        url, served = stack.url, stack.served_model
+        summary, outputs = asyncio.run(_stream_all(url, served, workload))
+        idle = asyncio.run(_idle_ttft(url, served, engine, idle_requests))
+        with Client(url, model=served) as client:
+            stats = next(w.stats for w in client.workers() if w.pid == stack.info.pid)
     return summary, outputs, idle, stats
 
 
@@ -248,17 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"p50 {pickup_ms['p50']:.2f} ms, p90 {pickup_ms['p90']:.2f} ms")
     print(f"identical greedy outputs: {same}/{len(local_out)}")
     report = {
-        "workload": workload.describe(), "engine_options": options, "machine": machine_info(),
+        "workload": workload.describe(), "engine_options": options,
         "results": results, "throughput_ratio": ratio,
         "idle_ttft_ms": {"in-process": {k: v * 1e3 for k, v in idle_local.items()},
                          "queue": {k: v * 1e3 for k, v in idle_queue.items()},
                          "added": added, "enqueue_to_pickup": pickup_ms},
         "identical_outputs": same, "worker_stats": worker_stats,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {out}")
+    write_result(args.out, "serve", args, report)
     return 0
 
 

@@ -26,18 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline import machine_info
+from harness import worker_stack, write_result
+from harness.repository import load_repository_module
 
 MODEL = "smollm2-135m-instruct"
 
@@ -173,24 +169,12 @@ async def _stream_one_by_one(url: str, served: str, prompts: list[str], max_toke
 
 def queue_run(speculative: str, prompts: list[str], max_tokens: int
               ) -> tuple[float, list[list[int]]]:
-    from kvrelay import Client
-    from kvrelay.cli.stack import LocalStack
-    from kvrelay.cli.worker_launch import plan_worker, worker_environment
-
     settings = {"model": MODEL, "device": "cpu", "dtype": "float32",
                 "speculative": speculative}
-    plan = plan_worker(worker_environment(os.environ, settings), loglevel="WARNING")
-    with tempfile.TemporaryDirectory(prefix="kvrelay-spec-") as workdir:
-        stack = LocalStack(plan, Path(workdir))
-        try:
-            url = stack.start_redis(None)
-            stack.start_worker()
-            with Client(url, model=plan.served_model) as client:
-                stack.wait_ready(client, timeout=300)
-            return asyncio.run(_stream_one_by_one(url, plan.served_model, prompts,
-                                                  max_tokens))
-        finally:
-            stack.stop()
+    with tempfile.TemporaryDirectory(prefix="kvrelay-spec-") as workdir, \
+            worker_stack(settings, Path(workdir)) as stack:
+        return asyncio.run(_stream_one_by_one(stack.url, stack.served_model, prompts,
+                                              max_tokens))
 
 
 def queue_row(prompts: list[str], max_tokens: int) -> dict[str, Any]:
@@ -225,10 +209,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def tiny_draft_folder(root: Path) -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from helpers.tiny_models import build_tiny_model
-
     from kvrelay_worker.loading import prepare_model
+
+    build_tiny_model = load_repository_module("tests/helpers/tiny_models.py").build_tiny_model
 
     return str(build_tiny_model("llama-mqa", root / "tiny-draft",
                                 tokenizer_folder=prepare_model(MODEL, progress=False)))
@@ -258,9 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
     if args.queue:
         rows.append(queue_row(GROUNDED, n))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine_info(), "rows": rows}, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, "speculative", args, {"rows": rows})
     return 0 if all(r["identical"] for r in rows) else 1
 
 

@@ -17,6 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from harness import write_result
+
 from kvrelay_worker.engine.stop_matcher import ROOT, StopMatcher
 
 Step = Callable[[str], tuple[bool, int]]
@@ -86,6 +88,7 @@ def main() -> None:
     parser.add_argument("--stops", type=int, default=16)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=2000)
+    parser.add_argument("--out", default="benchmarks/results/stop_matching.json")
     args = parser.parse_args()
     rng = random.Random(0)
     stops = [(" the" * args.length)[: args.length - 1] + chr(0x4E00 + i)
@@ -94,6 +97,7 @@ def main() -> None:
     print(f"{args.stops} stop strings x {args.length} chars, {args.tokens} chunks")
     print(f"{'method':<16} {'build ms':>9} {'us/step':>9}")
     answers = {}
+    timings: dict[str, dict[str, float]] = {}
     for name, make in (("old scan", old_scan), ("regex", regex_scan),
                        ("aho-corasick", automaton_scan)):
         built = time.perf_counter()
@@ -101,10 +105,13 @@ def main() -> None:
         start = time.perf_counter()
         answers[name] = [step(chunk) for chunk in text]
         end = time.perf_counter()
+        timings[name] = {"build_ms": 1000 * (start - built),
+                         "us_per_step": 1e6 * (end - start) / len(text)}
         print(f"{name:<16} {1000 * (start - built):>9.2f} "
               f"{1e6 * (end - start) / len(text):>9.1f}")
     if len({tuple(a) for a in answers.values()}) != 1:
         sys.exit("the methods disagree")
+    write_result(args.out, "stop_matching", args, {"methods": timings})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import write_result
+from harness.tiny_model import make_tiny_model
+
 RESULTS = Path(__file__).resolve().parent / "results" / "structured.json"
 BATCH = 16
 SCHEMA: dict[str, Any] = {
@@ -68,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     model = args.model
     if args.tiny:
-        from tiny_model import make_tiny_model
-
         model = str(make_tiny_model(Path(tempfile.gettempdir()) / "kvrelay-tiny-bench"))
     llm = LLM(model, device="cpu", dtype="float32", max_num_seqs=BATCH, num_kv_blocks=512)
     run(llm, [8] * BATCH, True)  # warm-up: builds the compiler, compiles the grammar
@@ -91,11 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| unconstrained | {free:.1f} |")
     print(f"| JSON schema | {constrained:.1f} |")
     print(f"cost: {100 * cost:.1f}% of throughput")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": "tiny" if args.tiny else model, "batch": BATCH,
-                               "rounds": rounds, "free_tok_s": free,
-                               "constrained_tok_s": constrained, "cost": cost}, indent=2))
+    write_result(args.out, "structured", args, {
+        "model": "tiny" if args.tiny else model, "batch": BATCH, "rounds": rounds,
+        "free_tok_s": free, "constrained_tok_s": constrained, "cost": cost})
     return 0
 
 

@@ -7,14 +7,13 @@ recomputed this way, gives the batch-1 figure README quotes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from helpers.benchmark_scripts import load_benchmark
 
 from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.model_config import ModelConfig
@@ -23,16 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return load_benchmark(name)
 
 
 def _tiny(tied: bool) -> torch.nn.Module:

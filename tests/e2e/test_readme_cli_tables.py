@@ -1,4 +1,4 @@
-"""README's command table documents each command's flags as its ``--help`` lists them.
+"""The command table (docs/cli.md) documents each command's flags as its ``--help`` lists them.
 
 Every command of ``kvrelay --help`` has a row; each row names, in code spans, every option
 its command (and its sub-commands) shows in ``--help``, and no option that does not exist.
@@ -11,7 +11,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from helpers.readme_tables import code_spans, readme_table
+from helpers.readme_tables import code_spans, doc_text, readme_table
 
 from kvrelay.cli.main import cli
 
@@ -49,9 +49,9 @@ def subcommands(*command: str) -> list[str]:
 
 
 def command_rows() -> dict[str, str]:
-    """``{command name: its row's text}`` from README's table of commands."""
+    """``{command name: its row's text}`` from docs/cli.md's table of commands."""
     rows = {}
-    for first, what, *_ in readme_table("| command | what it does |"):
+    for first, what, *_ in readme_table("| command | what it does |", doc_text("cli.md")):
         (span,) = code_spans(first)
         words = span.split()
         assert words[0] == "kvrelay", first
@@ -75,7 +75,7 @@ def test_row_lists_the_flags_of_help(command: str) -> None:
     row = command_rows()[command]
     options = help_options(command)
     for sub in subcommands(command):
-        assert f"kvrelay {command} {sub}" in row, f"README does not name `kvrelay {command} {sub}`"
+        assert f"kvrelay {command} {sub}" in row, f"docs/cli.md does not name `kvrelay {command} {sub}`"
         options += help_options(command, sub)
     documented = documented_flags(row, command)
     missing = [names[0] for names in options if not documented & set(names)]

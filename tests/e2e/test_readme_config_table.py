@@ -1,4 +1,4 @@
-"""README's configuration table is what the code reads: the same variables, the same
+"""The configuration table (docs/configuration.md) is what the code reads: the same variables, the same
 readers ("Used by"), the same defaults. The variables are found in the code itself
 (``helpers.settings_read``), not in a list kept beside it."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import functools
 
 import pytest
-from helpers.readme_tables import code_spans, readme_table
+from helpers.readme_tables import code_spans, doc_text, readme_table
 from helpers.settings_read import settings_read
 
 
 @functools.cache
 def readme_rows() -> dict[str, tuple[str, set[str]]]:
     rows = {}
-    for name, default, users, *_ in readme_table("| Variable | Default | Used by |"):
+    for name, default, users, *_ in readme_table("| Variable | Default | Used by |", doc_text("configuration.md")):
         (variable,) = code_spans(name)
         rows[variable] = (default, {user.strip() for user in users.split(",")})
     return rows

@@ -1,4 +1,5 @@
-"""Every code example in README.md runs, as written, against a real worker serving SmolLM2.
+"""Every code example in README.md and docs/ runs, as written, against a real worker
+serving SmolLM2.
 
 Examples are the ```python blocks preceded by an ``<!-- example: NAME -->`` marker. Each
 runs in a fresh interpreter; the only change is the Redis URL, pointed at the test's.
@@ -12,16 +13,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.readme_tables import usage_pages
 from helpers.worker_process import WorkerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 EXAMPLE = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\s*```python\n(?P<code>.*?)```", re.S)
 
 
+def _found(pattern: re.Pattern[str]) -> list[re.Match[str]]:
+    """Every match of ``pattern`` over the usage pages; a name used twice is a mistake."""
+    matches = [m for page in usage_pages() for m in pattern.finditer(page.read_text())]
+    names = [m["name"] if pattern is EXAMPLE else f"{m['kind']}-{m['name']}" for m in matches]
+    assert len(names) == len(set(names)), f"an example name is used twice: {names}"
+    return matches
+
+
 def examples() -> dict[str, str]:
-    return {m["name"]: m["code"] for m in EXAMPLE.finditer(README.read_text())}
+    return {m["name"]: m["code"] for m in _found(EXAMPLE)}
 
 
 def test_readme_has_the_api_examples() -> None:
@@ -45,7 +54,7 @@ GATEWAY_EXAMPLE = re.compile(
 
 def gateway_examples() -> dict[str, tuple[str, str]]:
     return {f"{m['kind']}-{m['name']}": (m["kind"], m["code"])
-            for m in GATEWAY_EXAMPLE.finditer(README.read_text())}
+            for m in _found(GATEWAY_EXAMPLE)}
 
 
 def test_readme_has_the_gateway_examples() -> None:

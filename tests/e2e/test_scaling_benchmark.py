@@ -7,27 +7,18 @@ is asserted: only that every part measured something and nothing failed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers.benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_benchmark() -> ModuleType:
-    """``benchmarks/`` is a folder of scripts, not a package: load the file by path."""
-    spec = importlib.util.spec_from_file_location("scaling_benchmark",
-                                                  ROOT / "benchmarks" / "scaling.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scaling")
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Markdown tables of README.md, found by their header row, as lists of cell lists."""
+"""Markdown tables of README.md and the docs/ pages, found by their header row, as lists
+of cell lists; and the pages themselves, so drift tests read where a table now lives."""
 
 from __future__ import annotations
 
@@ -6,6 +7,17 @@ import re
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = README.parent / "docs"
+
+
+def doc_text(name: str) -> str:
+    """The text of ``docs/NAME`` (``cli.md``, ``configuration.md``, ...)."""
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def usage_pages() -> list[Path]:
+    """README.md and every docs/ page: where usage examples live."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 
 _CODE = re.compile(r"`([^`]+)`")
 
@@ -22,7 +34,7 @@ def readme_table(header: str, text: str | None = None) -> list[list[str]]:
                     break
                 rows.append(_cells(row))
             return rows
-    raise AssertionError(f"README has no table starting {header!r}")
+    raise AssertionError(f"no table starting {header!r}")
 
 
 def _cells(row: str) -> list[str]:

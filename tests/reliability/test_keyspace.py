@@ -77,9 +77,9 @@ def test_acl_rules_confine_to_the_prefix() -> None:
         tenant_acl_rules(Keyspace())
 
 
-def test_readme_shows_the_same_acl_rules() -> None:
+def test_docs_show_the_same_acl_rules() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    block = readme.split("ACL SETUSER acme on >PASSWORD ", 1)[1].split("```", 1)[0]
+    page = Path(__file__).resolve().parents[2] / "docs" / "behaviour.md"
+    block = page.read_text(encoding="utf-8").split("ACL SETUSER acme on >PASSWORD ", 1)[1].split("```", 1)[0]
     assert block.split() == tenant_acl_rules(Keyspace("acme"))

@@ -1,9 +1,11 @@
-"""Serving metrics from per-token timestamps: TTFT, TPOT, ITL percentiles, throughput."""
+"""Timing and percentiles: serving metrics from per-token timestamps (TTFT, TPOT, ITL),
+throughput, and repeated timed calls."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,16 +86,20 @@ def flush_db(url: str) -> None:
         client.close()
 
 
-def report(result: dict[str, Any], out: str) -> None:
-    """Print ``result`` as an aligned two-column table and write it as JSON to ``out``."""
-    import json
-    import sys
-    from pathlib import Path
-
-    width = max(len(k) for k in result)
-    for key, value in result.items():
+def print_report(figures: dict[str, Any]) -> None:
+    """Print ``figures`` as an aligned two-column table (the file is ``write_result``'s)."""
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
         print(f"{key:<{width}}  {value}")
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}", file=sys.stderr)
+
+
+def repeat_timed(call: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``call``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times

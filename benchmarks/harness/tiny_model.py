@@ -3,11 +3,7 @@ everything but the model (client fan-out, queue overheads)."""
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,33 +43,3 @@ def make_random_llama(folder: Path, shape: dict[str, Any], seed: int = 0) -> Pat
 def make_tiny_model(folder: Path, seed: int = 0) -> Path:
     """Write (once) the 2-layer, 128-wide Llama (``TINY_SHAPE``) into ``folder``."""
     return make_random_llama(folder, TINY_SHAPE, seed)
-
-
-@contextlib.contextmanager
-def tiny_worker_stack(redis_url: str | None, concurrency: int, workdir: Path) -> Iterator[Any]:
-    """A ``LocalStack`` with one ready worker serving a tiny model (torch on one thread);
-    the model is built in a child process so torch stays out of the caller's heap.
-    ``redis_url`` None: a private redis-server (``stack.redis_url``)."""
-    from kvrelay import Client
-    from kvrelay.cli.stack import LocalStack
-    from kvrelay.cli.worker_launch import plan_worker, worker_environment
-
-    folder = workdir / "tiny-llama"
-    builder = multiprocessing.get_context("spawn").Process(target=make_tiny_model,
-                                                           args=(folder,))
-    builder.start()
-    builder.join()
-    env = worker_environment({**os.environ, "OMP_NUM_THREADS": "1"}, {
-        "model": str(folder), "device": "cpu", "concurrency": concurrency,
-        "max_num_seqs": 256, "redis_url": redis_url})
-    plan = plan_worker(env, loglevel="WARNING")
-    (workdir / "stack").mkdir()
-    stack = LocalStack(plan, workdir / "stack")
-    try:
-        stack.start_redis(redis_url)
-        stack.start_worker()
-        with Client(stack.redis_url, model=plan.served_model) as client:
-            stack.wait_ready(client, timeout=120)
-        yield stack
-    finally:
-        stack.stop()
