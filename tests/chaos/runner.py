@@ -67,9 +67,11 @@ class RunResult:
 
 
 def replay_command(schedule: Schedule) -> str:
-    broken = f" --broken {schedule.broken}" if schedule.broken else ""
-    return (f"PYTHONPATH=client:worker:kernels:tests python benchmarks/chaos.py "
-            f"--replay {schedule.seed}{broken}")
+    flags = f" --broken {schedule.broken}" if schedule.broken else ""
+    if make_schedule(schedule.seed).scenario != schedule.scenario:
+        flags += f" --scenario {schedule.scenario}"
+    return (f"PYTHONPATH=client:worker:kernels python benchmarks/chaos.py "
+            f"--replay {schedule.seed}{flags}")
 
 
 def private_kernel_cache() -> None:
