@@ -205,12 +205,18 @@ class JobCheck:
             self.fail("queue-timeout", "the caller got QueueTimeout, yet the job finished")
 
     def _queue_deadline(self) -> None:
+        """The first pickup came before the queue deadline: the worker's own
+        ``timings.queue`` says so for a job never taken over (after a takeover it
+        measures the last claim); else the time its first ``Started`` was published
+        bounds it."""
         run = self.run
         started = [e for e in self.log if isinstance(e, Started)]
         if not started or run.queue_deadline is None or run.enqueued_at is None:
             return
         end = self.terminal
-        if isinstance(end, Finished) and end.timings.queue > 0:
+        taken_over = any(e.attempt > 1 for e in started) or any(
+            isinstance(t.event, Started) and t.event.attempt > 1 for t in self.tapped)
+        if not taken_over and isinstance(end, Finished) and end.timings.queue > 0:
             waited = end.timings.queue
             if waited > run.queue_deadline - run.enqueued_at + QUEUE_SLACK_S:
                 self.fail("queue-deadline", f"picked up after {waited:.2f}s, its queue limit "

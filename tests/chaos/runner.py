@@ -138,7 +138,8 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
             slot.cont()
         result.seconds["load"] = time.monotonic() - loaded
         checked = time.monotonic()
-        logs = _final_logs(cluster, {run.job_id: run.log for run in workload.runs})
+        logs = _final_logs(cluster, {run.job_id: _longer(tap.logs.get(run.job_id, []), run.log)
+                                     for run in workload.runs})
         time.sleep(0.5)  # anything published late reaches the tap
     finally:
         tap.stop()
@@ -186,6 +187,13 @@ def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]]
 
     wait_until(all_ended, END_WAIT_S, 0.2)
     return logs
+
+
+def _longer(a: list[AnyEvent], b: list[AnyEvent]) -> list[AnyEvent]:
+    """Of two reads of one log, the one that ends the job, else the longer."""
+    def rank(log: list[AnyEvent]) -> tuple[bool, int]:
+        return bool(log) and isinstance(log[-1], TERMINAL_EVENTS), len(log)
+    return max(a, b, key=rank)
 
 
 def _last_lines(text: str, count: int = 3) -> str:

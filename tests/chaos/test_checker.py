@@ -107,3 +107,15 @@ def test_a_pickup_after_the_queue_deadline_is_caught() -> None:
     log = _history(REFERENCE[0])
     log[-1] = Finished(seq=log[-1].seq, finish_reason="length", timings=Timings(queue=5.0))
     assert "queue-deadline" in _rules(_check(_run(log), log))
+
+
+def test_a_taken_over_job_is_judged_by_its_first_pickup() -> None:
+    # After a takeover the worker's queue time measures the last claim: not a late pickup.
+    log = _history(REFERENCE[0])
+    log.insert(3, Started(seq=3, worker="w:2", attempt=2))  # seqs renumbered below
+    log = [type(e)(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "seq": i})
+           for i, e in enumerate(log)]
+    log[-1] = Finished(seq=log[-1].seq, finish_reason="length", timings=Timings(queue=5.0))
+    assert _check(_run(log), log) == []
+    late = _tap(log, at=NOW + 10)
+    assert "queue-deadline" in _rules(_check(_run(log), log, late))
