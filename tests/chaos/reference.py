@@ -62,7 +62,7 @@ def _simulated(schedule: Schedule) -> Reference:
 def _offline(schedule: Schedule, model_path: str) -> Reference:
     from kvrelay_worker.engine.llm import LLM
 
-    llm = LLM(model_path, device="cpu")
+    llm = LLM(model_path, device="cpu", kv_cache_memory=64 << 20, swap_space_gib=0)
     engine = llm.engine
     prompts, params = [], []
     for job in schedule.jobs:

@@ -154,13 +154,13 @@ def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
     pool forces preemption; a worker may die or stall meanwhile."""
     low = [JobPlan(index=i, start_at=rng.uniform(0.0, 0.3),
                    prompt=f"pressure low {i} {rng.getrandbits(24):06x}",
-                   max_tokens=rng.randint(60, 120), priority=0,
+                   max_tokens=rng.randint(40, 90), priority=0,
                    behaviour=rng.choice((STREAM, GENERATE, RESUME)),
                    at_chunk=rng.randint(5, 40), pause_s=rng.uniform(0.2, 1.5))
            for i in range(rng.randint(1, 3))]
     high = [JobPlan(index=len(low) + i, start_at=rng.uniform(0.5, 2.0),
                     prompt=f"pressure high {i} {rng.getrandbits(24):06x}",
-                    max_tokens=rng.randint(40, 100), priority=10,
+                    max_tokens=rng.randint(30, 80), priority=10,
                     behaviour=rng.choice((STREAM, GENERATE, SLOW, CANCEL)),
                     at_chunk=rng.randint(5, 30), pause_s=rng.uniform(0.01, 0.03))
             for i in range(rng.randint(4, 7))]
