@@ -8,6 +8,7 @@ prompt anywhere (a queued or unacknowledged Celery message).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 
@@ -18,8 +19,9 @@ from kvrelay.keys import Keyspace
 KEYS = Keyspace()
 
 
-def _values(client: redis.Redis, key: bytes) -> list[bytes]:
-    kind = client.type(key).decode()
+def _values(client: redis.Redis, key: bytes) -> list[Any]:
+    kind_reply: Any = client.type(key)
+    kind = kind_reply.decode() if isinstance(kind_reply, bytes) else str(kind_reply)
     if kind == "string":
         return [client.get(key) or b""]
     if kind == "hash":
@@ -46,8 +48,9 @@ def retained(client: redis.Redis, job_ids: Iterable[str], prompts: Iterable[str]
                 found.append(f"{name} (ttl {ttl})")
             continue
         if client.type(key) == b"stream":
-            for _, fields in client.xrange(key):
-                blob = fields.get(TAIL_FIELD.encode())
+            entries: list[Any] = client.xrange(key) or []
+            for _, fields in entries:
+                blob = (fields or {}).get(TAIL_FIELD.encode())
                 jobs = {job for job, *_ in tail_records(bytes(blob))} if blob else set()
                 if jobs & {i.decode() for i in ids}:
                     found.append(f"{name} holds events of ended jobs (ttl {client.ttl(key)})")

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import redis
@@ -108,8 +109,8 @@ class WireTap:
         """The ended job's log, given up to a second to show its terminal event."""
         give_up = time.monotonic() + 1.0
         while True:
-            log = [decode_event(bytes(raw)) for _, fields in
-                   client.xrange(KEYS.event_log(job_id))
+            entries: list[Any] = client.xrange(KEYS.event_log(job_id)) or []
+            log = [decode_event(bytes(raw)) for _, fields in entries
                    if (data := entry_events(fields)) is not None for raw in unpack_events(data)]
             with self._lock:
                 self.logs[job_id] = log

@@ -134,7 +134,7 @@ class Workload:
         give_up = time.monotonic() + SNAPSHOT_WAIT_S
         while True:
             with contextlib.suppress(*_RETRYABLE):
-                entries = await self._store.xrange(KEYS.event_log(run.job_id))
+                entries: list[Any] = await self._store.xrange(KEYS.event_log(run.job_id)) or []
                 run.log = [decode_event(bytes(raw)) for _, fields in entries
                            if (data := entry_events(fields)) is not None
                            for raw in unpack_events(data)]
