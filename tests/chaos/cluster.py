@@ -1,0 +1,179 @@
+"""Bring-up of one schedule's processes: a real Redis that can refuse writes or fail
+over, and real Celery workers in slots that faults kill, stop and restart.
+
+Redis is a primary with one replica under ``min-replicas-to-write 1`` (refusals:
+NOREPLICAS, MISCONF, CLIENT PAUSE WRITE), or a primary, a replica and three sentinels
+(the primary can be killed). Workers run with short leases and a short ``KVRELAY_LOG_TTL``
+so that takeovers and the retention check fit in a few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from helpers.refusing_redis import ReplicatedPrimary
+from helpers.sentinel_cluster import SentinelCluster
+from helpers.worker_process import WorkerProcess, redis_for
+
+from chaos.schedule import PRESSURE, SENTINEL, Schedule
+
+# Seconds a job's log lives after its end: the retention check waits this long.
+LOG_TTL_S = 4
+# KV bytes of one 16-token block of the tiny ``llama-mqa`` model (3 layers, one KV head of
+# 64, keys and values, float32).
+LLAMA_MQA_BLOCK_BYTES = 3 * 2 * 1 * 64 * 16 * 4
+# Worker settings every schedule shares: takeovers within seconds, bounded Redis waits,
+# and enough attempts that a few kills of one job's workers are not a lawful failure.
+BASE_SETTINGS: dict[str, Any] = {
+    "lease_ttl": 2.0, "lease_refresh": 0.5, "watchdog_interval": 0.5, "max_attempts": 10,
+    "log_ttl": LOG_TTL_S, "redis_socket_timeout": 5.0, "shutdown_grace": 2.0,
+}
+
+
+class WorkerSlot:
+    """One place a worker runs; a killed worker is replaced by a new process here."""
+
+    def __init__(self, index: int, url: str, model: str, log_dir: Path, concurrency: int,
+                 settings: dict[str, Any]) -> None:
+        self.index = index
+        self.url = url
+        self.model = model
+        self.log_dir = log_dir
+        self.concurrency = concurrency
+        self.settings = settings
+        self.generation = 0
+        self.processes: list[WorkerProcess] = []
+        self.stopped = False
+
+    @property
+    def current(self) -> WorkerProcess:
+        return self.processes[-1]
+
+    def start(self) -> WorkerProcess:
+        name = f"w{self.index}-{self.generation}"
+        self.generation += 1
+        worker = WorkerProcess(name, self.url, self.model, self.log_dir,
+                               concurrency=self.concurrency, **self.settings)
+        self.processes.append(worker.start())
+        return worker
+
+    def kill(self) -> None:
+        self.cont()
+        self.current.kill()
+
+    def stop(self) -> None:
+        self.current.signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def cont(self) -> None:
+        if self.stopped:
+            self.current.signal(signal.SIGCONT)
+            self.stopped = False
+
+    def shutdown(self) -> None:
+        self.cont()
+        for worker in self.processes:
+            worker.stop()
+
+
+class ChaosCluster:
+    """Redis and the workers of one schedule; ``close()`` stops everything it started."""
+
+    def __init__(self, schedule: Schedule, workdir: Path, model_path: str | None = None) -> None:
+        self.schedule = schedule
+        self.workdir = workdir
+        self.sentinel: SentinelCluster | None = None
+        self.replicated: ReplicatedPrimary | None = None
+        self.model_path = model_path
+        self.slots: list[WorkerSlot] = []
+
+    @property
+    def url(self) -> str:
+        if self.sentinel is not None:
+            return self.sentinel.url
+        assert self.replicated is not None
+        return self.replicated.url
+
+    def start(self, ready_timeout: float = 120.0) -> ChaosCluster:
+        try:
+            self._start_redis()
+            self._start_workers(ready_timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_redis(self) -> None:
+        if self.schedule.scenario == SENTINEL:
+            self.sentinel = SentinelCluster(self.workdir / "ha", down_after_ms=1000).start()
+            return
+        self.replicated = ReplicatedPrimary(self.workdir / "redis")
+        # A replica in sync at once, not after the default 5 s diskless-sync delay.
+        primary = self.replicated.primary
+        primary.extra_args = (*primary.extra_args, "--repl-diskless-sync-delay", "0")
+        self.replicated.start()
+
+    def _start_workers(self, ready_timeout: float) -> None:
+        settings = dict(BASE_SETTINGS)
+        settings.update(self.schedule.worker_settings)
+        model = self.schedule.model
+        if self.schedule.scenario == PRESSURE:
+            assert self.model_path is not None, "the pressure scenario needs the tiny model"
+            blocks = int(settings.pop("kv_blocks"))
+            settings.update(kv_cache_memory=blocks * LLAMA_MQA_BLOCK_BYTES, swap_space_gib=0,
+                            model_name=model)
+            model = self.model_path
+        logs = self.workdir / "workers"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.slots = [WorkerSlot(i, self.url, model, logs, self.schedule.concurrency, settings)
+                      for i in range(self.schedule.workers)]
+        for slot in self.slots:
+            slot.start()
+        for slot in self.slots:
+            slot.current.wait_ready(ready_timeout)
+
+    def admin_url(self) -> str:
+        """A plain URL of the primary as of now."""
+        if self.sentinel is not None:
+            return f"redis://127.0.0.1:{self.sentinel.primary_port()}/0"
+        return self.url
+
+    def admin(self) -> redis.Redis:
+        """A client of the primary as of now (after a failover, the new one)."""
+        return redis_for(self.url)
+
+    def pause_writes(self, seconds: float) -> None:
+        with self.admin() as client:
+            client.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")
+
+    def worker_logs(self, chars: int = 4000) -> str:
+        return "\n".join(f"----- worker {w.name} (pid {w.process.pid if w.process else '-'})"
+                         f" -----\n{w.tail(chars)}" for slot in self.slots
+                         for w in slot.processes)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            with contextlib.suppress(Exception):
+                slot.shutdown()
+        if self.replicated is not None:
+            with contextlib.suppress(Exception):
+                self.replicated.stop()
+        if self.sentinel is not None:
+            with contextlib.suppress(Exception):
+                self.sentinel.stop()
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate()`` until true or ``timeout`` seconds passed; whether it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if predicate():
+                return True
+        time.sleep(interval)
+    return False

@@ -1,0 +1,200 @@
+"""One schedule, start to end: plan from the seed, reference tokens, bring-up, load and
+faults together, then the checks; everything torn down whatever happens.
+
+``run_schedule`` returns a ``RunResult`` (never raises for a violation: the caller
+decides); ``replay_command`` is the line that runs the same seed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers.job_log import read_log
+
+from chaos.checker import Violation, check_jobs
+from chaos.cluster import LOG_TTL_S, ChaosCluster, wait_until
+from chaos.faults import FaultInjector, FaultRecord
+from chaos.reference import reference_tokens
+from chaos.retention import retained
+from chaos.schedule import LOAD_S, PRESSURE, Schedule, make_schedule
+from chaos.tap import WireTap
+from chaos.workload import Workload
+from kvrelay.keys import Keyspace
+from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent
+
+KEYS = Keyspace()
+# Seconds the load may run past its planned length (faults, takeovers, slow readers).
+DRAIN_S = 60.0
+# How long jobs whose callers left get to write their terminal events.
+END_WAIT_S = 15.0
+
+
+@dataclass
+class RunResult:
+    schedule: Schedule
+    violations: list[Violation] = field(default_factory=list)
+    # Faults that could not be done: the run proves less, but nothing was violated.
+    harness_errors: list[str] = field(default_factory=list)
+    faults: list[FaultRecord] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    # Engine counters summed over the workers alive at the end (preemptions, ...).
+    engine: dict[str, int] = field(default_factory=dict)
+    # Job id -> the job's index in the schedule.
+    job_index: dict[str, int] = field(default_factory=dict)
+    worker_logs: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def report(self) -> str:
+        lines = [f"chaos seed {self.schedule.seed}: {len(self.violations)} violations "
+                 f"({self.schedule.scenario}, broken={self.schedule.broken}); replay: "
+                 f"{replay_command(self.schedule)}"]
+        lines += [f"  {v}" for v in self.violations]
+        lines += [f"  harness: {e}" for e in self.harness_errors]
+        lines += [f"  fault {f.plan.kind} @{f.plan.at:.1f}s {f.ended - f.began:.1f}s: "
+                  f"{f.note}{f.error}" for f in self.faults]
+        return "\n".join(lines)
+
+
+def replay_command(schedule: Schedule) -> str:
+    flags = f" --broken {schedule.broken}" if schedule.broken else ""
+    if make_schedule(schedule.seed).scenario != schedule.scenario:
+        flags += f" --scenario {schedule.scenario}"
+    return (f"PYTHONPATH=client:worker:kernels python benchmarks/chaos.py "
+            f"--replay {schedule.seed}{flags}")
+
+
+def private_kernel_cache() -> None:
+    """Give this checkout's workers a compiled-kernel cache of their own (unless one is
+    set): checkouts side by side share ``~/.cache/torch_extensions`` under one name and
+    rebuild it under each other's feet, and a worker compiling at its first step would
+    look like a stalled one. The reference engine, run first, builds it once."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        here = hashlib.sha256(str(Path(__file__).resolve()).encode()).hexdigest()[:12]
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(
+            Path(tempfile.gettempdir()) / f"kvrelay-chaos-extensions-{here}")
+
+
+def tiny_model_path(root: Path) -> str:
+    """The tiny random model the pressure scenario serves, built under ``root``."""
+    from helpers.tiny_models import build_tiny_model
+
+    from kvrelay_worker.loading import prepare_model
+
+    folder = root / "llama-mqa"
+    if not (folder / "config.json").exists():
+        build_tiny_model("llama-mqa", folder,
+                         tokenizer_folder=prepare_model("smollm2-135m-instruct", progress=False))
+    return str(folder)
+
+
+def run_schedule(seed: int, workdir: Path | None = None, *, model_path: str | None = None,
+                 broken: str | None = None, scenario: str | None = None) -> RunResult:
+    schedule = make_schedule(seed, scenario=scenario, broken=broken)
+    workdir = workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
+    if schedule.scenario == PRESSURE:
+        private_kernel_cache()
+        model_path = model_path or tiny_model_path(workdir)
+    result = RunResult(schedule)
+    began = time.monotonic()
+    reference = reference_tokens(schedule, model_path)
+    cluster = ChaosCluster(schedule, workdir, model_path)
+    try:
+        cluster.start()
+        result.seconds["setup"] = time.monotonic() - began
+        _run_loaded(cluster, schedule, reference, result)
+    finally:
+        result.worker_logs = cluster.worker_logs()
+        cluster.close()
+    result.seconds["total"] = time.monotonic() - began
+    return result
+
+
+def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, list[list[int]]],
+                result: RunResult) -> None:
+    tap = WireTap(cluster.url).start()
+    workload = Workload(schedule, cluster.url)
+    injector = FaultInjector(cluster, workload.running_jobs)
+    loaded = time.monotonic()
+    t0 = time.time() + 0.2
+
+    async def load() -> None:
+        await asyncio.gather(workload.run(t0, bound_s=LOAD_S + DRAIN_S),
+                             injector.run_all(schedule.faults, t0))
+
+    try:
+        asyncio.run(load())
+        for slot in cluster.slots:
+            slot.cont()
+        result.seconds["load"] = time.monotonic() - loaded
+        checked = time.monotonic()
+        logs = _final_logs(cluster, {run.job_id: _longer(tap.logs.get(run.job_id, []), run.log)
+                                     for run in workload.runs})
+        time.sleep(0.5)  # anything published late reaches the tap
+    finally:
+        tap.stop()
+    result.faults = injector.records
+    result.job_index = {run.job_id: run.plan.index for run in workload.runs}
+    result.harness_errors = [f"{f.plan.kind}: {f.error}" for f in injector.records if f.error]
+    result.violations = check_jobs(workload.runs, reference, logs,
+                                   {run.job_id: tap.of(run.job_id) for run in workload.runs},
+                                   injector.records)
+    for run in workload.runs:
+        result.outcomes[run.outcome] = result.outcomes.get(run.outcome, 0) + 1
+    for slot in cluster.slots:
+        if slot.current.alive():
+            with contextlib.suppress(Exception):  # counters only: a report, not a check
+                stats = slot.current.stats()
+                for name in ("preemptions", "recomputes", "steps"):
+                    result.engine[name] = result.engine.get(name, 0) + int(stats.get(name, 0))
+        else:
+            result.violations.append(Violation(None, "worker-exit", f"{slot.current.name} "
+                                               f"exited on its own: {_last_lines(slot.current.tail())}"))
+    time.sleep(LOG_TTL_S + 2.0)
+    with cluster.admin() as client:
+        left = retained(client, [run.job_id for run in workload.runs],
+                        [job.prompt for job in schedule.jobs])
+    result.violations += [Violation(None, "retention", line) for line in left]
+    result.seconds["check"] = time.monotonic() - checked
+
+
+def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]]
+                ) -> dict[str, list[AnyEvent]]:
+    """Each job's log once it ended: as its caller's snapshot saw it, or, where that had
+    no terminal event yet, read again until it has one (up to ``END_WAIT_S``). A job with
+    no log is not waited for (its caller gave up before any worker took it)."""
+    logs = dict(seen)
+
+    def ended(job_id: str) -> bool:
+        return bool(logs[job_id]) and isinstance(logs[job_id][-1], TERMINAL_EVENTS)
+
+    def all_ended() -> bool:
+        url = cluster.admin_url()
+        for job_id in logs:
+            if not ended(job_id):
+                logs[job_id] = read_log(url, job_id) or logs[job_id]
+        return all(not logs[j] or ended(j) for j in logs)
+
+    wait_until(all_ended, END_WAIT_S, 0.2)
+    return logs
+
+
+def _longer(a: list[AnyEvent], b: list[AnyEvent]) -> list[AnyEvent]:
+    """Of two reads of one log, the one that ends the job, else the longer."""
+    def rank(log: list[AnyEvent]) -> tuple[bool, int]:
+        return bool(log) and isinstance(log[-1], TERMINAL_EVENTS), len(log)
+    return max(a, b, key=rank)
+
+
+def _last_lines(text: str, count: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-count:])

@@ -1,0 +1,174 @@
+"""One seed, one schedule: which cluster, which jobs (and how their callers behave) and
+which faults at which times. Everything random in a run is drawn here, so a seed replays
+the same plan (the processes' own timing still varies, as it does in production).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+# Scenarios: the engine the workers run and the Redis they share.
+SIMULATED = "simulated"  # the simulated engine on a primary with a replica
+SENTINEL = "sentinel"  # the simulated engine behind Sentinel (the primary may be killed)
+PRESSURE = "pressure"  # the tiny random model in a small KV pool, with priorities
+SCENARIOS = (SIMULATED, SENTINEL, PRESSURE)
+_SCENARIO_WEIGHTS = (0.6, 0.25, 0.15)
+
+# Caller behaviours.
+GENERATE = "generate"  # await generate()
+STREAM = "stream"  # iterate the stream
+SLOW = "slow"  # iterate, sleeping between chunks
+RESUME = "resume"  # iterate, drop the stream after some chunks, resume(seq) later
+CANCEL = "cancel"  # iterate, cancel() after some chunks, read to the end
+BEHAVIOURS = (GENERATE, STREAM, SLOW, RESUME, CANCEL)
+_BEHAVIOUR_WEIGHTS = (0.2, 0.3, 0.15, 0.2, 0.15)
+
+# Faults.
+WORKER_KILL = "worker_kill"  # SIGKILL, restarted (a new process) after ``duration``
+WORKER_STOP = "worker_stop"  # SIGSTOP for ``duration``, then SIGCONT
+NOREPLICAS = "noreplicas"  # the replica SIGSTOPped: the primary refuses writes
+MISCONF = "misconf"  # the primary's snapshot fails: it refuses writes
+PAUSE_WRITES = "pause_writes"  # CLIENT PAUSE WRITE
+PRIMARY_KILL = "primary_kill"  # SIGKILL of the Sentinel primary (a failover follows)
+REDIS_FAULTS = frozenset({NOREPLICAS, MISCONF, PAUSE_WRITES, PRIMARY_KILL})
+# Deliberate defects, injected from outside the worker, that the checker must catch.
+DROP_LOG_ENTRY = "drop_log_entry"  # one entry deleted from a running job's log
+BROKEN_VARIANTS = (DROP_LOG_ENTRY,)
+
+# Seconds of load: jobs start within the first part, faults land anywhere in it.
+LOAD_S = 6.0
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    index: int
+    start_at: float
+    prompt: str
+    max_tokens: int
+    priority: int = 0
+    n: int = 1
+    behaviour: str = STREAM
+    # RESUME / CANCEL: after this many chunks; SLOW: every chunk.
+    at_chunk: int = 0
+    # RESUME: seconds away before resuming; SLOW: seconds per chunk.
+    pause_s: float = 0.0
+    # A short queue-wait limit (seconds): the job may expire in the queue; None: default.
+    queue_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    at: float
+    kind: str
+    duration: float
+    target: int = 0  # the worker slot, for worker faults
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    scenario: str
+    workers: int
+    concurrency: int
+    jobs: tuple[JobPlan, ...]
+    faults: tuple[FaultPlan, ...]
+    worker_settings: dict[str, object] = field(default_factory=dict)
+    broken: str | None = None
+
+    @property
+    def model(self) -> str:
+        return "llama-mqa" if self.scenario == PRESSURE else "simulated"
+
+    def describe(self) -> str:
+        """One line per job and fault: what a failure report shows next to the seed."""
+        lines = [f"seed {self.seed}: {self.scenario}, {self.workers} workers x "
+                 f"{self.concurrency}, broken={self.broken}"]
+        lines += [f"  job {j.index} @{j.start_at:.2f}s {j.behaviour} max_tokens={j.max_tokens}"
+                  f" n={j.n} prio={j.priority} at_chunk={j.at_chunk} pause={j.pause_s:.2f}"
+                  f" queue_timeout={j.queue_timeout}" for j in self.jobs]
+        lines += [f"  fault @{f.at:.2f}s {f.kind} for {f.duration:.2f}s (worker {f.target})"
+                  for f in self.faults]
+        return "\n".join(lines)
+
+
+def make_schedule(seed: int, *, scenario: str | None = None,
+                  broken: str | None = None) -> Schedule:
+    """The schedule of ``seed`` (``scenario`` forces one; ``broken`` adds a defect)."""
+    rng = random.Random(seed)
+    chosen = rng.choices(SCENARIOS, _SCENARIO_WEIGHTS)[0]
+    scenario = scenario or chosen
+    if scenario == PRESSURE:
+        return _pressure(rng, seed, broken)
+    workers = rng.choice((1, 2, 2, 3))
+    concurrency = rng.choice((4, 8))
+    jobs = tuple(_simulated_job(rng, i) for i in range(rng.randint(8, 16)))
+    kinds = [WORKER_KILL, WORKER_STOP, PAUSE_WRITES]
+    kinds += [PRIMARY_KILL] if scenario == SENTINEL else [NOREPLICAS, MISCONF]
+    faults = _faults(rng, kinds, workers, rng.randint(2, 4))
+    settings: dict[str, object] = {"simulated_step_ms": rng.choice((10, 20, 30))}
+    if broken == DROP_LOG_ENTRY:  # a victim long enough to have log entries mid-stream
+        jobs += (JobPlan(len(jobs), 0.0, "chaos victim of a lost log entry", 300),)
+        faults = tuple(sorted((*faults, FaultPlan(1.5, DROP_LOG_ENTRY, 5.0)),
+                              key=lambda f: f.at))
+    return Schedule(seed, scenario, workers, concurrency, jobs, faults, settings, broken)
+
+
+def _simulated_job(rng: random.Random, index: int) -> JobPlan:
+    behaviour = rng.choices(BEHAVIOURS, _BEHAVIOUR_WEIGHTS)[0]
+    max_tokens = rng.randint(20, 160)
+    return JobPlan(
+        index=index,
+        start_at=rng.uniform(0.0, LOAD_S * 0.7),
+        prompt=f"chaos job {index} {rng.getrandbits(32):08x} " + "word " * rng.randint(0, 40),
+        max_tokens=max_tokens,
+        n=rng.choice((1, 1, 1, 2)),
+        behaviour=behaviour,
+        at_chunk=rng.randint(1, max(1, max_tokens // 2)),
+        pause_s=rng.uniform(0.01, 0.05) if behaviour == SLOW else rng.uniform(0.2, 2.0),
+        queue_timeout=rng.choice((None, None, None, 2.0, 4.0)),
+    )
+
+
+def _faults(rng: random.Random, kinds: list[str], workers: int,
+            count: int) -> tuple[FaultPlan, ...]:
+    """``count`` faults; Redis faults never overlap each other, and at most one kill of
+    the primary (the dead one is not brought back)."""
+    faults: list[FaultPlan] = []
+    redis_busy_until = 0.0
+    for _ in range(count):
+        kind = rng.choice(kinds)
+        at = rng.uniform(0.5, LOAD_S)
+        duration = rng.uniform(0.5, 3.0)
+        if kind in REDIS_FAULTS:
+            at = max(at, redis_busy_until + 0.5)
+            redis_busy_until = at + duration + 2.0
+            if kind == PRIMARY_KILL:
+                kinds = [k for k in kinds if k != PRIMARY_KILL]
+        faults.append(FaultPlan(at, kind, duration, rng.randrange(workers)))
+    return tuple(sorted(faults, key=lambda f: f.at))
+
+
+def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
+    """Low-priority jobs first, then high-priority ones that need their blocks: the small
+    pool forces preemption; a worker may die or stall meanwhile."""
+    low = [JobPlan(index=i, start_at=rng.uniform(0.0, 0.3),
+                   prompt=f"pressure low {i} {rng.getrandbits(24):06x}",
+                   max_tokens=rng.randint(40, 90), priority=0,
+                   behaviour=rng.choice((STREAM, GENERATE, RESUME)),
+                   at_chunk=rng.randint(5, 40), pause_s=rng.uniform(0.2, 1.5))
+           for i in range(rng.randint(1, 3))]
+    high = [JobPlan(index=len(low) + i, start_at=rng.uniform(0.5, 2.0),
+                    prompt=f"pressure high {i} {rng.getrandbits(24):06x}",
+                    max_tokens=rng.randint(30, 80), priority=10,
+                    behaviour=rng.choice((STREAM, GENERATE, SLOW, CANCEL)),
+                    at_chunk=rng.randint(5, 30), pause_s=rng.uniform(0.01, 0.03))
+            for i in range(rng.randint(4, 7))]
+    workers = rng.choice((1, 2))
+    faults = _faults(rng, [WORKER_KILL, WORKER_STOP, PAUSE_WRITES, NOREPLICAS], workers,
+                     rng.randint(1, 2))
+    # Blocks of 16 tokens for about half of what each worker's jobs would hold at once.
+    need = sum(len(j.prompt) // 3 + j.max_tokens for j in low + high) // 16
+    blocks = max(12, need // (2 * workers))
+    return Schedule(seed, PRESSURE, workers, 8, tuple(low + high), faults,
+                    {"preemption_mode": "recompute", "kv_blocks": blocks}, broken)

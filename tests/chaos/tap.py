@@ -1,0 +1,119 @@
+"""A wire tap: every event any worker publishes, with the time it was seen.
+
+The SDK hides what the checker must see (it drops seqs it already has and never shows a
+``Started``), so the tap subscribes to every client's reply channel (every event of a job
+goes to the channel of the client that started it) and keeps each event as published: two different events under one seq, an event after a job's end, or
+a run that starts after its cancel show here. Pub/sub drops what is sent while the tap
+reconnects (a failover), so the checker treats what the tap lacks as unknown, never as
+a violation.
+
+Logs expire ``KVRELAY_LOG_TTL`` after their job ends, sooner than a slow caller may be
+done, so the tap also reads a job's log as soon as it sees the job's terminal event
+(``logs``): the store as it was when the job ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+from helpers.worker_process import redis_for
+
+from kvrelay.event_frames import unpack_events, unpack_message
+from kvrelay.event_log import entry_events
+from kvrelay.keys import Keyspace
+from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, decode_event
+
+KEYS = Keyspace()
+
+
+@dataclass(frozen=True)
+class Tapped:
+    at: float  # time.time() when the tap read it
+    event: AnyEvent
+    raw: bytes
+
+
+class WireTap:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.events: dict[str, list[Tapped]] = defaultdict(list)
+        # Each ended job's log, read when its terminal event went by.
+        self.logs: dict[str, list[AnyEvent]] = {}
+        self.reconnects = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-tap", daemon=True)
+
+    def start(self, timeout: float = 10.0) -> WireTap:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the wire tap never subscribed")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def of(self, job_id: str) -> list[Tapped]:
+        with self._lock:
+            return list(self.events.get(job_id, ()))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            client: redis.Redis | None = None
+            try:
+                client = redis_for(self.url)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.psubscribe(KEYS.reply_channel("*"))
+                self._ready.set()
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.2)
+                    if message is not None:
+                        for job_id in self._record(time.time(), message["data"]):
+                            self._read_log(client, job_id)
+            except (redis.RedisError, OSError):
+                self.reconnects += 1
+                time.sleep(0.2)
+            finally:
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        client.close()
+
+    def _record(self, at: float, data: bytes) -> list[str]:
+        """Keep the message's events; the jobs it ends (seen for the first time)."""
+        try:
+            pairs = unpack_message(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return []
+        ended = []
+        with self._lock:
+            for job_id, events in pairs:
+                for raw in unpack_events(events):
+                    blob = bytes(raw)
+                    event = decode_event(blob)
+                    self.events[job_id].append(Tapped(at, event, blob))
+                    if isinstance(event, TERMINAL_EVENTS) and job_id not in self.logs:
+                        self.logs[job_id] = []
+                        ended.append(job_id)
+        return ended
+
+    def _read_log(self, client: redis.Redis, job_id: str) -> None:
+        """The ended job's log, given up to a second to show its terminal event."""
+        give_up = time.monotonic() + 1.0
+        while True:
+            entries: list[Any] = client.xrange(KEYS.event_log(job_id)) or []
+            log = [decode_event(bytes(raw)) for _, fields in entries
+                   if (data := entry_events(fields)) is not None for raw in unpack_events(data)]
+            with self._lock:
+                self.logs[job_id] = log
+            if (log and isinstance(log[-1], TERMINAL_EVENTS)) or time.monotonic() > give_up:
+                return
+            time.sleep(0.1)

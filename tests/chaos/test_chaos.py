@@ -1,0 +1,66 @@
+"""The fault-injection harness on a fixed set of seeds: real Redis (a replicated primary
+that refuses writes, or Sentinel with a primary kill), real Celery workers killed,
+stopped and restarted, the tiny model preempting under a small KV pool, and callers
+that cancel, disconnect and resume, read slowly. Each seed must break no rule; a failure
+prints the seed, what broke and the command that replays it.
+
+A deliberately broken store (one entry deleted from a running job's log, from outside
+the worker) must be caught: that shows the checker reads the store, not only what the
+callers were shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from chaos.runner import RunResult, run_schedule
+from chaos.schedule import DROP_LOG_ENTRY, PRESSURE, SENTINEL, SIMULATED, make_schedule
+
+pytestmark = pytest.mark.integration
+
+# One seed per scenario, each with a mix of faults (see ``make_schedule(seed).describe()``):
+# 8: three workers, NOREPLICAS, a worker kill, CLIENT PAUSE WRITE and MISCONF;
+# 5: Sentinel, the primary killed, a worker stopped and one killed, writes paused;
+# 15: the tiny model in a 12-block pool with priorities, a worker stopped and one killed.
+SEEDS = {SIMULATED: 8, SENTINEL: 5, PRESSURE: 15}
+# Worker faults only, so that the deleted log entry is the one thing wrong.
+BROKEN_SEED = 14
+
+
+def _explain(result: RunResult) -> str:
+    return (f"{result.report()}\n{result.schedule.describe()}\n"
+            f"seconds {result.seconds}, outcomes {result.outcomes}\n{result.worker_logs}")
+
+
+@pytest.mark.parametrize("scenario", [SIMULATED, SENTINEL])
+def test_a_seeded_schedule_breaks_no_rule(scenario: str, tmp_path: Path) -> None:
+    seed = SEEDS[scenario]
+    assert make_schedule(seed).scenario == scenario
+    result = run_schedule(seed, tmp_path)
+    assert not result.harness_errors, _explain(result)
+    assert result.ok, _explain(result)
+
+
+def test_preemption_under_kv_pressure_breaks_no_rule(
+        tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    seed = SEEDS[PRESSURE]
+    assert make_schedule(seed).scenario == PRESSURE
+    result = run_schedule(seed, tmp_path, model_path=str(tiny_model("llama-mqa")))
+    assert not result.harness_errors, _explain(result)
+    assert result.ok, _explain(result)
+    assert result.engine.get("preemptions", 0) > 0, f"no preemption: {_explain(result)}"
+
+
+def test_a_lost_log_entry_is_caught(tmp_path: Path) -> None:
+    result = run_schedule(BROKEN_SEED, tmp_path, broken=DROP_LOG_ENTRY)
+    drops = [f for f in result.faults if f.plan.kind == DROP_LOG_ENTRY]
+    assert len(drops) == 1, _explain(result)
+    assert not drops[0].error, _explain(result)
+    # "deleted entry <id> of job <job id>"
+    tampered = result.job_index[drops[0].note.rsplit(" ", 1)[-1]]
+    caught = [v for v in result.violations if v.rule == "log-seq" and v.job == tampered]
+    assert caught, _explain(result)
+    assert f"--replay {BROKEN_SEED} --broken {DROP_LOG_ENTRY}" in result.report()

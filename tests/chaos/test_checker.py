@@ -1,0 +1,121 @@
+"""The checker on hand-made histories: a correct one passes, and each way a stream or a
+store can go wrong is named (so a harness run that reports nothing means something)."""
+
+from __future__ import annotations
+
+from chaos.checker import Violation, check_jobs
+from chaos.schedule import CANCEL, STREAM, JobPlan
+from chaos.tap import Tapped
+from chaos.workload import Chunk, JobRun
+from kvrelay.protocol import (
+    AnyEvent,
+    Failed,
+    Finished,
+    Started,
+    Timings,
+    Tokens,
+    encode_event,
+)
+
+REFERENCE = [[11, 12, 13, 14, 15, 16]]
+NOW = 1000.0
+
+
+def _history(tokens: list[int]) -> list[AnyEvent]:
+    events: list[AnyEvent] = [Started(seq=0, worker="w:1")]
+    events += [Tokens(seq=i + 1, token_ids=[t], text="") for i, t in enumerate(tokens)]
+    events.append(Finished(seq=len(events), finish_reason="length",
+                           timings=Timings(queue=0.5)))
+    return events
+
+
+def _run(events: list[AnyEvent], behaviour: str = STREAM) -> JobRun:
+    run = JobRun(JobPlan(0, 0.0, "p", max_tokens=6, behaviour=behaviour), job_id="j")
+    run.enqueued_at, run.queue_deadline = NOW, NOW + 2.0
+    run.chunks = [Chunk(e.seq, e.index, tuple(e.token_ids), NOW + e.seq)
+                  for e in events if isinstance(e, Tokens)]
+    tokens = [t for e in events if isinstance(e, Tokens) for t in e.token_ids]
+    run.completion, run.finish_reasons = [tokens], ["length"]
+    run.outcome = "completed"
+    return run
+
+
+def _tap(events: list[AnyEvent], at: float = NOW) -> list[Tapped]:
+    return [Tapped(at + i * 0.01, e, encode_event(e)) for i, e in enumerate(events)]
+
+
+def _check(run: JobRun, log: list[AnyEvent], tapped: list[Tapped] | None = None
+           ) -> list[Violation]:
+    return check_jobs([run], {0: REFERENCE}, {"j": log},
+                      {"j": tapped if tapped is not None else _tap(log)}, [])
+
+
+def _rules(found: list[Violation]) -> set[str]:
+    return {v.rule for v in found}
+
+
+def test_a_correct_history_passes() -> None:
+    log = _history(REFERENCE[0])
+    assert _check(_run(log), log) == []
+
+
+def test_a_token_repeated_at_a_takeover_seam_is_caught() -> None:
+    # The successor resumed one token early: 7 tokens for 6, the third one twice.
+    log = _history([11, 12, 13, 13, 14, 15])
+    assert {"log-tokens", "tokens", "streamed-tokens"} <= _rules(_check(_run(log), log))
+
+
+def test_a_gap_in_the_log_is_caught() -> None:
+    log = _history(REFERENCE[0])
+    del log[3]
+    assert "log-seq" in _rules(_check(_run(_history(REFERENCE[0])), log))
+
+
+def test_a_completion_missing_from_the_log_is_caught() -> None:
+    log = _history(REFERENCE[0])
+    assert {"log-terminal"} <= _rules(_check(_run(log), log[:-1], _tap(log)))
+
+
+def test_an_event_published_after_the_end_is_caught() -> None:
+    log = _history(REFERENCE[0])
+    late = Tokens(seq=len(log), token_ids=[99], text="")
+    assert "after-terminal" in _rules(_check(_run(log), log, _tap([*log, late])))
+
+
+def test_two_events_under_one_seq_are_caught() -> None:
+    log = _history(REFERENCE[0])
+    stale = Tokens(seq=2, token_ids=[77], text="")
+    assert "wire-conflict" in _rules(_check(_run(log), log, _tap([*log, stale])))
+
+
+def test_a_run_that_starts_after_its_cancel_is_caught() -> None:
+    log: list[AnyEvent] = [Started(seq=0, worker="w:1"),
+                           Tokens(seq=1, token_ids=[11], text=""),
+                           Started(seq=2, worker="w:2", attempt=2),
+                           Failed(seq=3, code="cancelled", message="")]
+    run = _run(log[:2], behaviour=CANCEL)
+    run.outcome, run.cancel_acked_at, run.ended_at = "Cancelled", NOW + 1, NOW + 2
+    tapped = [*_tap(log[:2]), Tapped(NOW + 30, log[2], encode_event(log[2])),
+              Tapped(NOW + 30, log[3], encode_event(log[3]))]
+    assert "run-after-cancel" in _rules(_check(run, log, tapped))
+    # The same history with the new run before the cancel is lawful.
+    early = [*_tap(log[:3]), Tapped(NOW + 1.5, log[3], encode_event(log[3]))]
+    assert _check(run, log, early) == []
+
+
+def test_a_pickup_after_the_queue_deadline_is_caught() -> None:
+    log = _history(REFERENCE[0])
+    log[-1] = Finished(seq=log[-1].seq, finish_reason="length", timings=Timings(queue=5.0))
+    assert "queue-deadline" in _rules(_check(_run(log), log))
+
+
+def test_a_taken_over_job_is_judged_by_its_first_pickup() -> None:
+    # After a takeover the worker's queue time measures the last claim: not a late pickup.
+    log = _history(REFERENCE[0])
+    log.insert(3, Started(seq=3, worker="w:2", attempt=2))  # seqs renumbered below
+    log = [type(e)(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "seq": i})
+           for i, e in enumerate(log)]
+    log[-1] = Finished(seq=log[-1].seq, finish_reason="length", timings=Timings(queue=5.0))
+    assert _check(_run(log), log) == []
+    late = _tap(log, at=NOW + 10)
+    assert "queue-deadline" in _rules(_check(_run(log), log, late))
