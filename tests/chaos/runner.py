@@ -70,7 +70,7 @@ def replay_command(schedule: Schedule) -> str:
     flags = f" --broken {schedule.broken}" if schedule.broken else ""
     if make_schedule(schedule.seed).scenario != schedule.scenario:
         flags += f" --scenario {schedule.scenario}"
-    return (f"PYTHONPATH=client:worker:kernels python benchmarks/chaos.py "
+    return (f"PYTHONPATH=tests python benchmarks/fault_injection.py "
             f"--replay {schedule.seed}{flags}")
 
 

@@ -1,10 +1,13 @@
 """Randomized fault-injection runs: N seeded schedules against real Redis and real
 workers, each checked (tests/chaos, docs/chaos.md), with a table and a JSON result.
 
-    PYTHONPATH=client:worker:kernels:tests python benchmarks/chaos.py [--schedules 200]
+    PYTHONPATH=tests python benchmarks/fault_injection.py [--schedules 200]
         [--seed 1] [--scenario simulated|sentinel|pressure] [--out FILE]
-    PYTHONPATH=client:worker:kernels:tests python benchmarks/chaos.py --replay SEED
+    PYTHONPATH=tests python benchmarks/fault_injection.py --replay SEED
         [--broken drop_log_entry]
+
+(``tests`` on the path: the harness and its checker live in ``tests/chaos``, which the
+CI test runs a few seeds of.)
 
 Seeds run one after another (``--seed`` is the first); every failing seed prints its
 violations and the line that replays it. The exit status is 1 when any seed failed.
@@ -13,25 +16,17 @@ violations and the line that replays it. The exit status is 1 when any seed fail
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 from chaos.runner import RunResult, private_kernel_cache, run_schedule, tiny_model_path
 from chaos.schedule import BROKEN_VARIANTS, SCENARIOS
+from harness import write_result
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def write_result(path: Path, report: dict[str, Any]) -> None:
-    """The one place results are written (kept small, to move to a shared harness)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
 
 
 def _row(result: RunResult) -> dict[str, Any]:
@@ -63,7 +58,7 @@ def main() -> int:
     parser.add_argument("--replay", type=int, help="run this one seed, verbosely")
     parser.add_argument("--scenario", choices=SCENARIOS)
     parser.add_argument("--broken", choices=BROKEN_VARIANTS)
-    parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "fault-injection.json")
     args = parser.parse_args()
     seeds = [args.replay] if args.replay is not None else \
         list(range(args.seed, args.seed + args.schedules))
@@ -90,7 +85,7 @@ def main() -> int:
     print(_table(rows))
     print(f"{len(rows)} schedules, {len(failed)} with violations {failed[:20]}, "
           f"{time.monotonic() - started:.0f}s")
-    write_result(args.out, {
+    write_result(args.out, "fault_injection", args, {
         "schedules": len(rows), "first_seed": seeds[0], "scenario": args.scenario,
         "broken": args.broken, "failed_seeds": failed,
         "seconds_per_schedule": round((time.monotonic() - started) / max(1, len(rows)), 2),
