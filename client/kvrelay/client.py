@@ -191,6 +191,7 @@ class AsyncClient(AsyncResource):
             keys=self._keys,
             max_payload_bytes=max_payload_bytes,
             on_job_end=placer.job_ended if placer is not None else None,
+            reconnect_timeout=reconnect_timeout,
         )
         self._closed = False
 

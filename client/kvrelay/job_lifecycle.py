@@ -23,6 +23,7 @@ from kvrelay.dispatcher import Dispatcher
 from kvrelay.enqueue import Enqueuer
 from kvrelay.errors import JobIdReused, KvrelayError, PayloadTooLarge, QueueFull, UnknownModel
 from kvrelay.keys import Keyspace
+from kvrelay.patience import patiently
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     AbortMessage,
@@ -85,8 +86,11 @@ class JobLifecycle:
         keys: Keyspace | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         on_job_end: Callable[[str, str | None], None] | None = None,
+        reconnect_timeout: float = 30.0,
     ) -> None:
         self.redis = redis
+        # How long a call waits out a failover (``kvrelay.patience``) before it fails.
+        self.reconnect_timeout = reconnect_timeout
         # Told every job whose stream ends, with the worker that ran it (placement counts
         # this client's jobs in flight on each worker).
         self._on_job_end = on_job_end
@@ -154,8 +158,9 @@ class JobLifecycle:
         record = self.keys.job_record(request.job_id)
         digest = request_digest(request)
         try:
-            created, held = await self._reserve(
-                keys=[record], args=[event_log.DIGEST_FIELD, digest, event_log.LIVE_LOG_TTL_S])
+            created, held = await patiently(lambda: self._reserve(
+                keys=[record], args=[event_log.DIGEST_FIELD, digest, event_log.LIVE_LOG_TTL_S]),
+                self.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, f"reserving job id {request.job_id}") from exc
         if created:
@@ -172,7 +177,9 @@ class JobLifecycle:
         """Put the reserved job on its queue; a failed send gives the reservation back
         (best effort), so the same request may be retried as a new job."""
         try:
-            await self._enqueuer(request)
+            # A copy sent twice (the first publish got through, its reply did not) is
+            # dropped by the worker that picks it up: the job is owned or done.
+            await patiently(lambda: self._enqueuer(request), self.reconnect_timeout)
         except BaseException:
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.redis.hdel(self.keys.job_record(request.job_id), event_log.DIGEST_FIELD)
@@ -180,11 +187,15 @@ class JobLifecycle:
 
     async def cancel(self, job_id: str) -> None:
         """Abort ``job_id`` wherever it is: queued jobs are dropped, running ones stopped."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
-        pipe.publish(self.keys.control_channel, encode_control(AbortMessage(job_id=job_id)))
-        try:
+        async def send() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(self.keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
+            pipe.publish(self.keys.control_channel,
+                         encode_control(AbortMessage(job_id=job_id)))
             await pipe.execute()
+
+        try:
+            await patiently(send, self.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, f"cancelling job {job_id}") from exc
 
@@ -251,7 +262,8 @@ class JobLifecycle:
     async def workers(self) -> list[WorkerInfo]:
         """Live workers (dead entries are removed from the registry on the way)."""
         try:
-            workers = await live_workers(self.redis, self.keys)
+            workers = await patiently(lambda: live_workers(self.redis, self.keys),
+                                      self.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the worker registry") from exc
         self._served.update(served_models(workers))
@@ -264,7 +276,8 @@ class JobLifecycle:
     async def queue_length(self, model: str) -> int:
         """Jobs waiting in ``model``'s queue (not counting those being run)."""
         try:
-            return int(await self.redis.llen(self.keys.queue(model)))
+            return int(await patiently(lambda: self.redis.llen(self.keys.queue(model)),
+                                       self.reconnect_timeout))
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the queue length") from exc
 

@@ -51,6 +51,7 @@ from kvrelay.errors import (
 )
 from kvrelay.event_filter import ImpossibleEvents
 from kvrelay.event_frames import unpack_events
+from kvrelay.patience import patiently
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
     AnyEvent,
@@ -326,7 +327,8 @@ class AsyncStream(AsyncResource):
         if previous is not None:
             dispatcher.unsubscribe(previous)
         try:
-            await self._jobs.watch(self._job_id, self._watch_token)
+            await patiently(lambda: self._jobs.watch(self._job_id, self._watch_token),
+                            self._jobs.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self._jobs.connection_error(exc, f"watching job {self._job_id}") from exc
         self._watching = True
@@ -336,7 +338,8 @@ class AsyncStream(AsyncResource):
         missed): events before ``next_seq`` only feed ``final()``; the rest wait their
         turn to be delivered."""
         try:
-            replay = await self._read_log(after_seq=-1)
+            replay = await patiently(lambda: self._read_log(after_seq=-1),
+                                     self._jobs.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self._jobs.connection_error(
                 exc, f"reading the event log of job {self._job_id}"

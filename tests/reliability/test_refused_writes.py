@@ -23,7 +23,7 @@ from helpers.worker_process import WorkerProcess
 from kvrelay import AsyncClient
 from kvrelay.keys import Keyspace
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MODEL = "smollm2-135m-instruct"
 STREAMS = 4

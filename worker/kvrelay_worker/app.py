@@ -17,8 +17,9 @@ from kombu import Exchange, Queue
 
 from kvrelay.enqueue import celery_broker_settings
 from kvrelay.protocol import TASK_NAME
+from kvrelay.sentinel_url import is_sentinel_url
 from kvrelay.tls import celery_ssl_options
-from kvrelay_worker import fast_exit
+from kvrelay_worker import fast_exit, sentinel_transport
 from kvrelay_worker.job_copy import send_job_copy
 from kvrelay_worker.payload_gate import size_gated
 from kvrelay_worker.runtime import WorkerRuntime
@@ -41,6 +42,9 @@ def make_celery(s: WorkerSettings) -> Celery:
     broker_url, broker_options = celery_broker_settings(s.redis_url)
     celery_app.conf.update(
         broker_url=broker_url,
+        # Behind sentinels, kombu's transport with a channel that can restore unacked
+        # messages after its connection closed (``sentinel_transport``).
+        broker_transport=sentinel_transport.TRANSPORT if is_sentinel_url(s.redis_url) else None,
         # rediss://: verify the broker's certificate as every other connection does.
         broker_use_ssl=celery_ssl_options(s.redis_url),
         broker_connection_retry_on_startup=True,
