@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 
 class RedisHealth:
-    """Shared by the threads of one worker process; the clock is monotonic."""
+    """Shared by the threads of one worker process."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._last_failure: float | None = None
 
     def failed(self) -> None:
         with self._lock:
-            self._last_failure = time.monotonic()
+            self._last_failure = self._clock()
 
     def writable_for(self) -> float:
         """Seconds since the last failed write (infinite when none failed yet)."""
         with self._lock:
             if self._last_failure is None:
                 return float("inf")
-            return time.monotonic() - self._last_failure
+            return self._clock() - self._last_failure
