@@ -25,6 +25,7 @@ from kvrelay.job_lookup import job_exists
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.placement import Placement, placement_enabled
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
+from kvrelay.replica_wait import ReplicaWait
 from kvrelay.request_builder import (
     MAX_JOB_ID_LENGTH,
     GenerateOptions,
@@ -192,6 +193,8 @@ class AsyncClient(AsyncResource):
             max_payload_bytes=max_payload_bytes,
             on_job_end=placer.job_ended if placer is not None else None,
             reconnect_timeout=reconnect_timeout,
+            replica_wait=(ReplicaWait(sentinel.wait_replicas, sentinel.wait_timeout_ms)
+                          if sentinel is not None else None),
         )
         self._closed = False
 

@@ -33,6 +33,7 @@ from kvrelay.protocol import (
     encode_request,
     request_digest,
 )
+from kvrelay.replica_wait import ReplicaWait
 from kvrelay.workers import live_workers, payload_limits, served_models
 
 if TYPE_CHECKING:
@@ -87,8 +88,12 @@ class JobLifecycle:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         on_job_end: Callable[[str, str | None], None] | None = None,
         reconnect_timeout: float = 30.0,
+        replica_wait: ReplicaWait | None = None,
     ) -> None:
         self.redis = redis
+        # Behind sentinels: the replicas a reserve or a cancel waits for (``WAIT``, on
+        # the write's own connection), so a failover cannot lose it.
+        self._replica_wait = replica_wait or ReplicaWait(0, 0)
         # How long a call waits out a failover (``kvrelay.patience``) before it fails.
         self.reconnect_timeout = reconnect_timeout
         # Told every job whose stream ends, with the worker that ran it (placement counts
@@ -157,10 +162,14 @@ class JobLifecycle:
         ``JobIdReused`` when another request has it."""
         record = self.keys.job_record(request.job_id)
         digest = request_digest(request)
+        async def send() -> Any:
+            pipe = self.redis.pipeline(transaction=False)
+            await self._reserve(keys=[record], client=pipe,
+                                args=[event_log.DIGEST_FIELD, digest, event_log.LIVE_LOG_TTL_S])
+            return (await self._replicated(pipe))[0]
+
         try:
-            created, held = await patiently(lambda: self._reserve(
-                keys=[record], args=[event_log.DIGEST_FIELD, digest, event_log.LIVE_LOG_TTL_S]),
-                self.reconnect_timeout)
+            created, held = await patiently(send, self.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, f"reserving job id {request.job_id}") from exc
         if created:
@@ -192,7 +201,7 @@ class JobLifecycle:
             pipe.set(self.keys.abort_flag(job_id), b"1", ex=ABORT_FLAG_TTL_S)
             pipe.publish(self.keys.control_channel,
                          encode_control(AbortMessage(job_id=job_id)))
-            await pipe.execute()
+            await self._replicated(pipe)
 
         try:
             await patiently(send, self.reconnect_timeout)
@@ -280,6 +289,17 @@ class JobLifecycle:
                                        self.reconnect_timeout))
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the queue length") from exc
+
+    async def _replicated(self, pipe: Any) -> list[Any]:
+        """Execute a pipeline of writes, closed by a ``WAIT`` for the replicas behind
+        sentinels (its reply left out); raises the first error reply."""
+        wanted = self._replica_wait.wanted()
+        if wanted > 0:
+            pipe.execute_command("WAIT", wanted, self._replica_wait.timeout_ms)
+        replies = list(await pipe.execute())
+        if wanted > 0:
+            self._replica_wait.observe(replies.pop())
+        return replies
 
     def connection_error(self, exc: BaseException, doing: str) -> KvrelayError:
         """``kvrelay.BrokerUnavailable`` naming this client's server and what it did."""

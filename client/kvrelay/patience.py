@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from kvrelay.errors import KvrelayError
 from kvrelay.redis_faults import is_transient
 
 T = TypeVar("T")
@@ -27,7 +28,10 @@ def passing(exc: BaseException) -> bool:
     ``BrokerUnavailable``), as the chain of causes shows."""
     seen: BaseException | None = exc
     while seen is not None:
-        if is_transient(seen) or isinstance(seen, OSError) or _broker_unreachable(seen):
+        if is_transient(seen) or _broker_unreachable(seen):
+            return True
+        # The SDK's own errors (also builtin ConnectionErrors) count only by their cause.
+        if isinstance(seen, OSError) and not isinstance(seen, KvrelayError):
             return True
         seen = seen.__cause__
     return False

@@ -12,6 +12,7 @@ call, a script's own bug) is a fault to report.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import redis
@@ -25,6 +26,10 @@ REFUSAL_CODES: Final = frozenset({
 })
 
 
+# Upper-case words of an error's text, wherever redis-py or a script's wrapping put them.
+_CODE_WORDS: Final = re.compile(r"\b[A-Z]+\b")
+
+
 def is_refusal(exc: BaseException) -> bool:
     """An error reply that says the server refused for now (its code may also come
     inside a script's error text, as Redis 6 words a refused ``redis.call``)."""
@@ -32,8 +37,7 @@ def is_refusal(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, redis.ResponseError):
         return False
-    words = str(exc).replace(":", " ").replace("(", " ").split()
-    return any(word.lstrip("-@") in REFUSAL_CODES for word in words)
+    return any(word in REFUSAL_CODES for word in _CODE_WORDS.findall(str(exc)))
 
 
 def is_transient(exc: BaseException) -> bool:

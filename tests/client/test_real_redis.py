@@ -175,7 +175,8 @@ async def test_redis_gone_for_good_raises_connection_error(redis_server_factory:
 
 async def test_connection_refused_is_a_clear_error() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
-    client = AsyncClient(url, model=MODEL, connect_timeout=1)
+    # Calls wait out an outage for reconnect_timeout before they raise.
+    client = AsyncClient(url, model=MODEL, connect_timeout=1, reconnect_timeout=1)
     with pytest.raises(kvrelay.BrokerUnavailable, match=f"127.0.0.1:{url.split(':')[2]}"):
         await asyncio.wait_for(client.connect(), 10)
     with pytest.raises(kvrelay.BrokerUnavailable):
@@ -183,7 +184,8 @@ async def test_connection_refused_is_a_clear_error() -> None:
     with pytest.raises(kvrelay.BrokerUnavailable):
         await asyncio.wait_for(client.workers(), 10)
     await client.aclose()
-    no_checks = AsyncClient(url, model=MODEL, require_worker=False, connect_timeout=1)
+    no_checks = AsyncClient(url, model=MODEL, require_worker=False, connect_timeout=1,
+                            reconnect_timeout=1)
     with pytest.raises(kvrelay.BrokerUnavailable, match="cannot connect"):
         await asyncio.wait_for(no_checks.generate("x"), 10)  # the subscriber fails first
     await no_checks.aclose()

@@ -107,3 +107,31 @@ def test_streams_survive_seconds_of_refused_writes(
         raise
     finally:
         worker.stop()
+
+
+def test_sdk_calls_made_while_writes_are_refused_complete_once_they_are_taken(
+        primary: ReplicatedPrimary) -> None:
+    """A reserve, an enqueue and a cancel meet NOREPLICAS; each waits it out (up to the
+    client's reconnect_timeout) instead of raising at once, and each is written."""
+    keys = Keyspace()
+
+    async def run() -> str:
+        async with AsyncClient(primary.url, model=MODEL, require_worker=False,
+                               reconnect_timeout=30) as client:
+            await asyncio.to_thread(primary.stop_replica)
+            cancel = asyncio.create_task(client.cancel("an-old-job"))
+            stream = client.stream(prompt_token_ids=[1, 2, 3], max_tokens=4)
+            started = asyncio.create_task(stream.__aenter__())
+            await asyncio.sleep(3.0)
+            assert not cancel.done() and not started.done()
+            await asyncio.to_thread(primary.resume_replica)
+            await asyncio.wait_for(cancel, 30)
+            await asyncio.wait_for(started, 30)
+            job_id = stream.job_id
+            await stream.__aexit__(None, None, None)
+            return job_id
+
+    job_id = asyncio.run(run())
+    with primary.client() as client:
+        assert client.exists(keys.abort_flag("an-old-job"))
+        assert client.hget(keys.job_record(job_id), "digest") is not None
