@@ -184,6 +184,19 @@ def test_ha_profile_replicates_and_watches_the_primary(compose: dict[str, Any]) 
         assert services[name]["healthcheck"]["test"][-1] == "kvrelay"
 
 
+def test_ha_failover_fits_in_the_workers_lease(compose: dict[str, Any]) -> None:
+    """The rule docs/sentinel.md states: a failover (down-after plus about a second of
+    election) shorter than the lease takes nothing over."""
+    from kvrelay_worker.settings import WorkerSettings
+
+    lease_s = float(compose["services"]["worker-ha"]["environment"].get(
+        "KVRELAY_LEASE_TTL", WorkerSettings().lease_ttl))
+    for name in SENTINELS:
+        [line] = [x for x in _sentinel_conf(compose["services"][name])
+                  if x.startswith("sentinel down-after-milliseconds")]
+        assert int(line.split()[-1]) / 1000 + 1.0 < lease_s, line
+
+
 @pytest.mark.parametrize("name", ["worker-ha", "gateway-ha"])
 def test_ha_services_find_the_primary_through_the_sentinels(compose: dict[str, Any],
                                                             name: str) -> None:

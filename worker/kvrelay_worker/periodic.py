@@ -1,14 +1,21 @@
-"""A daemon thread that calls one function every ``period`` seconds until stopped."""
+"""A daemon thread that calls one function every ``period`` seconds until stopped.
+
+A tick that keeps failing (Redis refusing writes for a while) is logged when the streak
+starts, every ``WARN_EVERY_S`` while it lasts, and when it ends: not once per tick.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from kvrelay_worker.redis_health import RedisHealth
 
 log = logging.getLogger(__name__)
+
+WARN_EVERY_S = 5.0
 
 
 class Periodic:
@@ -32,10 +39,22 @@ class Periodic:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        failing_since: float | None = None
+        warned_at = 0.0
         while not self._stop.wait(self.period):
             try:
                 self.tick()
             except Exception as exc:
                 if self.health is not None:
                     self.health.failed()
-                log.warning("%s failed (%s); retrying", self.name, exc)
+                now = time.monotonic()
+                if failing_since is None or now - warned_at >= WARN_EVERY_S:
+                    failing_since = failing_since or now
+                    warned_at = now
+                    log.warning("%s failed (%s); retrying (failing for %.1fs)", self.name, exc,
+                                now - failing_since)
+                continue
+            if failing_since is not None:
+                log.warning("%s works again after %.1fs", self.name,
+                            time.monotonic() - failing_since)
+                failing_since = None
