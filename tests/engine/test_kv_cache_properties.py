@@ -14,8 +14,9 @@ Checked after every operation: reference counts equal the number of sequences ho
 each block and are never negative; a block is free exactly when nobody holds it; a block
 held by two sequences is a cached, full, computed block at the same position of both;
 running block tables cover the computed tokens; waiting sequences hold nothing; the step
-respects the token budget and the sequence limit and admits by priority; when nothing is
-left, every block is free. With a sliding window (some runs draw one), only the window's
+respects the token budget and the sequence limit and admits by priority; a step's
+preemption victims rank below every sequence left running (lowest priority, then newest,
+whether or not already batched); when nothing is left, every block is free. With a sliding window (some runs draw one), only the window's
 context is read, the released leading entries are exactly those behind it, and they are
 held by nobody through that table. At the end every request is driven to completion in a
 bounded number of steps (nothing livelocks) and no block leaks.
@@ -78,6 +79,11 @@ def synthetic_step_ms(shape: StepShape) -> float:
 
 def wait_key(seq: Sequence) -> tuple[int, int, int]:
     return (-seq.priority, seq.arrival_order, seq.seq_id)
+
+
+def victim_key(seq: Sequence) -> tuple[int, int, int]:
+    """The order preemption takes victims in: lowest priority, then newest, first."""
+    return (seq.priority, -seq.arrival_order, -seq.seq_id)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -330,6 +336,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             else:
                 assert seq.status is SequenceStatus.WAITING
         assert len(out.swap_out) == swapped_out
+        # Victims are taken lowest-ranked first among all running sequences, batched or
+        # not: every sequence still running (scheduled ones included) outranks every
+        # sequence this step preempted, so none has a lower priority than a victim.
+        for victim in out.preempted:
+            for seq in sched.running:
+                assert victim_key(seq) > victim_key(victim), (
+                    f"seq {victim.seq_id} (priority {victim.priority}) preempted while "
+                    f"seq {seq.seq_id} (priority {seq.priority}) kept running")
         # Admission is by (priority, arrival): a sequence admitted this step outranks
         # every sequence left waiting, except siblings deferred until choice 0's prompt
         # is cached, and prompts whose next uncached block a running sequence is
@@ -392,9 +406,14 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert self.swap.holds(seq)
                 record = self.swap.get(seq)
                 assert seq.num_computed_tokens > 0
-                # Exactly the blocks that were live: computed ones not behind the window.
+                # Exactly the blocks that were live: computed ones not behind the window,
+                # and at most the room for the next token (a victim already batched gave
+                # back what its step had allocated, drafts' slots included).
                 blocks = -(-seq.num_computed_tokens // BLOCK_SIZE)
                 assert record.num_released + len(record.host_blocks) >= blocks
+                room = -(-(seq.num_computed_tokens + 1) // BLOCK_SIZE)
+                assert record.num_released + len(record.host_blocks) <= room, (
+                    "swapped out blocks past its computed tokens")
                 for block in record.host_blocks:
                     host_holders[block.block_id] = host_holders.get(block.block_id, 0) + 1
             else:

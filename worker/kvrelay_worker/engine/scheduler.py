@@ -3,8 +3,11 @@
 Every step, running sequences go first (a decode is one token; a prompt still being
 prefilled gets its next chunk), then waiting ones are admitted by priority and arrival
 while the token budget, the sequence limit and the KV pool allow. When the pool cannot
-hold a running sequence's next tokens, the lowest-priority, most recently admitted running
-sequence is preempted, by recompute (its blocks are freed and it is prefilled again; what
+hold a running sequence's next tokens, the lowest-priority, newest running sequence is
+preempted, even one already placed in this step's batch (it is taken out again: its
+tokens go back to the step's budget, the blocks this step gave it to the pool), so a
+higher-priority sequence never loses its blocks while a lower-priority one keeps its own.
+It is preempted by recompute (its blocks are freed and it is prefilled again; what
 the prefix cache still holds is not recomputed) or by swap (its live blocks are copied to
 a host pool, ``SchedulerOutput.swap_out``, and it keeps its computed tokens), as the
 ``PreemptionPolicy`` says. Either way it goes back to the waiting queue under its own
@@ -248,8 +251,11 @@ class Scheduler:
             drafts = self._drafts_that_fit(seq, remaining, budget - num_new)
             if drafts:
                 num_new += len(drafts)
-            elif not self._make_room(seq, num_new, out, scheduled_ids):
-                continue
+            else:
+                fits, given_back = self._make_room(seq, num_new, out, scheduled_ids)
+                budget += given_back
+                if not fits:
+                    continue
             out.scheduled.append(ScheduledSequence(seq, num_new, drafts))
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
@@ -336,31 +342,49 @@ class Scheduler:
         return [s for s in self.running if s.request_id == seq.request_id] or [seq]
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput,
-                   scheduled_ids: set[int]) -> bool:
-        """Allocate for ``seq``, preempting others (or ``seq`` itself) until it fits."""
+                   scheduled_ids: set[int]) -> tuple[bool, int]:
+        """Allocate for ``seq``, preempting others (or ``seq`` itself) until it fits.
+
+        Returns whether it fits, and the tokens of this step's batch that the preempted
+        sequences gave back (they were already placed in it).
+        """
+        given_back = 0
         while not self.kv.allocate_slots(seq, num_new):
-            victim = self._pick_victim(scheduled_ids)
-            if victim is None or victim is seq or victim in self._siblings(seq):
-                self._preempt_group(seq, out, scheduled_ids)
-                return False
-            self._preempt_group(victim, out, scheduled_ids)
-        return True
+            victim = self._pick_victim()
+            if victim is seq or victim in self._siblings(seq):
+                return False, given_back + self._preempt_group(seq, out, scheduled_ids)
+            given_back += self._preempt_group(victim, out, scheduled_ids)
+        return True, given_back
 
     def _preempt_group(self, seq: Sequence, out: SchedulerOutput,
-                       scheduled_ids: set[int]) -> None:
-        """Preempt ``seq``, or all of its request's beams, unscheduling those batched."""
+                       scheduled_ids: set[int]) -> int:
+        """Preempt ``seq``, or all of its request's beams; returns the batched tokens the
+        members already in this step's batch gave back."""
+        given_back = 0
         for member in self._siblings(seq):
             if member.seq_id in scheduled_ids:
-                scheduled_ids.discard(member.seq_id)
-                out.scheduled = [item for item in out.scheduled if item.seq is not member]
+                given_back += self._unschedule(member, out, scheduled_ids)
             self._preempt(member, out)
+        return given_back
 
-    def _pick_victim(self, scheduled_ids: set[int]) -> Sequence | None:
-        """Lowest priority first, then the most recently admitted; never one already batched."""
-        candidates = [s for s in self.running if s.seq_id not in scheduled_ids]
-        if not candidates:
-            return None
-        return min(candidates, key=lambda s: (s.priority, -s.arrival_order, -s.seq_id))
+    def _unschedule(self, seq: Sequence, out: SchedulerOutput, scheduled_ids: set[int]) -> int:
+        """Take ``seq`` out of this step's batch; returns its tokens, for the budget.
+
+        The blocks this step gave it (room past its computed tokens, drafts' slots
+        included) go back to the pool, so a swap-out copies only computed KV. Beams keep
+        theirs until ``_preempt`` frees them all, with any copy-on-write copy into them.
+        """
+        scheduled_ids.discard(seq.seq_id)
+        (item,) = [i for i in out.scheduled if i.seq is seq]
+        out.scheduled.remove(item)
+        if not seq.params.is_beam_search:
+            self.kv.free_blocks_after(seq, seq.num_computed_tokens)
+        return item.num_new_tokens
+
+    def _pick_victim(self) -> Sequence:
+        """Lowest priority first, then the newest, whether or not already batched: a
+        sequence never loses its blocks while a lower-priority one keeps its own."""
+        return min(self.running, key=lambda s: (s.priority, -s.arrival_order, -s.seq_id))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
@@ -382,7 +406,8 @@ class Scheduler:
 
     def _should_swap(self, seq: Sequence) -> bool:
         """Swap when the policy prefers it and the host pool has room; else recompute."""
-        if self.swap is None or self.preemption.mode == "recompute" or seq.params.is_beam_search:
+        if (self.swap is None or self.preemption.mode == "recompute"
+                or seq.params.is_beam_search or seq.num_computed_tokens == 0):
             return False
         live = self.kv.num_blocks_held(seq)
         if not self.swap.can_hold(live):
