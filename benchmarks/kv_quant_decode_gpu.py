@@ -12,8 +12,10 @@ the table reports each one's time and speed-up over bfloat16. Needs CUDA.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -59,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    parser.add_argument("--out", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs CUDA", file=sys.stderr)
@@ -67,10 +70,17 @@ def main(argv: Sequence[str] | None = None) -> int:
               "fp8_e4m3": torch.float8_e4m3fn}
     print(f"{'batch':>6}{'context':>9}" + "".join(f"{n + ' ms':>14}" for n in dtypes)
           + f"{'int8 x':>9}{'fp8 x':>9}")
+    rows = []
     for batch in args.batches:
         for context in args.contexts:
             times = {name: time_decode(batch, context, dtype) for name, dtype in dtypes.items()}
             base = times["bfloat16"]
+            rows.append({"batch": batch, "context": context, "ms": times,
+                         "int8_speedup": base / times["int8"],
+                         "fp8_speedup": base / times["fp8_e4m3"]})
+            if args.out:
+                Path(args.out).write_text(json.dumps({
+                    "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
             print(f"{batch:>6}{context:>9}" + "".join(f"{t:>14.4f}" for t in times.values())
                   + f"{base / times['int8']:>9.2f}{base / times['fp8_e4m3']:>9.2f}")
             torch.cuda.empty_cache()
