@@ -21,6 +21,7 @@ from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.device import bind_device
+from kvrelay_worker.engine.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.errors import (
     EngineConfigError,
     InvalidPromptError,
@@ -389,6 +390,8 @@ class LLMEngine:
 
         When the step raises, it is retried on halves of the batch until the requests
         that make it fail are alone; those fail (``StepOutput.error``), the rest go on.
+        A sticky device error (``device_errors.py``) is raised instead: it is no
+        request's fault, and every later call on the device would fail the same way.
         """
         outputs, self._pending = self._pending, []
         started = time.perf_counter()
@@ -406,6 +409,8 @@ class LLMEngine:
         try:
             sampled = self._execute_and_sample(sched.scheduled)
         except Exception as exc:
+            if is_sticky_device_error(exc):
+                raise  # the device is lost for every request: no part of the batch can run
             log.warning("engine step failed (%r); retrying its batch in parts to find "
                         "the request that makes it fail", exc)
             self._isolate_failure(sched.scheduled, touched)
@@ -530,6 +535,8 @@ class LLMEngine:
             try:
                 sampled = self._execute_and_sample(part)
             except Exception as exc:
+                if is_sticky_device_error(exc):
+                    raise
                 if len(part) == 1:
                     self._fail_request(part[0].seq.request_id, exc, touched)
                 else:
