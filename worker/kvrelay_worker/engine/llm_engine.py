@@ -165,7 +165,10 @@ class LLMEngine:
         self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
                                   config.torch_kv_cache_dtype)
         self.weight_bytes = weight_bytes(model)
-        num_blocks = decide_num_blocks(config, self.runner)
+        draft_model = self._draft_weights(config, model, draft_model)
+        draft_per_block = (0 if draft_model is None else kv_bytes_per_block(
+            draft_model, config.block_size, config.torch_kv_cache_dtype))
+        num_blocks = decide_num_blocks(config, self.runner, draft_per_block)
         capacity = num_blocks * config.block_size
         max_len = self._default_max_len(config, model.config.max_position_embeddings)
         if capacity < self._tokens_held(config, max_len, model.config.kv_window):
@@ -216,6 +219,18 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.num_steps = 0
 
+    def _draft_weights(self, config: EngineConfig, model: CausalLM,
+                       draft_model: CausalLM | None) -> CausalLM | None:
+        """The draft model for ``draft:...`` (given, or loaded now: before the KV pools
+        are sized, which must count its weights and its own pool); None otherwise."""
+        if config.speculative_method != "draft" or draft_model is not None:
+            return draft_model
+        from kvrelay_worker.engine.speculative.draft_model import DraftModel
+
+        max_len = self._default_max_len(config, model.config.max_position_embeddings)
+        return DraftModel.load_model(config.speculative_draft_model or "draft", config,
+                                     max_len)
+
     def _speculator(self, config: EngineConfig, max_len: int,
                     draft_model: CausalLM | None) -> Speculator | None:
         method = config.speculative_method
@@ -225,12 +240,10 @@ class LLMEngine:
         if method == "draft":
             from kvrelay_worker.engine.speculative.draft_model import DraftModel
 
+            assert draft_model is not None, "loaded by _draft_weights"
             name = config.speculative_draft_model or "draft"
-            draft = (DraftModel.of_model(draft_model, config, self.vocab_size,
-                                         self.kv.num_blocks, name)
-                     if draft_model is not None else
-                     DraftModel.load(name, config, self.vocab_size, max_len,
-                                     self.kv.num_blocks))
+            draft = DraftModel.of_model(draft_model, config, self.vocab_size,
+                                        self.kv.num_blocks, name)
         return Speculator(max_drafts=config.num_speculative_tokens,
                           ngram_min=config.speculative_ngram_min,
                           ngram_max=config.speculative_ngram_max,
