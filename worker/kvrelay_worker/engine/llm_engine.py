@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +49,7 @@ from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.speculative.speculator import Speculator
 from kvrelay_worker.engine.speculative.verification import accepted_length
+from kvrelay_worker.engine.step_timer import StepTimer
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
@@ -164,6 +164,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
                                   config.torch_kv_cache_dtype)
+        self.step_timer = StepTimer.for_device(self.device)
         self.weight_bytes = weight_bytes(model)
         draft_model = self._draft_weights(config, model, draft_model)
         draft_per_block = (0 if draft_model is None else kv_bytes_per_block(
@@ -407,7 +408,7 @@ class LLMEngine:
         request's fault, and every later call on the device would fail the same way.
         """
         outputs, self._pending = self._pending, []
-        started = time.perf_counter()
+        self.step_timer.start()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self._prefill_estimate())
         sched = self.scheduler.schedule()
@@ -429,8 +430,9 @@ class LLMEngine:
             self._isolate_failure(sched.scheduled, touched)
         else:
             self._update(sched.scheduled, sampled, touched)
-            # The whole step, as a decoding stream waits for it (tokens are on the host).
-            ms = (time.perf_counter() - started) * 1e3
+            # The whole step, as a decoding stream waits for it: its device work done too
+            # (a step where no row samples read nothing back).
+            ms = self.step_timer.elapsed_ms()
             self.scheduler.observe_step(sched, ms)
             if self.speculator is not None:
                 self.speculator.observe_step(sched.num_batched_tokens, ms)
