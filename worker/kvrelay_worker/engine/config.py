@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from kvrelay_worker.engine.device import indexed_device
+from kvrelay_worker.engine.device_capability import check_kv_cache_dtype
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.preemption import PREEMPTION_MODES
 from kvrelay_worker.engine.speculative_config import (
@@ -212,6 +213,7 @@ class EngineConfig:
             )
         if device.type not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype, device)
 
     @property
     def speculative_method(self) -> SpeculativeMethod:
