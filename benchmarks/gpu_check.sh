@@ -24,7 +24,8 @@
 #
 # The host needs torch, triton and transformers and installs nothing: what it lacks
 # travels in the bundle (benchmarks/gpu_bundle.sh: .whl/ and .devdata/, or the folder
-# KVRELAY_GPU_BUNDLE names). Limits: KERNEL_TEST_TIMEOUT, ATTENTION_TIMEOUT, ... below.
+# KVRELAY_GPU_BUNDLE names). Limits: KERNEL_TEST_TIMEOUT, ATTENTION_TIMEOUT, ... below;
+# KERNEL_TEST_WORKERS (default 8) processes for the kernel tests.
 #
 #   gpu_check.sh --dry-run   no GPU needed: the bundle is complete (a wheel for every line
 #       of gpu_bundle.txt, their own needs met, the tokenizer, at most 60 MiB), and every
@@ -126,8 +127,14 @@ unset TRITON_INTERPRET
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
 export KVRELAY_GPU_REPORT=$OUT/gpu_report.json
+# Kernel tests compile one kernel per shape: spread over KERNEL_TEST_WORKERS processes
+# where pytest-xdist is there (0: one process). The engine tests size their KV pools from
+# free GPU memory, so they run one at a time.
 PARALLEL=()
-"$PYTHON" -c "import xdist" 2>/dev/null && PARALLEL=(-p xdist.plugin -n 8)
+workers=${KERNEL_TEST_WORKERS:-8}
+if [ "$workers" -gt 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
+  PARALLEL=(-p xdist.plugin -n "$workers")
+fi
 device=$("$PYTHON" -c "import torch, triton, transformers; print(torch.cuda.get_device_name(), '| torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__, '| devices', torch.cuda.device_count())" 2>&1 | tail -1)
 echo "$device" | tee "$WORK/device.txt"
 nvidia-smi >>"$WORK/device.txt" 2>&1
