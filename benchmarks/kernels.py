@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer points (smoke run)")
     parser.add_argument("--skip-attention", action="store_true")
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument("--batches", type=int, nargs="+",
+                        help="attention batches (default 1 16 64 256; --quick: 1 16)")
+    parser.add_argument("--contexts", type=int, nargs="+",
+                        help="attention contexts (default 512 4096 32768; --quick: 512 4096)")
+    parser.add_argument("--decode-batches", type=int, nargs="+",
+                        help="decode-step batches (default 1 16 64; --quick: 1 16)")
     parser.add_argument("--sweep", nargs="*", metavar="PPS,SPLITS,TILE,STAGES",
                         help="also try these decode-kernel tunings (programs per SM, max "
                              "splits, tile tokens, stages) at batch 1 and 16")
@@ -53,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     copy = measure_copy_bandwidth()
     results["copy"] = copy
     print(f"device: {device}; copy bandwidth {copy['copy_gbps']:.0f} GB/s (read+write)")
-    batches = [1, 16] if args.quick else [1, 16, 64, 256]
-    contexts = [512, 4096] if args.quick else [512, 4096, 32768]
+    batches = args.batches or ([1, 16] if args.quick else [1, 16, 64, 256])
+    contexts = args.contexts or ([512, 4096] if args.quick else [512, 4096, 32768])
     if not args.skip_attention:
         rows = run_attention_benchmark(batches=batches, contexts=contexts)
         results["attention"] = rows
@@ -77,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         _override_decode_tuning(*defaults)
         results["attention_sweep"] = sweep
     if not args.skip_decode:
-        rows = run_decode_step_benchmark(copy["copy_gbps"],
-                                         batches=[1, 16] if args.quick else [1, 16, 64])
+        rows = run_decode_step_benchmark(
+            copy["copy_gbps"],
+            batches=args.decode_batches or ([1, 16] if args.quick else [1, 16, 64]))
         results["decode_step"] = rows
         print(format_decode_table(rows), flush=True)
     write_result(args.out, "kernels", args, results)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.hf_reference import hf_greedy, load_hf_model, random_prompts
+from helpers.tiny_models import TINY_MODEL_NAMES
 
 from kvrelay_worker.engine import LLM, SamplingParams
 
@@ -124,7 +125,7 @@ def test_smollm2_bf16_gpu_tracks_transformers_bf16(smollm2_gguf: Path) -> None:
     assert ours >= theirs - 3
 
 
-@pytest.mark.parametrize("name", ["qwen2-gqa-bias-tied", "llama-mqa"])
+@pytest.mark.parametrize("name", TINY_MODEL_NAMES)
 def test_fp32_gpu_matches_fp32_cpu(name: str, tiny_model: Callable[[str], Path]) -> None:
     folder = str(tiny_model(name))
     cpu = LLM(folder, device="cpu", dtype="float32").generate(PROMPTS, GREEDY)

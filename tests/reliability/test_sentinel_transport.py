@@ -13,7 +13,6 @@ worker's puts the message back on its queue.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from helpers.sentinel_cluster import MASTER_NAME, SentinelCluster

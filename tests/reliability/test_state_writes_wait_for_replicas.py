@@ -11,7 +11,6 @@ refreshes waited: the others could be lost with a primary that died right after 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis

@@ -70,7 +70,8 @@ def test_a_worker_that_claims_its_own_stalled_job_fences_the_earlier_run(
     client.delete(KEYS.lease("j"))  # the worker stalled past its lease; the job was requeued
     client.hset(KEYS.job_record("j"), "state", "queued")
     claim = store.claim("j", "{}", "d", "w1#new")
-    assert claim.status == "claimed" and claim.attempt == 2
+    assert claim.status == "claimed"
+    assert claim.attempt == 2
     # The earlier run's next batch is checked (this worker's fence flag is up) and fenced.
     assert store.append_batch([_batch("j", "w1#old", 1)]) == [AppendResult.FENCED]
     assert not store.release_done("j", "w1#old")

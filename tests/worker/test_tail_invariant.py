@@ -93,7 +93,8 @@ def test_a_quiet_jobs_events_reach_its_log_before_the_tail_drops_them(
     client.delete(KEYS.lease("quiet"))
     claim = _store(client, clean_redis_url, "w2").claim("quiet", "{}", "d", "w2#1")
     assert claim.status == "claimed"
-    assert claim.progress is not None and claim.progress.next_seq == 3
+    assert claim.progress is not None
+    assert claim.progress.next_seq == 3
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
@@ -119,7 +120,8 @@ def test_every_event_is_in_the_log_or_the_tail(
         if step == claim_at:
             client.delete(KEYS.lease("j0"))  # w1 stalled past its lease
             claim = _store(client, clean_redis_url, "w2").claim("j0", "{}", "d", "w2#1")
-            assert claim.status == "claimed" and claim.progress is not None
+            assert claim.status == "claimed"
+            assert claim.progress is not None
             claimed_next = claim.progress.next_seq
             assert claimed_next == len(sent[0])
         items = [EventItem(jobs[i], _token(step)) for i in sorted(senders)

@@ -27,6 +27,8 @@ from kvrelay.protocol import (
     Usage,
 )
 from kvrelay_worker.active_job import ActiveJob, Outcome
+from kvrelay_worker.device_loss import exit_for_device_loss
+from kvrelay_worker.engine.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
 from kvrelay_worker.engine.outputs import ChoiceDelta, StepOutput
 from kvrelay_worker.engine.outputs import TokenLogprob as EngineLogprob
@@ -71,8 +73,13 @@ class EngineService:
     """
 
     def __init__(self, make_engine: Callable[[], ServedEngine], publisher: Publisher,
-                 metrics: WorkerMetrics) -> None:
+                 metrics: WorkerMetrics,
+                 on_device_lost: Callable[[BaseException], None] = exit_for_device_loss
+                 ) -> None:
         self._make_engine = make_engine
+        # Called on the engine thread when a step hits a sticky device error; the default
+        # ends the process (``device_loss.py``).
+        self._on_device_lost = on_device_lost
         self._engine: ServedEngine | None = None
         self.publisher = publisher
         self.metrics = metrics
@@ -151,7 +158,10 @@ class EngineService:
                 started = time.monotonic()
                 try:
                     outputs = self.engine.step()
-                except Exception:
+                except Exception as exc:
+                    if is_sticky_device_error(exc):
+                        self._on_device_lost(exc)  # its jobs must move, not fail
+                        return
                     # The engine fails a request that breaks a step by itself; reaching
                     # here means the step failed outside any request (scheduling).
                     log.exception("engine step failed; failing the jobs it held")

@@ -54,7 +54,9 @@ def _first_key(seq_len, window, WINDOWED: tl.constexpr):
     return first
 
 
-@triton.jit
+# The split count follows the batch and context: not specialised on, so a new value does
+# not compile a new kernel while serving.
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr,
@@ -127,7 +129,7 @@ def _decode_split_kernel(
                  mask=g_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr, query_start_loc_ptr, seq_lens_ptr,
     window,

@@ -106,7 +106,7 @@ def shared_memory_estimate(tile_n: int, num_stages: int, head_pad: int, dtype: t
                            resident_rows: int) -> int:
     """Bytes a program holds in shared memory: K and V tiles per pipeline stage, plus
     ``resident_rows`` rows of queries. An estimate of what Triton allocates, not a bound."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     return num_stages * 2 * tile_n * head_pad * size + resident_rows * head_pad * size
 
 
@@ -149,6 +149,19 @@ def choose_num_splits(
     return min(wanted, useful, DECODE_MAX_SPLITS)
 
 
+@functools.lru_cache(maxsize=256)
+def _decode_pipeline(num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
+                     budget: int | None, tile_n: int, num_stages: int
+                     ) -> tuple[int, int, int, int]:
+    """``(tile_n, num_stages, group_pad, head_pad)``: what depends on the model and the
+    device alone, planned once (every layer of every step asks). The tuning knobs and the
+    shared-memory budget are part of the key, so a sweep that changes them re-plans."""
+    group_pad = max(16, triton.next_power_of_2(num_heads // num_kv_heads))
+    head_pad = triton.next_power_of_2(head_size)
+    tile, stages = fit_pipeline(tile_n, num_stages, head_pad, dtype, group_pad, budget)
+    return tile, stages, group_pad, head_pad
+
+
 def decode_config(
     *,
     num_seqs: int,
@@ -160,11 +173,9 @@ def decode_config(
     dtype: torch.dtype,
     device: torch.device,
 ) -> DecodeConfig:
-    group_pad = max(16, triton.next_power_of_2(num_heads // num_kv_heads))
-    head_pad = triton.next_power_of_2(head_size)
-    tile_n, num_stages = fit_pipeline(
-        _tile_n(dtype), 2 if dtype == torch.float32 else DECODE_NUM_STAGES, head_pad, dtype,
-        group_pad, shared_memory_budget(device))
+    tile_n, num_stages, group_pad, head_pad = _decode_pipeline(
+        num_heads, num_kv_heads, head_size, dtype, shared_memory_budget(device),
+        _tile_n(dtype), 2 if dtype == torch.float32 else DECODE_NUM_STAGES)
     return DecodeConfig(
         tile_n=tile_n,
         num_splits=choose_num_splits(num_seqs, num_kv_heads, max_seq_len, tile_n,
@@ -180,11 +191,18 @@ def prefill_config(
     *, num_heads: int, num_kv_heads: int, head_size: int, block_size: int, dtype: torch.dtype,
     device: torch.device,
 ) -> PrefillConfig:
+    return _prefill_plan(num_heads, num_kv_heads, head_size, dtype,
+                         shared_memory_budget(device), _tile_n(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _prefill_plan(num_heads: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
+                  budget: int | None, tile_n: int) -> PrefillConfig:
+    """Planned once per model shape and device: nothing in it changes per step."""
     group = num_heads // num_kv_heads
     block_m = max(64, triton.next_power_of_2(group))
     head_pad = triton.next_power_of_2(head_size)
-    tile_n, num_stages = fit_pipeline(_tile_n(dtype), 2, head_pad, dtype, block_m,
-                                      shared_memory_budget(device))
+    tile_n, num_stages = fit_pipeline(tile_n, 2, head_pad, dtype, block_m, budget)
     return PrefillConfig(
         block_m=block_m,
         block_q=block_m // group,

@@ -49,7 +49,8 @@ def _find_sequence(query_start_loc_ptr, virtual_tile, num_seqs, BLOCK_Q: tl.cons
     return lo
 
 
-@triton.jit
+# The batch's sequence count changes every step: not specialised on (no new compile).
+@triton.jit(do_not_specialize=["num_seqs"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr,

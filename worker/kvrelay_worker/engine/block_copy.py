@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from kvrelay_worker.engine.transfer import host_to_device
+
 
 def copy_blocks(caches: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]) -> None:
     """Copy block ``src`` over block ``dst`` for every ``(src, dst)`` pair, every layer.
@@ -16,11 +18,17 @@ def copy_blocks(caches: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]
     if not pairs:
         return
     device = caches[0].device
-    src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=device)
-    dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device)
+    src = block_ids_on(device, [s for s, _ in pairs])
+    dst = block_ids_on(device, [d for _, d in pairs])
     for cache in caches:  # [2, blocks, block_size, kv_heads, row]
         raw = as_bytes(cache)
         raw.index_copy_(1, dst, raw.index_select(1, src))
+
+
+def block_ids_on(device: torch.device, ids: Sequence[int]) -> torch.Tensor:
+    """``ids`` as an int64 tensor on ``device``, staged through pinned memory on CUDA
+    (``torch.tensor(ids, device=cuda)`` copies from pageable memory: the host waits)."""
+    return host_to_device(torch.tensor(ids, dtype=torch.int64), device)
 
 
 def as_bytes(cache: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvrelay_worker.engine.device import indexed_device
+from kvrelay_worker.engine.device_capability import check_kv_cache_dtype
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.preemption import PREEMPTION_MODES
 from kvrelay_worker.engine.speculative_config import (
@@ -211,6 +213,7 @@ class EngineConfig:
             )
         if device.type not in ("cpu", "cuda"):
             raise EngineConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype, device)
 
     @property
     def speculative_method(self) -> SpeculativeMethod:
@@ -230,9 +233,10 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
+        """The engine's device; a CUDA one always carries its index (``engine/device.py``)."""
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+            return indexed_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        return indexed_device(torch.device(self.device))
 
     @property
     def weight_quantization(self) -> str:

@@ -3,7 +3,9 @@
 CPU: ``kv_cache_memory`` bytes. CUDA: what is left of ``gpu_memory_utilization`` of the
 device after the weights, everything else already resident, and the measured peak of a
 dummy forward pass at ``max_num_batched_tokens`` (plus sampling over ``max_num_seqs``
-rows), so start-up never over-allocates. ``num_kv_blocks`` overrides both.
+rows), so start-up never over-allocates. A draft model's weights are loaded before this
+and its pool (as many blocks as the target's) is paid from the same budget.
+``num_kv_blocks`` overrides both.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ log = logging.getLogger(__name__)
 _CUDA_RESERVE_BYTES = 512 << 20
 
 
-def decide_num_blocks(config: EngineConfig, runner: ModelRunner) -> int:
+def decide_num_blocks(config: EngineConfig, runner: ModelRunner,
+                      draft_bytes_per_block: int = 0) -> int:
+    """Blocks of the target's pool; a draft model's pool has as many, so with one each
+    block costs the draft's bytes too (``draft_bytes_per_block``) and the two pools
+    together stay within the budget."""
     per_block = kv_bytes_per_block(runner.model, config.block_size,
-                                   config.torch_kv_cache_dtype)
+                                   config.torch_kv_cache_dtype) + draft_bytes_per_block
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if runner.device.type != "cuda":

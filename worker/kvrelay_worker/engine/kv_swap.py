@@ -6,6 +6,9 @@ consecutive ones, is a single contiguous range: on CUDA it is pinned memory and 
 copy is one asynchronous DMA queued on the current stream, never a pageable temporary
 that the host would have to wait for or, worse, read before the copy landed.
 
+The block id lists go to the device the same way (``block_copy.block_ids_on``): through
+pinned memory, queued, not a pageable copy the host waits for.
+
 Ordering comes from the stream (on the CPU every copy is synchronous). A swap-out is
 queued before the forward pass that may write the freed device blocks; a swap-in before
 the forward pass that reads them; a host block freed by a swap-in is only overwritten by
@@ -19,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvrelay_worker.engine.block_copy import as_bytes
+from kvrelay_worker.engine.block_copy import as_bytes, block_ids_on
 
 # (source block id, destination block id): device->host for a swap-out, host->device back.
 BlockPairs = Sequence[tuple[int, int]]
@@ -58,7 +61,7 @@ def copy_to_host(device_caches: Sequence[torch.Tensor], host_caches: Sequence[to
     if not pairs:
         return
     device = device_caches[0].device
-    device_ids = torch.tensor([d for d, _ in pairs], dtype=torch.int64, device=device)
+    device_ids = block_ids_on(device, [d for d, _ in pairs])
     runs = contiguous_runs([h for _, h in pairs])
     for dev, host in zip(device_caches, host_caches, strict=True):
         dev, host = as_bytes(dev), as_bytes(host)
@@ -75,7 +78,7 @@ def copy_to_device(host_caches: Sequence[torch.Tensor], device_caches: Sequence[
     if not pairs:
         return
     device = device_caches[0].device
-    device_ids = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=device)
+    device_ids = block_ids_on(device, [d for _, d in pairs])
     runs = contiguous_runs([h for h, _ in pairs])
     for dev, host in zip(device_caches, host_caches, strict=True):
         dev, host = as_bytes(dev), as_bytes(host)

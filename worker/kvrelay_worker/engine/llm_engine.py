@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.device import bind_device
+from kvrelay_worker.engine.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.errors import (
     EngineConfigError,
     InvalidPromptError,
@@ -49,6 +49,7 @@ from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.speculative.speculator import Speculator
 from kvrelay_worker.engine.speculative.verification import accepted_length
+from kvrelay_worker.engine.step_timer import StepTimer
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
@@ -163,8 +164,12 @@ class LLMEngine:
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
                                   config.torch_kv_cache_dtype)
+        self.step_timer = StepTimer.for_device(self.device)
         self.weight_bytes = weight_bytes(model)
-        num_blocks = decide_num_blocks(config, self.runner)
+        draft_model = self._draft_weights(config, model, draft_model)
+        draft_per_block = (0 if draft_model is None else kv_bytes_per_block(
+            draft_model, config.block_size, config.torch_kv_cache_dtype))
+        num_blocks = decide_num_blocks(config, self.runner, draft_per_block)
         capacity = num_blocks * config.block_size
         max_len = self._default_max_len(config, model.config.max_position_embeddings)
         if capacity < self._tokens_held(config, max_len, model.config.kv_window):
@@ -215,6 +220,18 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.num_steps = 0
 
+    def _draft_weights(self, config: EngineConfig, model: CausalLM,
+                       draft_model: CausalLM | None) -> CausalLM | None:
+        """The draft model for ``draft:...`` (given, or loaded now: before the KV pools
+        are sized, which must count its weights and its own pool); None otherwise."""
+        if config.speculative_method != "draft" or draft_model is not None:
+            return draft_model
+        from kvrelay_worker.engine.speculative.draft_model import DraftModel
+
+        max_len = self._default_max_len(config, model.config.max_position_embeddings)
+        return DraftModel.load_model(config.speculative_draft_model or "draft", config,
+                                     max_len)
+
     def _speculator(self, config: EngineConfig, max_len: int,
                     draft_model: CausalLM | None) -> Speculator | None:
         method = config.speculative_method
@@ -224,12 +241,10 @@ class LLMEngine:
         if method == "draft":
             from kvrelay_worker.engine.speculative.draft_model import DraftModel
 
+            assert draft_model is not None, "loaded by _draft_weights"
             name = config.speculative_draft_model or "draft"
-            draft = (DraftModel.of_model(draft_model, config, self.vocab_size,
-                                         self.kv.num_blocks, name)
-                     if draft_model is not None else
-                     DraftModel.load(name, config, self.vocab_size, max_len,
-                                     self.kv.num_blocks))
+            draft = DraftModel.of_model(draft_model, config, self.vocab_size,
+                                        self.kv.num_blocks, name)
         return Speculator(max_drafts=config.num_speculative_tokens,
                           ngram_min=config.speculative_ngram_min,
                           ngram_max=config.speculative_ngram_max,
@@ -389,9 +404,11 @@ class LLMEngine:
 
         When the step raises, it is retried on halves of the batch until the requests
         that make it fail are alone; those fail (``StepOutput.error``), the rest go on.
+        A sticky device error (``device_errors.py``) is raised instead: it is no
+        request's fault, and every later call on the device would fail the same way.
         """
         outputs, self._pending = self._pending, []
-        started = time.perf_counter()
+        self.step_timer.start()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self._prefill_estimate())
         sched = self.scheduler.schedule()
@@ -406,13 +423,16 @@ class LLMEngine:
         try:
             sampled = self._execute_and_sample(sched.scheduled)
         except Exception as exc:
+            if is_sticky_device_error(exc):
+                raise  # the device is lost for every request: no part of the batch can run
             log.warning("engine step failed (%r); retrying its batch in parts to find "
                         "the request that makes it fail", exc)
             self._isolate_failure(sched.scheduled, touched)
         else:
             self._update(sched.scheduled, sampled, touched)
-            # The whole step, as a decoding stream waits for it (tokens are on the host).
-            ms = (time.perf_counter() - started) * 1e3
+            # The whole step, as a decoding stream waits for it: its device work done too
+            # (a step where no row samples read nothing back).
+            ms = self.step_timer.elapsed_ms()
             self.scheduler.observe_step(sched, ms)
             if self.speculator is not None:
                 self.speculator.observe_step(sched.num_batched_tokens, ms)
@@ -530,6 +550,8 @@ class LLMEngine:
             try:
                 sampled = self._execute_and_sample(part)
             except Exception as exc:
+                if is_sticky_device_error(exc):
+                    raise
                 if len(part) == 1:
                     self._fail_request(part[0].seq.request_id, exc, touched)
                 else:

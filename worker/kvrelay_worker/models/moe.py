@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvrelay_worker.engine.device_capability import grouped_mm_supported
 from kvrelay_worker.models.layers import activation
 from kvrelay_worker.models.model_config import ModelConfig
 
@@ -52,8 +53,9 @@ class SparseMoE(nn.Module):
         # Not bincount: on CUDA it reads the largest id back to size its output.
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=x.device)
         counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts))
-        if self.grouped and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
-            # CUDA's grouped_mm takes bfloat16 only; other GPU dtypes take the loop.
+        if self.grouped and (x.device.type == "cpu" or (
+                x.dtype == torch.bfloat16 and grouped_mm_supported(x.device))):
+            # CUDA's grouped_mm takes bfloat16 only, from Hopper on; else the loop.
             out = self._grouped(rows, counts)
         else:
             out = self._loop(rows, counts)

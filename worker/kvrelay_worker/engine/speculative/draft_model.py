@@ -42,8 +42,10 @@ class DraftModel:
     """Greedy drafts from a smaller model with the target's vocabulary."""
 
     def __init__(self, model: CausalLM, config: EngineConfig, num_blocks: int) -> None:
+        # The draft's cache follows ``kv_cache_dtype`` like the target's: the engine sized
+        # both pools together at that dtype (``kv_sizing.decide_num_blocks``).
         self.runner = ModelRunner(model, config.block_size, config.torch_device,
-                                  config.torch_dtype)
+                                  config.torch_dtype, config.torch_kv_cache_dtype)
         self.runner.allocate_kv_cache(num_blocks)
         self.kv = KVCacheManager(num_blocks, config.block_size, False, "draft",
                                  sliding_window=model.config.kv_window)
@@ -55,6 +57,13 @@ class DraftModel:
              num_blocks: int) -> DraftModel:
         """Load ``name``; a suffix ``@int8``, ``@int4`` or ``@gguf`` quantizes the draft's
         weights that way (``draft:<the target>@int4``: a self-draft, no second download)."""
+        model = cls.load_model(name, config, max_len)
+        return cls.of_model(model, config, vocab_size, num_blocks, name)
+
+    @staticmethod
+    def load_model(name: str, config: EngineConfig, max_len: int) -> CausalLM:
+        """The draft's weights alone: loaded before the KV pools are sized, so that the
+        memory they take is counted and the draft's pool is sized with the target's."""
         from kvrelay_worker.engine.llm_engine import LLMEngine
         from kvrelay_worker.loading import load_model_source
 
@@ -62,8 +71,7 @@ class DraftModel:
         files = load_model_source(model_name)
         draft_config = dataclasses.replace(config, model=model_name, speculative="off",
                                            quantization=quantization)
-        model = LLMEngine.build_model_for(draft_config, files, max_len)
-        return cls.of_model(model, config, vocab_size, num_blocks, name)
+        return LLMEngine.build_model_for(draft_config, files, max_len)
 
     @classmethod
     def of_model(cls, model: CausalLM, config: EngineConfig, vocab_size: int,
