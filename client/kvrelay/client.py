@@ -209,6 +209,14 @@ class AsyncClient(AsyncResource):
         if self._celery is not None:
             self._jobs.spawn(self._celery.start_warm_up())
 
+    async def ping(self) -> None:
+        """Raise ``BrokerUnavailable`` unless Redis answers (one PING)."""
+        self._check_open()
+        try:
+            await self._redis.ping()
+        except REDIS_ERRORS as exc:
+            raise self._jobs.connection_error(exc, "checking Redis") from exc
+
     async def aclose(self) -> None:
         """Abort unfinished streams, flush pending aborts, close every connection."""
         if self._closed:

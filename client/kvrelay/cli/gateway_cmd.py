@@ -13,6 +13,7 @@ import click
 
 from kvrelay.cli.errors import CliError
 from kvrelay.cli.options import redis_url_option
+from kvrelay.connection import redact_url
 
 GATEWAY_INSTALL_HINT = 'pip install "kvrelay[gateway]"'
 
@@ -64,6 +65,6 @@ def gateway(host: str, port: int, redis_url: str | None, api_keys_file: str | No
         )
     except (ValueError, OSError) as exc:
         raise CliError(f"gateway settings: {exc}") from None
-    click.echo(f"kvrelay gateway: serving http://{host}:{port}/v1 (Redis {settings.redis_url})",
-               err=True)
+    click.echo(f"kvrelay gateway: serving http://{host}:{port}/v1 "
+               f"(Redis {redact_url(settings.redis_url)})", err=True)
     serve(settings, host=host, port=port, log_level=log_level)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import msgspec
@@ -75,6 +76,17 @@ def from_kvrelay(exc: KvrelayError, *, retry_after: int, any_worker: bool = True
     if isinstance(exc, Cancelled):
         return GatewayError(409, message, kind="cancelled", code=exc.code)
     return GatewayError(500, message, kind="server_error", code=exc.code)
+
+
+def internal_error(request_id: str) -> GatewayError:
+    """A 500 that names the request (its details are in the gateway's log under this id),
+    never the exception's text: that may hold a worker's internals."""
+    return GatewayError(500, f"internal error (request id {request_id})", kind="server_error",
+                        code="internal_error", headers={"X-Request-Id": request_id})
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex}"
 
 
 def bad_request(message: str, param: str | None = None) -> GatewayError:

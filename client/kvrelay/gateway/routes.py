@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -16,13 +17,16 @@ from kvrelay.completion import Completion
 from kvrelay.errors import KvrelayError
 from kvrelay.gateway import auth
 from kvrelay.gateway.disconnect import run_until_disconnect
-from kvrelay.gateway.errors import GatewayError, from_kvrelay
+from kvrelay.gateway.errors import GatewayError, from_kvrelay, internal_error, new_request_id
+from kvrelay.gateway.health import HealthCheck
 from kvrelay.gateway.metrics import GatewayMetrics
 from kvrelay.gateway.requests import ChatRequest, CompletionRequest, decode
 from kvrelay.gateway.responses import CHAT, TEXT, ChunkMaker, whole
 from kvrelay.gateway.settings import GatewaySettings
 from kvrelay.gateway.sse import DONE, EventStreamResponse, Send, frame, parse_last_event_id
 from kvrelay.stream import AsyncStream
+
+log = logging.getLogger("kvrelay.gateway")
 
 
 class Gateway:
@@ -35,6 +39,7 @@ class Gateway:
         self.settings = settings
         self.metrics = metrics
         self.auth = auth.Authenticator(settings.api_keys)
+        self.healthy = HealthCheck(self._ping_all)
 
     # ------------------------------------------------------------------ helpers
 
@@ -47,7 +52,17 @@ class Gateway:
         if exc.code == "unknown_model":
             with contextlib.suppress(KvrelayError):
                 any_worker = bool(await client.workers())
-        return from_kvrelay(exc, retry_after=self.settings.retry_after, any_worker=any_worker)
+        error = from_kvrelay(exc, retry_after=self.settings.retry_after, any_worker=any_worker)
+        if error.status == 500:
+            return self.internal(f"{type(exc).__name__} ({exc.code}): {exc}")
+        return error
+
+    def internal(self, detail: str, exc: BaseException | None = None) -> GatewayError:
+        """A 500 whose details go to the log under a request id, not to the caller."""
+        request_id = new_request_id()
+        log.error("gateway: internal error, request id %s: %s", request_id, detail,
+                  exc_info=exc)
+        return internal_error(request_id)
 
     def answer(self, route: str, response: Response) -> Response:
         self.metrics.count(route, response.status_code)
@@ -95,11 +110,13 @@ class Gateway:
         return self.answer("cancel", JSONResponse({"id": job_id, "cancelled": True}))
 
     async def health(self, request: Request) -> Response:
-        try:
-            workers = [w for client in self.clients.values() for w in await client.workers()]
-        except KvrelayError as exc:
-            return JSONResponse({"status": "unavailable", "error": str(exc)}, status_code=503)
-        return JSONResponse({"status": "ok", "workers": len(workers)})
+        if await self.healthy.ok():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def _ping_all(self) -> None:
+        for client in self.clients.values():
+            await client.ping()
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvrelay.keys import Keyspace
+
+# What a tenant may be called (it names a policy and tags its job ids).
+_TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -107,8 +111,24 @@ def _seconds(name: str, text: str | None) -> float | None:
 
 
 def parse_api_keys(text: str, *, where: str) -> dict[str, str]:
-    """``key=tenant`` (or ``key tenant``) per line; blank lines and ``#`` comments skipped."""
-    return parse_pairs(text, where=where, shape="key=tenant")
+    """One ``key=tenant`` per line, the key taken whole: everything before the line's last
+    ``=`` (base64 keys end in ``=`` and secrets may hold ``#``; tenant names hold neither).
+    Blank lines and lines starting with ``#`` are skipped; a comment after a key is not
+    (it would be read as part of the tenant name, which is refused)."""
+    keys: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, tenant = line.rpartition("=")
+        key, tenant = key.strip(), tenant.strip()
+        if not sep or not key or not tenant:
+            raise ValueError(f"{where}:{number}: expected 'key=tenant'")
+        if not _TENANT_NAME.fullmatch(tenant):
+            raise ValueError(f"{where}:{number}: tenant name {tenant!r} may hold letters, "
+                             "digits and '._-' only")
+        keys[key] = tenant
+    return keys
 
 
 def parse_pairs(text: str, *, where: str, shape: str) -> dict[str, str]:
