@@ -16,6 +16,7 @@ from kvrelay.client import AsyncClient
 from kvrelay.completion import Completion
 from kvrelay.errors import KvrelayError
 from kvrelay.gateway import auth
+from kvrelay.gateway.body import check_json_depth, read_body
 from kvrelay.gateway.disconnect import run_until_disconnect
 from kvrelay.gateway.errors import GatewayError, from_kvrelay, internal_error, new_request_id
 from kvrelay.gateway.health import HealthCheck
@@ -130,8 +131,9 @@ class Gateway:
         try:
             tenant = self.auth.tenant(request.headers.get("authorization"))
             client = self.client_of(tenant)
-            body: Any = decode(await request.body(), ChatRequest if kind == CHAT
-                               else CompletionRequest)
+            raw = await read_body(request, self.settings.limits)
+            check_json_depth(raw, self.settings.limits.max_json_depth)
+            body: Any = decode(raw, ChatRequest if kind == CHAT else CompletionRequest)
             maker = ChunkMaker(kind, "", body.model, int(time.time()), body.include_usage)
             resume_from = request.headers.get("last-event-id")
             if resume_from:

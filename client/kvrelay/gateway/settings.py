@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvrelay.gateway.limits import RequestLimits
+from kvrelay.gateway.tenant_policy import TenantPolicies
 from kvrelay.keys import Keyspace
 
 # What a tenant may be called (it names a policy and tags its job ids).
@@ -34,6 +36,8 @@ class GatewaySettings:
     retry_after: seconds a 429 tells the caller to wait (``Retry-After``).
     job_timeout: a job still unfinished after this many seconds answers 504.
     stream_timeout: seconds without any event of a job before it is given up.
+    limits: what one HTTP request may cost (``kvrelay.gateway.limits``).
+    policies: each tenant's priority ceiling and quotas (``kvrelay.gateway.tenant_policy``).
     """
 
     redis_url: str = "redis://localhost:6379/0"
@@ -44,6 +48,8 @@ class GatewaySettings:
     retry_after: int = 1
     job_timeout: float | None = 600.0
     stream_timeout: float = 60.0
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    policies: TenantPolicies = field(default_factory=TenantPolicies)
 
     def __post_init__(self) -> None:
         _positive("job_timeout", self.job_timeout)
