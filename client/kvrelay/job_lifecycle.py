@@ -84,9 +84,12 @@ class JobLifecycle:
         max_queue: int | None,
         keys: Keyspace | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        stream_buffer_bytes: int | None = None,
         on_job_end: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.redis = redis
+        # What one stream may hold of events its reader has not taken (None: no bound).
+        self.stream_buffer_bytes = stream_buffer_bytes
         # Told every job whose stream ends, with the worker that ran it (placement counts
         # this client's jobs in flight on each worker).
         self._on_job_end = on_job_end

@@ -183,13 +183,14 @@ class AsyncStream(AsyncResource):
         after_seq: int = -1,
         queue_timeout: float | None = None,
         abort_on_exit: bool = True,
+        keep_output: bool = True,
     ) -> None:
         self._jobs = jobs
         self._job_id = job_id
         self._request = request
         model = request.model if request is not None else None
         n = request.sampling.n if request is not None else 1
-        self._builder = CompletionBuilder(job_id, model=model, n=n)
+        self._builder = CompletionBuilder(job_id, model=model, n=n, keep_output=keep_output)
         self._stream_timeout = stream_timeout
         self._timeout = timeout
         # None: the job may wait in the queue as long as ``stream_timeout``.
@@ -247,6 +248,14 @@ class AsyncStream(AsyncResource):
         """Text of choice 0 delivered so far."""
         return self._builder.text_of(0)
 
+    def discard_output(self) -> None:
+        """Keep no tokens, text or logprobs for ``final()`` (its ``Completion`` then has
+        only finish reasons, usage and timings): for a caller that forwards each chunk
+        and must not hold the whole answer. Call it before the stream starts."""
+        if self._state != _NEW:
+            raise RuntimeError("discard_output() must come before the stream starts")
+        self._builder.keep_output = False
+
     # ------------------------------------------------------------------ lifecycle
 
     async def _open(self) -> None:
@@ -288,7 +297,7 @@ class AsyncStream(AsyncResource):
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._jobs.admit(request)
         self._mailbox = await self._jobs.dispatcher.subscribe(
-            self._job_id, self._jobs.reply_channel
+            self._job_id, self._jobs.reply_channel, max_bytes=self._jobs.stream_buffer_bytes
         )
         self._jobs.track(self)
         # A retry of the same request (same job_id) attaches to the job it started; a
@@ -320,7 +329,8 @@ class AsyncStream(AsyncResource):
         its worker publishes there too), before the log is read: nothing is missed."""
         dispatcher = self._jobs.dispatcher
         mailbox = await dispatcher.subscribe(
-            self._job_id, self._jobs.keys.events_channel(self._job_id)
+            self._job_id, self._jobs.keys.events_channel(self._job_id),
+            max_bytes=self._jobs.stream_buffer_bytes,
         )
         previous, self._mailbox = self._mailbox, mailbox
         if previous is not None:
@@ -476,7 +486,7 @@ class AsyncStream(AsyncResource):
                 if event is not None:
                     return self._advance(event, loop.time())
             if items:
-                item = items.popleft()
+                item = mailbox.take()
                 if item is RESYNC:
                     await self._fill_gap()
                     continue

@@ -14,6 +14,7 @@ from kvrelay.errors import (
     InvalidRequest,
     KvrelayError,
     QueueFull,
+    SlowReader,
     StreamTimeout,
     UnknownModel,
     WorkerLost,
@@ -73,6 +74,8 @@ def from_kvrelay(exc: KvrelayError, *, retry_after: int, any_worker: bool = True
         return GatewayError(503, message, kind="service_unavailable", code=exc.code)
     if isinstance(exc, (DeadlineExceeded, StreamTimeout)):
         return GatewayError(504, message, kind="timeout", code=exc.code)
+    if isinstance(exc, SlowReader):
+        return GatewayError(408, message, kind="timeout", code=exc.code)
     if isinstance(exc, Cancelled):
         return GatewayError(409, message, kind="cancelled", code=exc.code)
     return GatewayError(500, message, kind="server_error", code=exc.code)

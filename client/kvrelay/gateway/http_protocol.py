@@ -7,11 +7,16 @@ any byte, so one byte every few seconds holds a connection forever) and, with ht
 no bound on their size. This subclass adds both through the parser's own callbacks: a
 head that is not complete ``head_timeout`` seconds after its first byte gets 408, one
 larger than ``max_head_bytes`` gets 431; either way the connection is closed.
+
+It also fixes each connection's kernel send buffer: Linux grows an autotuned one to
+megabytes for a caller that stops reading, which is that much more memory held and that
+much longer before the gateway's writes stall and the caller is noticed (``send_timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import httptools
@@ -27,8 +32,10 @@ class _HeadRefused(httptools.HttpParserError):
     uvicorn (which catches parser errors) writes nothing more (``send_400_response``)."""
 
 
-def bounded_protocol(head_timeout: float, max_head_bytes: int) -> type[asyncio.Protocol]:
-    """The protocol class for ``uvicorn.Config(http=...)`` with these bounds."""
+def bounded_protocol(head_timeout: float, max_head_bytes: int,
+                     send_buffer_bytes: int | None = None) -> type[asyncio.Protocol]:
+    """The protocol class for ``uvicorn.Config(http=...)`` with these bounds;
+    ``send_buffer_bytes`` fixes each connection's kernel send buffer (``SO_SNDBUF``)."""
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -37,6 +44,9 @@ def bounded_protocol(head_timeout: float, max_head_bytes: int) -> type[asyncio.P
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None and send_buffer_bytes:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:

@@ -30,6 +30,9 @@ class RequestLimits:
     keep_alive_timeout: seconds an idle keep-alive connection is kept open.
     send_timeout: seconds one write to a streaming caller may wait for the caller to
         read; a caller that reads no faster is cut off and its job cancelled.
+    socket_send_buffer_bytes: each connection's kernel send buffer (``SO_SNDBUF``; the
+        kernel doubles it), instead of Linux's autotuning, which grows it to megabytes
+        for a caller that stops reading. Raise it for fast, distant callers.
     stream_buffer_bytes: a stream's events waiting for their reader, at most; past
         it the stream fails (``SlowReader``) and its job is cancelled.
     max_output_entries: a request's ``n x max_tokens x (1 + logprobs)`` at most: the
@@ -45,6 +48,7 @@ class RequestLimits:
     max_connections: int = 1024
     keep_alive_timeout: int = 5
     send_timeout: float = 30.0
+    socket_send_buffer_bytes: int = 256 << 10
     stream_buffer_bytes: int = 4 * _MIB
     max_output_entries: int = 1 << 21
 

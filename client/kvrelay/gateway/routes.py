@@ -21,10 +21,18 @@ from kvrelay.gateway.disconnect import run_until_disconnect
 from kvrelay.gateway.errors import GatewayError, from_kvrelay, internal_error, new_request_id
 from kvrelay.gateway.health import HealthCheck
 from kvrelay.gateway.metrics import GatewayMetrics
+from kvrelay.gateway.output_budget import check_output_budget
 from kvrelay.gateway.requests import ChatRequest, CompletionRequest, decode
 from kvrelay.gateway.responses import CHAT, TEXT, ChunkMaker, whole
 from kvrelay.gateway.settings import GatewaySettings
-from kvrelay.gateway.sse import DONE, EventStreamResponse, Send, frame, parse_last_event_id
+from kvrelay.gateway.sse import (
+    DONE,
+    CallerTooSlow,
+    EventStreamResponse,
+    Send,
+    frame,
+    parse_last_event_id,
+)
 from kvrelay.stream import AsyncStream
 
 log = logging.getLogger("kvrelay.gateway")
@@ -140,11 +148,14 @@ class Gateway:
                 stream = await self._resume(client, tenant, resume_from)
             else:
                 options = body.options()
+                if not body.stream:
+                    check_output_budget(options, self.settings.limits.max_output_entries)
                 options.update(model=body.model, job_id=auth.new_job_id(tenant),
                                cache_salt=auth.cache_salt(tenant),
                                timeout=self.settings.job_timeout)
                 stream = client.stream(**options)
                 if body.stream:
+                    stream.discard_output()  # each chunk is forwarded, never held
                     await stream.start()
         except GatewayError as exc:
             return self.refuse(route, exc)
@@ -154,7 +165,8 @@ class Gateway:
         if body.stream or resume_from:
             self.metrics.count(route, 200)
             return EventStreamResponse(
-                lambda send: self._pump(client, stream, maker, send, body.resumable, received))
+                lambda send: self._pump(client, stream, maker, send, body.resumable, received),
+                send_timeout=self.settings.limits.send_timeout)
         try:
             done = await self._until_disconnected(request, stream, body.resumable)
         except KvrelayError as exc:
@@ -171,7 +183,8 @@ class Gateway:
         # The gateway owns the caller's job either way: leaving aborts it unless the
         # request is resumable (then ``_pump`` detaches the stream first).
         return await client.resume(job_id, after_seq=seq, abort_on_exit=True,
-                                   stream_timeout=self.settings.stream_timeout)
+                                   stream_timeout=self.settings.stream_timeout,
+                                   keep_output=False)
 
     async def _until_disconnected(self, request: Request, stream: AsyncStream,
                                   keep: bool) -> Completion | None:
@@ -208,7 +221,7 @@ class Gateway:
                             first = False
                             metrics.ttft.observe(time.perf_counter() - received)
                     done = await stream.final()
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, CallerTooSlow):
                     if keep:
                         stream.detach()
                     raise

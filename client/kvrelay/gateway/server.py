@@ -18,6 +18,7 @@ def serve(settings: GatewaySettings, *, host: str = "127.0.0.1", port: int = 800
     limits = settings.limits
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
                 access_log=False, timeout_graceful_shutdown=5,
-                http=bounded_protocol(limits.head_timeout, limits.max_head_bytes),
+                http=bounded_protocol(limits.head_timeout, limits.max_head_bytes,
+                                      limits.socket_send_buffer_bytes),
                 limit_concurrency=limits.max_connections,
                 timeout_keep_alive=limits.keep_alive_timeout)
