@@ -6,6 +6,8 @@ Delivery rules (the job's log is the source of truth, pub/sub is the fast path):
   log and the owner's tail (``kvrelay.event_log.read_after``): the worker writes there
   before publishing, so whatever was published before it is already there;
 - after the dispatcher reconnects it drops a ``RESYNC`` marker: re-read the log;
+- the log is read a page (``_LOG_PAGE`` entries) at a time, the next page once the
+  previous one is delivered: a resumed stream of a long job holds one page, not its log;
 - no event for ``stream_timeout`` seconds: read the log once, then ``StreamTimeout``;
 - past the job's ``timeout``: ``DeadlineExceeded``.
 
@@ -216,6 +218,8 @@ class AsyncStream(AsyncResource):
         self._loop: asyncio.AbstractEventLoop | None = None
         # Events handed out since this stream last let the loop run (see ``__anext__``).
         self._burst = 0
+        # The last log read stopped at a page's end: more of the log follows it.
+        self._log_more = False
 
     # ------------------------------------------------------------------ properties
 
@@ -342,24 +346,32 @@ class AsyncStream(AsyncResource):
         self._watching = True
 
     async def _replay_log(self) -> None:
-        """Read the whole log once subscribed (so nothing published from now on is
-        missed): events before ``next_seq`` only feed ``final()``; the rest wait their
-        turn to be delivered."""
-        try:
-            replay = await self._read_log(after_seq=-1)
-        except REDIS_ERRORS as exc:
-            raise self._jobs.connection_error(
-                exc, f"reading the event log of job {self._job_id}"
-            ) from exc
-        for event in replay:
-            if self._impossible(event, live=False):
-                continue
-            if event.seq < self._next_seq:
-                self._absorb(event)
-                if self._state == _DONE:
-                    return
-            else:
-                self._pending.setdefault(event.seq, event)
+        """Read the log once subscribed (so nothing published from now on is missed), a
+        page at a time: events before ``next_seq`` only feed ``final()``; the first page
+        that reaches ``next_seq`` waits its turn to be delivered, and the pages after it
+        are read as it is (``_log_more``)."""
+        after = -1
+        while True:
+            try:
+                replay = await self._read_log(after_seq=after)
+            except REDIS_ERRORS as exc:
+                raise self._jobs.connection_error(
+                    exc, f"reading the event log of job {self._job_id}"
+                ) from exc
+            reached = False
+            for event in replay:
+                if self._impossible(event, live=False):
+                    continue
+                after = max(after, event.seq)
+                if event.seq < self._next_seq:
+                    self._absorb(event)
+                    if self._state == _DONE:
+                        return
+                else:
+                    reached = True
+                    self._pending.setdefault(event.seq, event)
+            if reached or not self._log_more or not replay:
+                return
 
     def __del__(self) -> None:
         # Dropped while live (iterated without ``async with``, then abandoned): release
@@ -485,6 +497,11 @@ class AsyncStream(AsyncResource):
                 event = pending.pop(self._next_seq, None)
                 if event is not None:
                     return self._advance(event, loop.time())
+            elif self._log_more:
+                await self._fill_gap()  # the next page of a long log
+                if not pending:  # nothing new there after all: wait as usual
+                    self._log_more = False
+                continue
             if items:
                 item = mailbox.take()
                 if item is RESYNC:
@@ -610,11 +627,13 @@ class AsyncStream(AsyncResource):
             )
 
     async def _read_log(self, *, after_seq: int) -> list[_Event]:
-        """Every event in the log and tail after ``after_seq`` (maybe a few before it;
-        undecodable entries skipped)."""
+        """The events in one page of the log after ``after_seq`` (maybe a few before it;
+        undecodable entries skipped), and the tail's once the log is read to its end
+        (``_log_more`` says whether it was)."""
         try:
-            found = await event_log.read_after(
-                self._jobs.redis, self._jobs.keys, self._job_id, after_seq, page=_LOG_PAGE
+            found, self._log_more = await event_log.read_some_after(
+                self._jobs.redis, self._jobs.keys, self._job_id, after_seq, page=_LOG_PAGE,
+                max_pages=1,
             )
         except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
             raise InternalError(
