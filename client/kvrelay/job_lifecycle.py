@@ -243,6 +243,22 @@ class JobLifecycle:
         except Exception as exc:
             log.debug("could not unwatch job %s: %s", job_id, exc)
 
+    def release_quota(self, tenant: str, job_id: str, *, started: bool) -> None:
+        """Take a job out of its tenant's counts (``kvrelay.tenant_quota``), in the
+        background: out of the queued count once it started, out of both once it ended."""
+        self.spawn(self._release_quietly(tenant, job_id, started))
+
+    async def _release_quietly(self, tenant: str, job_id: str, started: bool) -> None:
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrem(self.keys.tenant_queued(tenant), job_id)
+            if not started:
+                pipe.zrem(self.keys.tenant_jobs(tenant), job_id)
+            await pipe.execute()
+        except Exception as exc:  # the entries expire at the job's deadline anyway
+            log.debug("could not release job %s from tenant %s's counts: %s", job_id,
+                      tenant, exc)
+
     def abort_soon(self, job_id: str) -> None:
         """Abort in the background: callers may be cancelled or leaving a ``finally``."""
         self.spawn(self._abort_quietly(job_id))

@@ -63,6 +63,7 @@ from kvrelay.protocol import (
     Tokens,
     decode_event,
 )
+from kvrelay.tenant_quota import UNBOUNDED_JOB_S, TenantQuota, current_quota
 
 if typing.TYPE_CHECKING:
     from kvrelay.job_lifecycle import JobLifecycle
@@ -220,6 +221,10 @@ class AsyncStream(AsyncResource):
         self._burst = 0
         # The last log read stopped at a page's end: more of the log follows it.
         self._log_more = False
+        # The tenant quota the job was admitted under, and in how many of its counts the
+        # job still is (2: jobs and queued; 1: jobs, once started; 0: none).
+        self._quota: TenantQuota | None = None
+        self._quota_counted = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -251,6 +256,13 @@ class AsyncStream(AsyncResource):
     def text(self) -> str:
         """Text of choice 0 delivered so far."""
         return self._builder.text_of(0)
+
+    def set_quota(self, quota: TenantQuota) -> None:
+        """Admit this stream's job within ``quota`` (``kvrelay.tenant_quota``): the push
+        is refused with ``QueueFull`` past it. Call it before the stream starts."""
+        if self._state != _NEW or self._request is None:
+            raise RuntimeError("set_quota() must come before a new job's stream starts")
+        self._quota = quota
 
     def discard_output(self) -> None:
         """Keep no tokens, text or logprobs for ``final()`` (its ``Completion`` then has
@@ -314,11 +326,21 @@ class AsyncStream(AsyncResource):
             await self._watch()
             await self._replay_log()
             return
+        quota = self._quota
+        scope = None
+        if quota is not None:
+            counted_until = request.deadline or (now + UNBOUNDED_JOB_S)
+            scope = current_quota.set((quota, counted_until))
         try:
             await self._jobs.enqueue(request)
         except QueueFull:
             self._abort_on_exit = False  # refused: nothing was enqueued, nothing to abort
             raise
+        finally:
+            if scope is not None:
+                current_quota.reset(scope)
+        if quota is not None:
+            self._quota_counted = 2  # in the tenant's jobs and queued counts
 
     async def _start_resume(self) -> None:
         self._jobs.track(self)
@@ -401,6 +423,9 @@ class AsyncStream(AsyncResource):
             self._watching = False
             self._jobs.unwatch_soon(self._job_id, self._watch_token)
         self._jobs.untrack(self)
+        if self._quota_counted and self._quota is not None:
+            self._quota_counted = 0
+            self._jobs.release_quota(self._quota.tenant, self._job_id, started=False)
         if self._abort_on_exit:
             self._abort_on_exit = False
             self._jobs.abort_soon(self._job_id)
@@ -454,6 +479,9 @@ class AsyncStream(AsyncResource):
             self._builder.add_tokens(event)
         elif isinstance(event, Started):
             self._builder.add_started(event)
+            if self._quota_counted == 2 and self._quota is not None:
+                self._quota_counted = 1
+                self._jobs.release_quota(self._quota.tenant, self._job_id, started=True)
         elif isinstance(event, Finished):
             self._completion = self._builder.build(event)
             self._abort_on_exit = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -66,8 +67,11 @@ def from_kvrelay(exc: KvrelayError, *, retry_after: int, any_worker: bool = True
             return GatewayError(503, message, kind="service_unavailable", code="no_worker")
         return GatewayError(404, message, code="model_not_found", param="model")
     if isinstance(exc, QueueFull):
+        # The longer of the gateway's hint and the refusal's own (a tenant's rate says
+        # when its next admission is due).
+        wait = max(retry_after, math.ceil(exc.retry_after or 0))
         return GatewayError(429, message, kind="rate_limit_error", code=exc.code,
-                            headers={"Retry-After": str(retry_after)})
+                            headers={"Retry-After": str(wait)})
     if isinstance(exc, BrokerUnavailable):
         return GatewayError(503, message, kind="service_unavailable", code="broker_unavailable")
     if isinstance(exc, WorkerLost):

@@ -33,6 +33,7 @@ from kvrelay.gateway.sse import (
     frame,
     parse_last_event_id,
 )
+from kvrelay.gateway.tenant_policy import quota_of
 from kvrelay.stream import AsyncStream
 
 log = logging.getLogger("kvrelay.gateway")
@@ -150,10 +151,15 @@ class Gateway:
                 options = body.options()
                 if not body.stream:
                     check_output_budget(options, self.settings.limits.max_output_entries)
+                policy = self.settings.policies.of(tenant)
+                if "priority" in options:
+                    options["priority"] = policy.clamp(options["priority"])
                 options.update(model=body.model, job_id=auth.new_job_id(tenant),
                                cache_salt=auth.cache_salt(tenant),
                                timeout=self.settings.job_timeout)
                 stream = client.stream(**options)
+                if policy.counts_jobs:
+                    stream.set_quota(quota_of(tenant, policy))
                 if body.stream:
                     stream.discard_output()  # each chunk is forwarded, never held
                     await stream.start()

@@ -10,8 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvrelay.tenant_quota import TenantQuota
+
 # The table of a config file that applies to every tenant not named in one of its own.
 DEFAULT_TABLE = "default"
+# The name a gateway without API keys counts its one (anonymous) tenant under.
+OPEN_TENANT_NAME = "default"
 
 
 @dataclass(frozen=True)
@@ -91,3 +95,11 @@ class TenantPolicies:
 
     def of(self, tenant: str) -> TenantPolicy:
         return (self.tenants or {}).get(tenant, self.default)
+
+
+def quota_of(tenant: str, policy: TenantPolicy) -> TenantQuota:
+    """The SDK's ``TenantQuota`` for ``tenant`` under ``policy``."""
+    return TenantQuota(tenant=tenant or OPEN_TENANT_NAME, max_jobs=policy.max_jobs,
+                       max_queued=policy.max_queued,
+                       requests_per_second=policy.requests_per_second,
+                       burst=policy.bucket_size)
