@@ -51,7 +51,9 @@ DEFAULT_RETRY_AFTER_S: Final = 1.0
 # The backlog a model's cap bounds is every job waiting for it: its shared queue and the
 # queue of each worker of it that has one (``Keyspace.worker_queues``; a dead worker's
 # counts until live workers move it to the shared queue), the target list included. The
-# tenant part (a job id given) checks and counts its quota (``kvrelay.tenant_quota``).
+# tenant part (a job id given) checks and counts its quota (``kvrelay.tenant_quota``),
+# with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
+# sets hold at most a limit's worth of live entries, so reading them whole is cheap.
 # KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
 #   queued, tenant rate (the last three any names without a quota)
 # ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
@@ -79,18 +81,17 @@ end
 if ARGV[4] ~= '' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  local counts = {}
+  for k = 5, 6 do
+    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', now)) do
+      redis.call('ZREM', KEYS[k], gone)
+    end
+    counts[k] = #redis.call('ZRANGE', KEYS[k], 0, -1)
+  end
   local max_jobs = tonumber(ARGV[6])
-  if max_jobs then
-    local n = redis.call('ZCARD', KEYS[5])
-    if n >= max_jobs then return {2, n, max_jobs, retry} end
-  end
+  if max_jobs and counts[5] >= max_jobs then return {2, counts[5], max_jobs, retry} end
   local max_queued = tonumber(ARGV[7])
-  if max_queued then
-    local n = redis.call('ZCARD', KEYS[6])
-    if n >= max_queued then return {3, n, max_queued, retry} end
-  end
+  if max_queued and counts[6] >= max_queued then return {3, counts[6], max_queued, retry} end
   local rate = tonumber(ARGV[8])
   if rate then
     local burst = tonumber(ARGV[9])
@@ -106,7 +107,7 @@ if ARGV[4] ~= '' then
   local ttl = math.ceil(counted_until - now) + 1
   for k = 5, 6 do
     redis.call('ZADD', KEYS[k], counted_until, ARGV[4])
-    if redis.call('TTL', KEYS[k]) < ttl then redis.call('EXPIRE', KEYS[k], ttl) end
+    if redis.call('PTTL', KEYS[k]) < ttl * 1000 then redis.call('EXPIRE', KEYS[k], ttl) end
   end
 end
 return {1, redis.call('LPUSH', KEYS[1], ARGV[1])}
