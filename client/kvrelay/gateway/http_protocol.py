@@ -100,6 +100,11 @@ def bounded_protocol(head_timeout: float, max_head_bytes: int,
             if self._refused or self.transport.is_closing():
                 return
             self._refused = True
+            if self.cycle is not None and not self.cycle.response_complete:
+                # A pipelined head behind a response still being written: no answer can
+                # be put between that response's bytes, so the connection just closes.
+                self.transport.close()
+                return
             body = GatewayError(status, message, code=code).json()
             head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
                     "content-type: application/json\r\n"
