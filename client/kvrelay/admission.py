@@ -50,12 +50,15 @@ DEFAULT_RETRY_AFTER_S: Final = 1.0
 
 # The backlog a model's cap bounds is every job waiting for it: its shared queue and the
 # queue of each worker of it that has one (``Keyspace.worker_queues``; a dead worker's
-# counts until live workers move it to the shared queue), the target list included. The
+# counts until live workers move it to the shared queue), the target list included, and
+# the jobs whose worker's lease on them has expired (``Keyspace.running_jobs`` scored
+# below now): live workers will push those back onto the queue without asking, so their
+# places are held for them. The
 # tenant part (a job id given) checks and counts its quota (``kvrelay.tenant_quota``),
 # with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
 # sets hold at most a limit's worth of live entries, so reading them whole is cheap.
 # KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
-#   queued, tenant rate (the last three any names without a quota)
+#   queued, tenant rate (these three any names without a quota), running-jobs set
 # ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
 #   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit)
 # -> {1, length} admitted | {0, backlog, cap, retry} full | {2, jobs, limit, retry} |
@@ -76,6 +79,9 @@ if cap then
     end
   end
   if not seen[KEYS[1]] then backlog = backlog + redis.call('LLEN', KEYS[1]) end
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  backlog = backlog + #redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', '(' .. now_ms)
   if backlog >= cap then return {0, backlog, cap, retry} end
 end
 if ARGV[4] ~= '' then
@@ -143,6 +149,7 @@ class _Placement:
     quota: TenantQuota | None = None
     counted_until: float = 0.0
     tenant_keys: tuple[str, str, str] = ("", "", "")
+    running: str = ""
 
 
 _local = threading.local()
@@ -187,7 +194,8 @@ def publish_task(
         backlog=(keys.queue(model), keys.worker_queues(model), keys.worker_queue(model, "")),
         model=model, job_id=task_id, quota=quota, counted_until=counted_until,
         tenant_keys=(keys.tenant_jobs(tenant), keys.tenant_queued(tenant),
-                     keys.tenant_rate(tenant)))
+                     keys.tenant_rate(tenant)),
+        running=keys.running_jobs(model))
     with _placed(placement):
         app.send_task(
             name,
@@ -272,8 +280,9 @@ def _install() -> None:
                     queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
                     quota = placement.quota
                     shared, registry, worker_prefix = placement.backlog
-                    pipe.eval(_ADMIT, 7, queue_key, placement.admission_key, shared, registry,
-                              *placement.tenant_keys, dumps(message), cap, worker_prefix,
+                    pipe.eval(_ADMIT, 8, queue_key, placement.admission_key, shared, registry,
+                              *placement.tenant_keys, placement.running, dumps(message), cap,
+                              worker_prefix,
                               placement.job_id if quota is not None else "",
                               repr(placement.counted_until),
                               *(quota.script_args() if quota is not None else ["", "", "", "1"]))

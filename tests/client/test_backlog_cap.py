@@ -60,3 +60,27 @@ async def test_the_cap_counts_the_shared_queue_and_every_worker_queue(
         assert await backlog(raw) == 20
         for stream in (first, third):
             await stream.aclose()
+
+
+async def test_jobs_a_dead_worker_held_keep_their_places(
+        clean_redis_url: str, raw: aioredis.Redis) -> None:
+    """Jobs whose lease expired (their worker died) will be pushed back onto the queue
+    by live workers without asking: the cap holds their places."""
+    await announce(raw, "w-1", MODEL, ttl_ms=60_000)
+    now_ms = int(time.time() * 1000)
+    await raw.zadd(KEYS.running_jobs(MODEL), {"orphan-1": now_ms - 5_000,
+                                              "orphan-2": now_ms - 1_000,
+                                              "alive-1": now_ms + 30_000})
+    await raw.lpush(KEYS.queue(MODEL), *[b"shared"] * 2)
+    async with AsyncClient(clean_redis_url, model=MODEL, max_queue=4) as client:  # cap 5
+        first = client.stream("a", max_tokens=2)
+        await first.start()  # 2 queued + 2 reserved: the 5th place
+        second = client.stream("b", max_tokens=2)
+        with pytest.raises(QueueFull, match="holds 5 jobs, its limit is 5"):
+            await second.start()
+        # One orphan was requeued and claimed (out of the running set): room again.
+        await raw.zrem(KEYS.running_jobs(MODEL), "orphan-1")
+        third = client.stream("c", max_tokens=2)
+        await third.start()
+        for stream in (first, third):
+            await stream.aclose()
