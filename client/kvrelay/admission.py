@@ -3,9 +3,10 @@
 kombu's Redis transport pushes with LPUSH and consumers pop with BRPOP, so the right end
 of the list is the one workers take next. Two placements, each one Redis call:
 
-- ``admit``: a new job is pushed (LPUSH, the back) only while the queue holds fewer
-  jobs than its limit, checked and pushed in one Lua script, so clients racing each
-  other can never overfill it. The limit is what the model's workers advertise
+- ``admit``: a new job is pushed (LPUSH, the back) only while the model's backlog (its
+  shared queue and every worker queue of it) holds fewer jobs than its limit, and its
+  tenant is within its quota when it has one, checked, counted and pushed in one Lua
+  script, so clients racing each other can never overfill it. The limit is what the model's workers advertise
   (``KVRELAY_MAX_QUEUE``, in ``Keyspace.admission(model)``), lowered by a client's own
   ``max_queue``. A refusal carries the workers' retry hint.
 - ``front``: a job taken over from a dead worker (or handed back by one shutting down)
@@ -29,6 +30,7 @@ from typing import Any, Final
 from kvrelay.keys import Keyspace
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.sentinel_url import WAIT_REPLICAS_OPTION, WAIT_TIMEOUT_OPTION
+from kvrelay.tenant_quota import TenantQuota, retry_after_for_rate
 
 __all__ = [
     "DEFAULT_RETRY_AFTER_S",
@@ -46,27 +48,92 @@ MAX_QUEUE_TIMEOUT_S: Final = 3000.0
 # Retry hint when no worker advertised one (a client-side ``max_queue`` refused).
 DEFAULT_RETRY_AFTER_S: Final = 1.0
 
-# KEYS: queue list, admission hash -- ARGV: message, client cap ('' = none)
-# -> {1, new length} admitted | {0, length, cap, retry_after} refused
+# The backlog a model's cap bounds is every job waiting for it: its shared queue and the
+# queue of each worker of it that has one (``Keyspace.worker_queues``; a dead worker's
+# counts until live workers move it to the shared queue), the target list included, and
+# the jobs whose worker's lease on them has expired (``Keyspace.running_jobs`` scored
+# below now): live workers will push those back onto the queue without asking, so their
+# places are held for them. The
+# tenant part (a job id given) checks and counts its quota (``kvrelay.tenant_quota``),
+# with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
+# sets hold at most a limit's worth of live entries, so reading them whole is cheap.
+# KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
+#   queued, tenant rate (these three any names without a quota), running-jobs set
+# ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
+#   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit)
+# -> {1, length} admitted | {0, backlog, cap, retry} full | {2, jobs, limit, retry} |
+#    {3, queued, limit, retry} tenant over a limit | {4, 0, 0, wait s} tenant's rate
 _ADMIT: Final = """
 local cap = tonumber(redis.call('HGET', KEYS[2], 'max_queue'))
 local mine = tonumber(ARGV[2])
 if mine and (not cap or mine < cap) then cap = mine end
-local length = redis.call('LLEN', KEYS[1])
-if cap and length >= cap then
-  return {0, length, cap, redis.call('HGET', KEYS[2], 'retry_after') or ''}
+local retry = redis.call('HGET', KEYS[2], 'retry_after') or ''
+if cap then
+  local seen = {[KEYS[3]] = true}
+  local backlog = redis.call('LLEN', KEYS[3])
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+    local name = ARGV[3] .. id
+    if not seen[name] then
+      seen[name] = true
+      backlog = backlog + redis.call('LLEN', name)
+    end
+  end
+  if not seen[KEYS[1]] then backlog = backlog + redis.call('LLEN', KEYS[1]) end
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  backlog = backlog + #redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', '(' .. now_ms)
+  if backlog >= cap then return {0, backlog, cap, retry} end
+end
+if ARGV[4] ~= '' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  local counts = {}
+  for k = 5, 6 do
+    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', now)) do
+      redis.call('ZREM', KEYS[k], gone)
+    end
+    counts[k] = #redis.call('ZRANGE', KEYS[k], 0, -1)
+  end
+  local max_jobs = tonumber(ARGV[6])
+  if max_jobs and counts[5] >= max_jobs then return {2, counts[5], max_jobs, retry} end
+  local max_queued = tonumber(ARGV[7])
+  if max_queued and counts[6] >= max_queued then return {3, counts[6], max_queued, retry} end
+  local rate = tonumber(ARGV[8])
+  if rate then
+    local burst = tonumber(ARGV[9])
+    local state = redis.call('HMGET', KEYS[7], 'tokens', 'at')
+    local tokens = tonumber(state[1]) or burst
+    local at = tonumber(state[2]) or now
+    tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+    if tokens < 1 then return {4, 0, 0, tostring((1 - tokens) / rate)} end
+    redis.call('HSET', KEYS[7], 'tokens', tostring(tokens - 1), 'at', tostring(now))
+    redis.call('EXPIRE', KEYS[7], math.ceil(burst / rate) + 1)
+  end
+  local counted_until = tonumber(ARGV[5])
+  local ttl = math.ceil(counted_until - now) + 1
+  for k = 5, 6 do
+    redis.call('ZADD', KEYS[k], counted_until, ARGV[4])
+    if redis.call('PTTL', KEYS[k]) < ttl * 1000 then redis.call('EXPIRE', KEYS[k], ttl) end
+  end
 end
 return {1, redis.call('LPUSH', KEYS[1], ARGV[1])}
 """
 
+# What each refusal of ``_ADMIT`` says (its first reply).
+_REFUSALS: Final = {
+    0: "the queue of model {model!r} holds {count} jobs, its limit is {limit}",
+    2: "tenant {tenant!r} has {count} jobs in flight, its limit is {limit}",
+    3: "tenant {tenant!r} has {count} jobs waiting, its limit is {limit}",
+    4: "tenant {tenant!r} is over its rate of {rate:g} jobs per second",
+}
+
 
 class AdmissionRefused(Exception):
-    """The queue was full: nothing was pushed."""
+    """The queue was full, or the tenant over its quota: nothing was pushed."""
 
-    def __init__(self, length: int, cap: int, retry_after: float) -> None:
-        super().__init__(f"the queue holds {length} jobs (limit {cap})")
-        self.length = length
-        self.cap = cap
+    def __init__(self, reason: str, retry_after: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
         self.retry_after = retry_after
 
 
@@ -75,6 +142,14 @@ class _Placement:
     front: bool
     admission_key: str
     cap: int | None
+    # The model's shared queue, its worker-queues set and its worker queues' name prefix.
+    backlog: tuple[str, str, str] = ("", "", "")
+    model: str = ""
+    job_id: str = ""
+    quota: TenantQuota | None = None
+    counted_until: float = 0.0
+    tenant_keys: tuple[str, str, str] = ("", "", "")
+    running: str = ""
 
 
 _local = threading.local()
@@ -99,9 +174,12 @@ def publish_task(
     model: str,
     max_queue: int | None = None,
     queue: str | None = None,
+    quota: TenantQuota | None = None,
+    counted_until: float = 0.0,
 ) -> None:
     """``app.send_task`` to ``model``'s queue with a placement (blocking; raises
-    ``AdmissionRefused`` when an ``admit`` finds the queue full).
+    ``AdmissionRefused`` when an ``admit`` finds the backlog full or the tenant over
+    ``quota``, whose counts of this job last until ``counted_until``, unix s).
 
     ``max_queue`` is the caller's own limit ("refuse while more than this many wait");
     ``queue`` a worker's own Celery queue instead of the shared one (``kvrelay.placement``).
@@ -110,7 +188,14 @@ def publish_task(
     cap = None if max_queue is None else max_queue + 1
     from kvrelay.enqueue import task_argsrepr  # enqueue imports this module
 
-    placement = _Placement(front=False, admission_key=keys.admission(model), cap=cap)
+    tenant = quota.tenant if quota is not None else ""
+    placement = _Placement(
+        front=False, admission_key=keys.admission(model), cap=cap,
+        backlog=(keys.queue(model), keys.worker_queues(model), keys.worker_queue(model, "")),
+        model=model, job_id=task_id, quota=quota, counted_until=counted_until,
+        tenant_keys=(keys.tenant_jobs(tenant), keys.tenant_queued(tenant),
+                     keys.tenant_rate(tenant)),
+        running=keys.running_jobs(model))
     with _placed(placement):
         app.send_task(
             name,
@@ -193,8 +278,14 @@ def _install() -> None:
                     # kombu prefixes a namespace's list names (``global_keyprefix``) in the
                     # commands it knows, EVAL not among them: the script gets the full name.
                     queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
-                    pipe.eval(_ADMIT, 2, queue_key, placement.admission_key,
-                              dumps(message), cap)
+                    quota = placement.quota
+                    shared, registry, worker_prefix = placement.backlog
+                    pipe.eval(_ADMIT, 8, queue_key, placement.admission_key, shared, registry,
+                              *placement.tenant_keys, placement.running, dumps(message), cap,
+                              worker_prefix,
+                              placement.job_id if quota is not None else "",
+                              repr(placement.counted_until),
+                              *(quota.script_args() if quota is not None else ["", "", "", "1"]))
                 if wanted > 0:
                     pipe.execute_command("WAIT", wanted, replica_wait.timeout_ms)
                 replies = pipe.execute()
@@ -203,9 +294,17 @@ def _install() -> None:
                 result = replies[0]
             if placement.front:
                 return None
-            if int(result[0]) == 1:
+            code = int(result[0])
+            if code == 1:
                 return None
-            raise AdmissionRefused(int(result[1]), int(result[2]), _retry_after(result[3]))
+            quota = placement.quota
+            reason = _REFUSALS.get(code, _REFUSALS[0]).format(
+                model=placement.model, count=int(result[1]), limit=int(result[2]),
+                tenant=quota.tenant if quota else "",
+                rate=(quota.requests_per_second or 0.0) if quota else 0.0)
+            if code == 4:
+                raise AdmissionRefused(reason, retry_after_for_rate(float(result[3])))
+            raise AdmissionRefused(reason, _retry_after(result[3]))
 
         channel_cls._put = _put
         channel_cls._kvrelay_placement = True

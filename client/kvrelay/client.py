@@ -17,7 +17,13 @@ from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion
 from kvrelay.config_values import count, seconds
 from kvrelay.connection import REDIS_ERRORS, make_redis, redact_url, resolve_url
-from kvrelay.dispatcher import Dispatcher, RedisPyTransport, Transport, TransportFactory
+from kvrelay.dispatcher import (
+    DEFAULT_STREAM_BUFFER_BYTES,
+    Dispatcher,
+    RedisPyTransport,
+    Transport,
+    TransportFactory,
+)
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
 from kvrelay.errors import InvalidRequest, KvrelayError, UnknownJob
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
@@ -80,6 +86,9 @@ class AsyncClient(AsyncResource):
             goes to the model's shared queue.
         placement_load_cap: a worker takes placed jobs while its running and own-queued
             jobs stay under this multiple of its concurrency.
+        stream_buffer_bytes: a stream's events received and not yet read, at most: a
+            reader further behind gets ``kvrelay.errors.SlowReader`` and its job is
+            aborted (the client's memory stays bounded whatever its readers do).
         enqueuer: replaces the Celery producer (testing hook).
     """
 
@@ -103,6 +112,7 @@ class AsyncClient(AsyncResource):
         namespace: str = "",
         placement: bool | None = None,
         placement_load_cap: float = 1.0,
+        stream_buffer_bytes: int = DEFAULT_STREAM_BUFFER_BYTES,
     ) -> None:
         stream_timeout = seconds("stream_timeout", stream_timeout)
         connect_timeout = seconds("connect_timeout", connect_timeout)
@@ -118,6 +128,7 @@ class AsyncClient(AsyncResource):
         enqueue_threads = count("enqueue_threads", enqueue_threads, minimum=1)
         max_connections = count("max_connections", max_connections, minimum=1)
         max_payload_bytes = count("max_payload_bytes", max_payload_bytes, minimum=1)
+        stream_buffer_bytes = count("stream_buffer_bytes", stream_buffer_bytes, minimum=1)
         url = resolve_url(url)
         try:
             self._keys = Keyspace(namespace)
@@ -191,6 +202,7 @@ class AsyncClient(AsyncResource):
             max_queue=max_queue if self._celery is None else None,
             keys=self._keys,
             max_payload_bytes=max_payload_bytes,
+            stream_buffer_bytes=stream_buffer_bytes,
             on_job_end=placer.job_ended if placer is not None else None,
             reconnect_timeout=reconnect_timeout,
             replica_wait=(ReplicaWait(sentinel.wait_replicas, sentinel.wait_timeout_ms)
@@ -212,6 +224,14 @@ class AsyncClient(AsyncResource):
             raise self._jobs.connection_error(exc, "connecting") from exc
         if self._celery is not None:
             self._jobs.spawn(self._celery.start_warm_up())
+
+    async def ping(self) -> None:
+        """Raise ``BrokerUnavailable`` unless Redis answers (one PING)."""
+        self._check_open()
+        try:
+            await self._redis.ping()
+        except REDIS_ERRORS as exc:
+            raise self._jobs.connection_error(exc, "checking Redis") from exc
 
     async def aclose(self) -> None:
         """Abort unfinished streams, flush pending aborts, close every connection."""
@@ -268,6 +288,7 @@ class AsyncClient(AsyncResource):
         stream_timeout: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the job's limit, like generate's
         abort_on_exit: bool = False,
+        keep_output: bool = True,
     ) -> AsyncStream:
         """Continue a job's stream after the event with seq ``after_seq``.
 
@@ -275,6 +296,7 @@ class AsyncClient(AsyncResource):
         The stream is started (subscribed, log read) when this returns. It observes: leaving
         it early leaves the job running, unless ``abort_on_exit=True``. A job with no trace
         left (never enqueued, or its log expired) raises ``UnknownJob`` at once.
+        ``keep_output=False``: ``final()`` holds no tokens or text (``discard_output``).
         """
         self._check_open()
         if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID_LENGTH:
@@ -294,6 +316,7 @@ class AsyncClient(AsyncResource):
             timeout=timeout,
             after_seq=after_seq,
             abort_on_exit=abort_on_exit,
+            keep_output=keep_output,
         )
         await stream.start()
         return stream

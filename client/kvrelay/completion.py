@@ -82,10 +82,17 @@ class _ChoiceState:
 
 
 class CompletionBuilder:
-    """Folds a job's events (in seq order) into a ``Completion``."""
+    """Folds a job's events (in seq order) into a ``Completion``.
 
-    def __init__(self, job_id: str, *, model: str | None = None, n: int = 1) -> None:
+    With ``keep_output`` False the tokens, text and logprobs are not kept (the
+    ``Completion`` has none; finish reasons, usage and timings are still there): for a
+    caller that forwards every chunk as it comes and must not hold the whole answer.
+    """
+
+    def __init__(self, job_id: str, *, model: str | None = None, n: int = 1,
+                 keep_output: bool = True) -> None:
         self.job_id = job_id
+        self.keep_output = keep_output
         self.model = model
         self._choices: list[_ChoiceState] = [_ChoiceState() for _ in range(max(n, 1))]
         self.worker: str | None = None
@@ -105,13 +112,14 @@ class CompletionBuilder:
 
     def add_tokens(self, event: Tokens) -> None:
         choice = self._choice(event.index)
-        if event.text:
-            choice.texts.append(event.text)
-        choice.token_ids.extend(event.token_ids)
-        if event.logprobs is not None:
-            if choice.logprobs is None:
-                choice.logprobs = []
-            choice.logprobs.extend(event.logprobs)
+        if self.keep_output:
+            if event.text:
+                choice.texts.append(event.text)
+            choice.token_ids.extend(event.token_ids)
+            if event.logprobs is not None:
+                if choice.logprobs is None:
+                    choice.logprobs = []
+                choice.logprobs.extend(event.logprobs)
         if event.cumulative_logprob is not None:
             choice.cumulative_logprob = event.cumulative_logprob
         if event.beam_score is not None:

@@ -31,11 +31,12 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from kvrelay.connection import REDIS_ERRORS
-from kvrelay.errors import BrokerUnavailable, KvrelayError
+from kvrelay.errors import BrokerUnavailable, KvrelayError, SlowReader
 from kvrelay.event_frames import unpack_message
 from kvrelay.resp import Frame, RespError, TransportLost
 
 __all__ = [
+    "DEFAULT_STREAM_BUFFER_BYTES",
     "RESYNC",
     "Dispatcher",
     "Mailbox",
@@ -56,6 +57,9 @@ class _Marker:
     def __repr__(self) -> str:
         return f"<{self.name}>"
 
+
+# What one stream may hold of events its reader has not taken yet, by default.
+DEFAULT_STREAM_BUFFER_BYTES: Final = 16 << 20
 
 # Put in a mailbox after a reconnect: "events may have been missed, re-read the log".
 RESYNC: Final = _Marker("RESYNC")
@@ -165,11 +169,17 @@ class Mailbox:
     Its timer is lazy: armed for the earliest deadline asked for and left alone while
     later deadlines come and go, so the per-event path schedules no timer at all. A
     wake-up for an older, earlier deadline is spurious; ``wait`` callers re-check.
+
+    It holds at most ``max_bytes`` of events: a reader that falls further behind is
+    failed with ``SlowReader`` (what was waiting is dropped at once, and whatever comes
+    after), so one stalled reader cannot grow the process without bound. Its job is
+    aborted when the stream ends on that error, as for any stream left early.
     """
 
-    __slots__ = ("channel", "error", "items", "job_id", "timer", "timer_at", "waiter")
+    __slots__ = ("buffered", "channel", "error", "items", "job_id", "max_bytes", "timer",
+                 "timer_at", "waiter")
 
-    def __init__(self, job_id: str, channel: bytes) -> None:
+    def __init__(self, job_id: str, channel: bytes, max_bytes: int | None = None) -> None:
         self.job_id = job_id
         self.channel = channel
         self.items: deque[MailItem] = deque()
@@ -177,12 +187,33 @@ class Mailbox:
         self.error: BaseException | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
+        self.max_bytes = max_bytes
+        self.buffered = 0
 
     def put(self, item: MailItem) -> None:
+        if self.max_bytes is not None and not isinstance(item, _Marker):
+            if isinstance(self.error, SlowReader):
+                return
+            self.buffered += len(item)
+            if self.buffered > self.max_bytes:
+                self.items.clear()
+                self.buffered = 0
+                self.error = None
+                self.fail(SlowReader(
+                    f"the reader fell more than {self.max_bytes} bytes of events behind",
+                    job_id=self.job_id))
+                return
         self.items.append(item)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(True)
+
+    def take(self) -> MailItem:
+        """The oldest item (``items`` must not be empty)."""
+        item = self.items.popleft()
+        if self.max_bytes is not None and not isinstance(item, _Marker):
+            self.buffered -= len(item)
+        return item
 
     def fail(self, error: BaseException) -> None:
         """Deliver ``error`` after whatever is already queued (the stream raises it)."""
@@ -289,14 +320,16 @@ class Dispatcher:
     def live_channels(self) -> int:
         return sum(1 for ch in self._channels.values() if ch.mailboxes)
 
-    async def subscribe(self, job_id: str, channel: str) -> Mailbox:
+    async def subscribe(self, job_id: str, channel: str, *,
+                        max_bytes: int | None = None) -> Mailbox:
         """A mailbox for the events of ``job_id`` arriving on ``channel`` (and on any other
-        channel this client listens to), returned once Redis has confirmed ``channel``."""
+        channel this client listens to), returned once Redis has confirmed ``channel``;
+        holding at most ``max_bytes`` of events not yet read (None: no bound)."""
         if self._closed:
             raise KvrelayError("the client is closed")
         loop = asyncio.get_running_loop()
         name = channel.encode()
-        mailbox = Mailbox(job_id, name)
+        mailbox = Mailbox(job_id, name, max_bytes)
         ch = self._channels.get(name)
         if ch is None:
             ch = self._channels[name] = _Channel(name)

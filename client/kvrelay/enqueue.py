@@ -27,6 +27,7 @@ from kvrelay.keys import Keyspace
 from kvrelay.placement import Placement
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
 from kvrelay.sentinel_url import is_sentinel_url, kombu_sentinel_settings, parse_sentinel_url
+from kvrelay.tenant_quota import TenantQuota, current_quota
 from kvrelay.tls import celery_ssl_options
 
 __all__ = [
@@ -147,9 +148,11 @@ class CeleryEnqueuer:
                 self._app = app
             return self._app
 
-    def publish(self, request: GenerateRequest, queue: str | None = None) -> None:
+    def publish(self, request: GenerateRequest, queue: str | None = None,
+                quota: tuple[TenantQuota, float] | None = None) -> None:
         """Blocking publish, admitted under the queue's limit; runs in the enqueue threads.
-        ``queue``: a worker's own queue (placement); None: the model's shared queue."""
+        ``queue``: a worker's own queue (placement); None: the model's shared queue.
+        ``quota``: the tenant's quota and until when (unix s) this job counts in it."""
         publish_task(
             self._celery(),
             TASK_NAME,
@@ -159,6 +162,8 @@ class CeleryEnqueuer:
             model=request.model,
             max_queue=self._max_queue,
             queue=queue,
+            quota=quota[0] if quota is not None else None,
+            counted_until=quota[1] if quota is not None else 0.0,
         )
 
     async def _placed_queue(self, request: GenerateRequest) -> str | None:
@@ -181,13 +186,13 @@ class CeleryEnqueuer:
         if self._closed:
             raise BrokerUnavailable("the enqueuer is closed")
         queue = await self._placed_queue(request)
+        quota = current_quota.get()  # read here: the executor's threads do not see it
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self.publish, request, queue)
+            await loop.run_in_executor(self._executor, self.publish, request, queue, quota)
         except AdmissionRefused as refused:
             raise QueueFull(
-                f"the queue of model {request.model!r} holds {refused.length} jobs, its "
-                f"limit is {refused.cap}; retry in {refused.retry_after:g}s",
+                f"{refused.reason}; retry in {refused.retry_after:g}s",
                 job_id=request.job_id,
                 retry_after=refused.retry_after,
             ) from None

@@ -100,6 +100,11 @@ class StreamTimeout(KvrelayError, builtins.TimeoutError, code="stream_timeout"):
     """No event arrived for the stream's inactivity timeout."""
 
 
+class SlowReader(KvrelayError, code="slow_reader"):
+    """The stream's reader fell too far behind its job's events (the client's
+    ``stream_buffer_bytes``): the stream ends and its job is aborted."""
+
+
 class BrokerUnavailable(KvrelayError, builtins.ConnectionError, code="connection_error"):
     """Redis could not be reached (or was lost and could not be re-established)."""
 

@@ -51,6 +51,7 @@ __all__ = [
     "entry_id",
     "first_id_after",
     "read_after",
+    "read_some_after",
     "seq_of_entry_id",
     "tail_record",
     "tail_records",
@@ -185,25 +186,40 @@ async def read_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *
     Not atomic: a batch moved from the tail to the log between the two reads is found in
     neither only if the tail also dropped it meanwhile (many batches later); a reader
     then sees a gap, and reads again."""
+    found, _more = await read_some_after(client, keys, job_id, after_seq, page=page)
+    return found
+
+
+async def read_some_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *,
+                          page: int, max_pages: int | None = None,
+                          ) -> tuple[list[msgspec.Raw], bool]:
+    """``read_after``, reading at most ``max_pages`` pages of the log (None: all of it):
+    the events, and whether the log holds more past them (then the tail was not read:
+    read again after the last seq returned). A reader that takes the events a page at a
+    time holds one page of a long log, never the whole of it."""
     found: list[msgspec.Raw] = []
     job_log = keys.event_log(job_id)
     start = first_id_after(after_seq)
     newest = after_seq
+    pages = 0
     while True:
         entries: list[Any] = await client.xrange(job_log, min=start, max="+", count=page) or []
+        pages += 1
         for entry, fields in entries:
             data = entry_events(fields)
             if data is not None:
                 found.extend(_split(data))
             newest = max(newest, seq_of_entry_id(entry))
             if TERMINAL_FIELD.encode() in fields or TERMINAL_FIELD in fields:
-                return found
+                return found, False
         if len(entries) < page:
             break
+        if max_pages is not None and pages >= max_pages:
+            return found, True
         start = first_id_after(seq_of_entry_id(entries[-1][0]))
     owner = await client.hget(keys.job_record(job_id), OWNER_FIELD)
     if not owner:
-        return found
+        return found, False
     newest_first: list[Any] = await client.xrevrange(
         keys.worker_tail(owner.decode()), count=TAIL_READ_ENTRIES) or []
     for _entry, fields in reversed(newest_first):
@@ -217,4 +233,4 @@ async def read_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *
                     found.extend(_split(events))
         except ValueError:
             continue  # a damaged entry: what it held is read as missing (a gap)
-    return found
+    return found, False

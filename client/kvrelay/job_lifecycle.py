@@ -47,9 +47,12 @@ log = logging.getLogger("kvrelay.client")
 # ``queue_timeout`` and workers cap ``KVRELAY_MAX_QUEUE_WAIT`` below it), so an abandoned
 # job is still marked aborted whenever a worker could pick it up.
 ABORT_FLAG_TTL_S: Final = 3600
-# How long a job's watcher count outlives its latest watcher's arrival: a watcher that
-# dies without leaving costs its job's worker one more PUBLISH per batch until then.
-WATCH_TTL_S: Final = 3600
+# How long a watcher registration (a job's watcher count, the set of watching streams)
+# lives unless refreshed: a live watching stream's client refreshes it every
+# ``WATCH_REFRESH_S``, so it expires this soon after the last such client dies without
+# leaving (while it lives on, every worker checks each of its jobs for watchers).
+WATCH_TTL_S: float = 30.0
+WATCH_REFRESH_S: float = 10.0
 # How long the answer "which models have live workers" is reused.
 _SERVED_MODELS_TTL_S: Final = 1.0
 # A model missing from an answer older than this is looked up again before refusing.
@@ -86,6 +89,7 @@ class JobLifecycle:
         max_queue: int | None,
         keys: Keyspace | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        stream_buffer_bytes: int | None = None,
         on_job_end: Callable[[str, str | None], None] | None = None,
         reconnect_timeout: float = 30.0,
         replica_wait: ReplicaWait | None = None,
@@ -96,6 +100,8 @@ class JobLifecycle:
         self._replica_wait = replica_wait or ReplicaWait(0, 0)
         # How long a call waits out a failover (``kvrelay.patience``) before it fails.
         self.reconnect_timeout = reconnect_timeout
+        # What one stream may hold of events its reader has not taken (None: no bound).
+        self.stream_buffer_bytes = stream_buffer_bytes
         # Told every job whose stream ends, with the worker that ran it (placement counts
         # this client's jobs in flight on each worker).
         self._on_job_end = on_job_end
@@ -114,6 +120,10 @@ class JobLifecycle:
         self._payload_limits: dict[str, int] = {}
         self._live: weakref.WeakSet[AsyncStream] = weakref.WeakSet()
         self._background: set[asyncio.Task[None]] = set()
+        # The watching streams of this client (token -> job id), whose registrations
+        # ``_refresh_watches`` keeps alive.
+        self._watched: dict[str, str] = {}
+        self._refresher: asyncio.Task[None] | None = None
         self._reserve = redis.register_script(_RESERVE)
 
     # ------------------------------------------------------------------ a job's steps
@@ -213,15 +223,35 @@ class JobLifecycle:
         channel while any is left. ``token`` names the watching stream in the set of all
         of them (``Keyspace.watching``): while that set is empty, workers read no job's
         own count. Watching again with the same token adds no second member."""
+        ttl_ms = int(WATCH_TTL_S * 1000)
         pipe = self.redis.pipeline(transaction=False)
         pipe.incr(self.keys.watchers(job_id))
-        pipe.expire(self.keys.watchers(job_id), WATCH_TTL_S)
+        pipe.pexpire(self.keys.watchers(job_id), ttl_ms)
         pipe.sadd(self.keys.watching, token)
-        pipe.expire(self.keys.watching, WATCH_TTL_S)
+        pipe.pexpire(self.keys.watching, ttl_ms)
         await pipe.execute()
+        self._watched[token] = job_id
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_watches())
+
+    async def _refresh_watches(self) -> None:
+        """Keep this client's watcher registrations alive while it has watching streams
+        (they expire ``WATCH_TTL_S`` after the client stops: it left, or it died)."""
+        while self._watched:
+            await asyncio.sleep(WATCH_REFRESH_S)
+            ttl_ms = int(WATCH_TTL_S * 1000)
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                for job_id in set(self._watched.values()):
+                    pipe.pexpire(self.keys.watchers(job_id), ttl_ms)
+                pipe.pexpire(self.keys.watching, ttl_ms)
+                await pipe.execute()
+            except Exception as exc:  # Redis away: the next round tries again
+                log.debug("could not refresh watcher registrations: %s", exc)
 
     def unwatch_soon(self, job_id: str, token: str) -> None:
         """One watcher fewer, in the background (callers may be leaving a ``finally``)."""
+        self._watched.pop(token, None)
         self.spawn(self._unwatch_quietly(job_id, token))
 
     async def _unwatch_quietly(self, job_id: str, token: str) -> None:
@@ -232,6 +262,22 @@ class JobLifecycle:
             await pipe.execute()
         except Exception as exc:
             log.debug("could not unwatch job %s: %s", job_id, exc)
+
+    def release_quota(self, tenant: str, job_id: str, *, started: bool) -> None:
+        """Take a job out of its tenant's counts (``kvrelay.tenant_quota``), in the
+        background: out of the queued count once it started, out of both once it ended."""
+        self.spawn(self._release_quietly(tenant, job_id, started))
+
+    async def _release_quietly(self, tenant: str, job_id: str, started: bool) -> None:
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrem(self.keys.tenant_queued(tenant), job_id)
+            if not started:
+                pipe.zrem(self.keys.tenant_jobs(tenant), job_id)
+            await pipe.execute()
+        except Exception as exc:  # the entries expire at the job's deadline anyway
+            log.debug("could not release job %s from tenant %s's counts: %s", job_id,
+                      tenant, exc)
 
     def abort_soon(self, job_id: str) -> None:
         """Abort in the background: callers may be cancelled or leaving a ``finally``."""
@@ -257,6 +303,8 @@ class JobLifecycle:
         """Abort every unfinished stream and wait (briefly) for pending aborts."""
         for stream in list(self._live):
             await stream.aclose()
+        if self._refresher is not None:
+            self._refresher.cancel()
         if self._background:
             await asyncio.wait(list(self._background), timeout=5.0)
 

@@ -166,6 +166,22 @@ class Keyspace:
         """Sorted set of jobs being run for ``model``, scored by lease expiry (ms)."""
         return f"{self.prefix}running:{model}"
 
+    # ---------------------------------------------------------------- per tenant
+
+    def tenant_jobs(self, tenant: str) -> str:
+        """Sorted set of a tenant's jobs admitted and not ended, scored by the time
+        (unix s) past which they count no more (``kvrelay.tenant_quota``)."""
+        return f"{self.prefix}tenant:{tenant}:jobs"
+
+    def tenant_queued(self, tenant: str) -> str:
+        """Sorted set of a tenant's jobs admitted and not started, scored like
+        ``tenant_jobs``."""
+        return f"{self.prefix}tenant:{tenant}:queued"
+
+    def tenant_rate(self, tenant: str) -> str:
+        """Hash of a tenant's admission token bucket: tokens left and when (unix s)."""
+        return f"{self.prefix}tenant:{tenant}:rate"
+
     # ---------------------------------------------------------------- per job
 
     events_channel = _PerJobKey("ev", "Pub/sub channel carrying a job's live events to watchers (a client that did not start it).")

@@ -6,6 +6,8 @@ Delivery rules (the job's log is the source of truth, pub/sub is the fast path):
   log and the owner's tail (``kvrelay.event_log.read_after``): the worker writes there
   before publishing, so whatever was published before it is already there;
 - after the dispatcher reconnects it drops a ``RESYNC`` marker: re-read the log;
+- the log is read a page (``_LOG_PAGE`` entries) at a time, the next page once the
+  previous one is delivered: a resumed stream of a long job holds one page, not its log;
 - no event for ``stream_timeout`` seconds: read the log once, then ``StreamTimeout``;
 - past the job's ``timeout``: ``DeadlineExceeded``.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import typing
@@ -62,6 +65,7 @@ from kvrelay.protocol import (
     Tokens,
     decode_event,
 )
+from kvrelay.tenant_quota import UNBOUNDED_JOB_S, TenantQuota, current_quota
 
 if typing.TYPE_CHECKING:
     from kvrelay.job_lifecycle import JobLifecycle
@@ -184,13 +188,14 @@ class AsyncStream(AsyncResource):
         after_seq: int = -1,
         queue_timeout: float | None = None,
         abort_on_exit: bool = True,
+        keep_output: bool = True,
     ) -> None:
         self._jobs = jobs
         self._job_id = job_id
         self._request = request
         model = request.model if request is not None else None
         n = request.sampling.n if request is not None else 1
-        self._builder = CompletionBuilder(job_id, model=model, n=n)
+        self._builder = CompletionBuilder(job_id, model=model, n=n, keep_output=keep_output)
         self._stream_timeout = stream_timeout
         self._timeout = timeout
         # None: the job may wait in the queue as long as ``stream_timeout``.
@@ -216,6 +221,12 @@ class AsyncStream(AsyncResource):
         self._loop: asyncio.AbstractEventLoop | None = None
         # Events handed out since this stream last let the loop run (see ``__anext__``).
         self._burst = 0
+        # The last log read stopped at a page's end: more of the log follows it.
+        self._log_more = False
+        # The tenant quota the job was admitted under, and in how many of its counts the
+        # job still is (2: jobs and queued; 1: jobs, once started; 0: none).
+        self._quota: TenantQuota | None = None
+        self._quota_counted = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -247,6 +258,21 @@ class AsyncStream(AsyncResource):
     def text(self) -> str:
         """Text of choice 0 delivered so far."""
         return self._builder.text_of(0)
+
+    def set_quota(self, quota: TenantQuota) -> None:
+        """Admit this stream's job within ``quota`` (``kvrelay.tenant_quota``): the push
+        is refused with ``QueueFull`` past it. Call it before the stream starts."""
+        if self._state != _NEW or self._request is None:
+            raise RuntimeError("set_quota() must come before a new job's stream starts")
+        self._quota = quota
+
+    def discard_output(self) -> None:
+        """Keep no tokens, text or logprobs for ``final()`` (its ``Completion`` then has
+        only finish reasons, usage and timings): for a caller that forwards each chunk
+        and must not hold the whole answer. Call it before the stream starts."""
+        if self._state != _NEW:
+            raise RuntimeError("discard_output() must come before the stream starts")
+        self._builder.keep_output = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -289,7 +315,7 @@ class AsyncStream(AsyncResource):
             self._deadline = asyncio.get_running_loop().time() + self._timeout
         await self._jobs.admit(request)
         self._mailbox = await self._jobs.dispatcher.subscribe(
-            self._job_id, self._jobs.reply_channel
+            self._job_id, self._jobs.reply_channel, max_bytes=self._jobs.stream_buffer_bytes
         )
         self._jobs.track(self)
         # A retry of the same request (same job_id) attaches to the job it started; a
@@ -302,11 +328,21 @@ class AsyncStream(AsyncResource):
             await self._watch()
             await self._replay_log()
             return
+        quota = self._quota
+        scope = None
+        if quota is not None:
+            counted_until = request.deadline or (now + UNBOUNDED_JOB_S)
+            scope = current_quota.set((quota, counted_until))
         try:
             await self._jobs.enqueue(request)
         except QueueFull:
             self._abort_on_exit = False  # refused: nothing was enqueued, nothing to abort
             raise
+        finally:
+            if scope is not None:
+                current_quota.reset(scope)
+        if quota is not None:
+            self._quota_counted = 2  # in the tenant's jobs and queued counts
 
     async def _start_resume(self) -> None:
         self._jobs.track(self)
@@ -321,7 +357,8 @@ class AsyncStream(AsyncResource):
         its worker publishes there too), before the log is read: nothing is missed."""
         dispatcher = self._jobs.dispatcher
         mailbox = await dispatcher.subscribe(
-            self._job_id, self._jobs.keys.events_channel(self._job_id)
+            self._job_id, self._jobs.keys.events_channel(self._job_id),
+            max_bytes=self._jobs.stream_buffer_bytes,
         )
         previous, self._mailbox = self._mailbox, mailbox
         if previous is not None:
@@ -334,25 +371,33 @@ class AsyncStream(AsyncResource):
         self._watching = True
 
     async def _replay_log(self) -> None:
-        """Read the whole log once subscribed (so nothing published from now on is
-        missed): events before ``next_seq`` only feed ``final()``; the rest wait their
-        turn to be delivered."""
-        try:
-            replay = await patiently(lambda: self._read_log(after_seq=-1),
-                                     self._jobs.reconnect_timeout)
-        except REDIS_ERRORS as exc:
-            raise self._jobs.connection_error(
-                exc, f"reading the event log of job {self._job_id}"
-            ) from exc
-        for event in replay:
-            if self._impossible(event, live=False):
-                continue
-            if event.seq < self._next_seq:
-                self._absorb(event)
-                if self._state == _DONE:
-                    return
-            else:
-                self._pending.setdefault(event.seq, event)
+        """Read the log once subscribed (so nothing published from now on is missed), a
+        page at a time: events before ``next_seq`` only feed ``final()``; the first page
+        that reaches ``next_seq`` waits its turn to be delivered, and the pages after it
+        are read as it is (``_log_more``)."""
+        after = -1
+        while True:
+            try:
+                replay = await patiently(functools.partial(self._read_log, after_seq=after),
+                                         self._jobs.reconnect_timeout)
+            except REDIS_ERRORS as exc:
+                raise self._jobs.connection_error(
+                    exc, f"reading the event log of job {self._job_id}"
+                ) from exc
+            reached = False
+            for event in replay:
+                if self._impossible(event, live=False):
+                    continue
+                after = max(after, event.seq)
+                if event.seq < self._next_seq:
+                    self._absorb(event)
+                    if self._state == _DONE:
+                        return
+                else:
+                    reached = True
+                    self._pending.setdefault(event.seq, event)
+            if reached or not self._log_more or not replay:
+                return
 
     def __del__(self) -> None:
         # Dropped while live (iterated without ``async with``, then abandoned): release
@@ -382,6 +427,9 @@ class AsyncStream(AsyncResource):
             self._watching = False
             self._jobs.unwatch_soon(self._job_id, self._watch_token)
         self._jobs.untrack(self)
+        if self._quota_counted and self._quota is not None:
+            self._quota_counted = 0
+            self._jobs.release_quota(self._quota.tenant, self._job_id, started=False)
         if self._abort_on_exit:
             self._abort_on_exit = False
             self._jobs.abort_soon(self._job_id)
@@ -435,6 +483,9 @@ class AsyncStream(AsyncResource):
             self._builder.add_tokens(event)
         elif isinstance(event, Started):
             self._builder.add_started(event)
+            if self._quota_counted == 2 and self._quota is not None:
+                self._quota_counted = 1
+                self._jobs.release_quota(self._quota.tenant, self._job_id, started=True)
         elif isinstance(event, Finished):
             self._completion = self._builder.build(event)
             self._abort_on_exit = False
@@ -478,8 +529,13 @@ class AsyncStream(AsyncResource):
                 event = pending.pop(self._next_seq, None)
                 if event is not None:
                     return self._advance(event, loop.time())
+            elif self._log_more:
+                await self._fill_gap()  # the next page of a long log
+                if not pending:  # nothing new there after all: wait as usual
+                    self._log_more = False
+                continue
             if items:
-                item = items.popleft()
+                item = mailbox.take()
                 if item is RESYNC:
                     await self._fill_gap()
                     continue
@@ -603,11 +659,13 @@ class AsyncStream(AsyncResource):
             )
 
     async def _read_log(self, *, after_seq: int) -> list[_Event]:
-        """Every event in the log and tail after ``after_seq`` (maybe a few before it;
-        undecodable entries skipped)."""
+        """The events in one page of the log after ``after_seq`` (maybe a few before it;
+        undecodable entries skipped), and the tail's once the log is read to its end
+        (``_log_more`` says whether it was)."""
         try:
-            found = await event_log.read_after(
-                self._jobs.redis, self._jobs.keys, self._job_id, after_seq, page=_LOG_PAGE
+            found, self._log_more = await event_log.read_some_after(
+                self._jobs.redis, self._jobs.keys, self._job_id, after_seq, page=_LOG_PAGE,
+                max_pages=1,
             )
         except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
             raise InternalError(

@@ -25,7 +25,7 @@ def test_gateway_help_lists_its_flags(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_settings_from_variables(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
-    keys.write_text("# comment\nk1=alice\n\nk2 bob  # trailing comment\n")
+    keys.write_text("# comment\nk1=alice\n\n  k2=bob  \n")
     settings = GatewaySettings.from_env({
         "KVRELAY_REDIS_URL": "redis://r:1/2", "KVRELAY_GATEWAY_API_KEYS_FILE": str(keys),
         "KVRELAY_GATEWAY_API_KEYS": "k3=carol,k1=dave", "KVRELAY_GATEWAY_MAX_QUEUE": "5",

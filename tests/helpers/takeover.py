@@ -27,6 +27,6 @@ def taken_over(store: JobStore, job_id: str, new_owner: str = "another-worker") 
 def watched(client: redis.Redis, job_id: str, token: str = "a-stream") -> None:
     """One stream watching ``job_id``, counted as ``JobLifecycle.watch`` counts it."""
     client.incr(KEYS.watchers(job_id))
-    client.expire(KEYS.watchers(job_id), WATCH_TTL_S)
+    client.expire(KEYS.watchers(job_id), int(WATCH_TTL_S))
     client.sadd(KEYS.watching, token)
-    client.expire(KEYS.watching, WATCH_TTL_S)
+    client.expire(KEYS.watching, int(WATCH_TTL_S))

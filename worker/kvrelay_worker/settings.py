@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
+from kvrelay.connection import redact_url
 from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
@@ -215,7 +216,7 @@ class WorkerSettings:
         elif not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError(
                 f"KVRELAY_REDIS_URL must start with redis://, rediss://, unix:// or "
-                f"redis+sentinel://, got {self.redis_url!r}"
+                f"redis+sentinel://, got {redact_url(self.redis_url)!r}"
             )
         try:
             celery_ssl_options(self.redis_url)

@@ -13,6 +13,7 @@ import click
 
 from kvrelay.cli.errors import CliError
 from kvrelay.cli.options import redis_url_option
+from kvrelay.connection import redact_url
 
 GATEWAY_INSTALL_HINT = 'pip install "kvrelay[gateway]"'
 
@@ -38,15 +39,20 @@ def require_gateway_extra() -> None:
 @click.option("--job-timeout", envvar="KVRELAY_GATEWAY_JOB_TIMEOUT", show_envvar=True,
               type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Answer 504 for a job unfinished after this long [default: 600].")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              metavar="FILE", help="TOML file of request limits and tenant policies "
+              "(docs/gateway.md).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def gateway(host: str, port: int, redis_url: str | None, api_keys_file: str | None,
-            max_queue: int | None, job_timeout: float | None, log_level: str) -> None:
+            max_queue: int | None, job_timeout: float | None, config_file: str | None,
+            log_level: str) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models until Ctrl-C.
 
     Any OpenAI client works: OpenAI(base_url="http://HOST:PORT/v1", api_key=...).
     """
     require_gateway_extra()
+    from kvrelay.gateway.config_file import load_config
     from kvrelay.gateway.server import serve
     from kvrelay.gateway.settings import GatewaySettings
 
@@ -62,8 +68,12 @@ def gateway(host: str, port: int, redis_url: str | None, api_keys_file: str | No
             max_queue=max_queue if max_queue is not None else settings.max_queue,
             job_timeout=job_timeout if job_timeout is not None else settings.job_timeout,
         )
+        if config_file:
+            config = load_config(config_file)
+            settings = dataclasses.replace(settings, limits=config.limits,
+                                           policies=config.policies)
     except (ValueError, OSError) as exc:
         raise CliError(f"gateway settings: {exc}") from None
-    click.echo(f"kvrelay gateway: serving http://{host}:{port}/v1 (Redis {settings.redis_url})",
-               err=True)
+    click.echo(f"kvrelay gateway: serving http://{host}:{port}/v1 "
+               f"(Redis {redact_url(settings.redis_url)})", err=True)
     serve(settings, host=host, port=port, log_level=log_level)

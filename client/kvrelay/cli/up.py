@@ -34,6 +34,7 @@ from kvrelay.cli.stack import LocalStack
 from kvrelay.cli.streaming import job_options, print_summary, stream_to_stdout, with_system
 from kvrelay.cli.target import namespace
 from kvrelay.cli.worker_launch import plan_worker, prepare_if_needed, worker_environment
+from kvrelay.connection import redact_url
 
 DEFAULT_PROMPT = "In two sentences, why do language models generate text one token at a time?"
 # How long the worker may drain on stop; the demo holds no job worth waiting for.
@@ -124,7 +125,7 @@ def _run(
 ) -> None:
     redis_url: str | None = params["redis_url"]
     url = stack.start_redis(redis_url, params["redis_port"])
-    click.echo(f"Redis: {url}" + ("" if redis_url else " (private)"), err=True)
+    click.echo(f"Redis: {redact_url(url)}" + ("" if redis_url else " (private)"), err=True)
     stack.start_worker()
     with Client(url, model=stack.plan.served_model, namespace=namespace()) as client:
         stack.wait_ready(client, params["startup_timeout"])
@@ -153,7 +154,8 @@ def _serve(stack: LocalStack, url: str, http_port: int | None) -> None:
         click.echo(f"OPENAI_BASE_URL={base}")
     click.echo(
         f'Serving {stack.plan.served_model}. In another shell: kvrelay generate "Hello" '
-        f"(found through {record}), or export KVRELAY_REDIS_URL={url}. Ctrl-C stops.",
+        f"(found through {record}), or export KVRELAY_REDIS_URL={redact_url(url)}. "
+        "Ctrl-C stops.",
         err=True,
     )
     while True:

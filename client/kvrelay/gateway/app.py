@@ -14,7 +14,6 @@ from starlette.routing import Route
 
 from kvrelay.client import AsyncClient
 from kvrelay.errors import KvrelayError
-from kvrelay.gateway.errors import GatewayError
 from kvrelay.gateway.metrics import GatewayMetrics
 from kvrelay.gateway.routes import Gateway
 from kvrelay.gateway.settings import GatewaySettings
@@ -27,7 +26,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
     settings = settings or GatewaySettings.from_env()
     clients = {namespace: AsyncClient(settings.redis_url, namespace=namespace,
                                       stream_timeout=settings.stream_timeout,
-                                      max_queue=settings.max_queue)
+                                      max_queue=settings.max_queue,
+                                      stream_buffer_bytes=settings.limits.stream_buffer_bytes)
                for namespace in settings.namespaces}
     gateway = Gateway(clients, settings, GatewayMetrics())
 
@@ -53,8 +53,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/metrics", gateway.metrics_text, methods=["GET"]),
     ]
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("gateway: unexpected error on %s", request.url.path, exc_info=exc)
-        error = GatewayError(500, f"internal error: {type(exc).__name__}", kind="server_error")
+        error = gateway.internal(f"unexpected error on {request.url.path}", exc)
         return gateway.refuse("unexpected", error)
 
     app = Starlette(routes=routes, lifespan=lifespan,

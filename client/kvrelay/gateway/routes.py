@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -15,14 +16,27 @@ from kvrelay.client import AsyncClient
 from kvrelay.completion import Completion
 from kvrelay.errors import KvrelayError
 from kvrelay.gateway import auth
+from kvrelay.gateway.body import check_json_depth, read_body
 from kvrelay.gateway.disconnect import run_until_disconnect
-from kvrelay.gateway.errors import GatewayError, from_kvrelay
+from kvrelay.gateway.errors import GatewayError, from_kvrelay, internal_error, new_request_id
+from kvrelay.gateway.health import HealthCheck
 from kvrelay.gateway.metrics import GatewayMetrics
+from kvrelay.gateway.output_budget import check_output_budget
 from kvrelay.gateway.requests import ChatRequest, CompletionRequest, decode
 from kvrelay.gateway.responses import CHAT, TEXT, ChunkMaker, whole
 from kvrelay.gateway.settings import GatewaySettings
-from kvrelay.gateway.sse import DONE, EventStreamResponse, Send, frame, parse_last_event_id
+from kvrelay.gateway.sse import (
+    DONE,
+    CallerTooSlow,
+    EventStreamResponse,
+    Send,
+    frame,
+    parse_last_event_id,
+)
+from kvrelay.gateway.tenant_policy import quota_of
 from kvrelay.stream import AsyncStream
+
+log = logging.getLogger("kvrelay.gateway")
 
 
 class Gateway:
@@ -35,6 +49,7 @@ class Gateway:
         self.settings = settings
         self.metrics = metrics
         self.auth = auth.Authenticator(settings.api_keys)
+        self.healthy = HealthCheck(self._ping_all)
 
     # ------------------------------------------------------------------ helpers
 
@@ -47,7 +62,17 @@ class Gateway:
         if exc.code == "unknown_model":
             with contextlib.suppress(KvrelayError):
                 any_worker = bool(await client.workers())
-        return from_kvrelay(exc, retry_after=self.settings.retry_after, any_worker=any_worker)
+        error = from_kvrelay(exc, retry_after=self.settings.retry_after, any_worker=any_worker)
+        if error.status == 500:
+            return self.internal(f"{type(exc).__name__} ({exc.code}): {exc}")
+        return error
+
+    def internal(self, detail: str, exc: BaseException | None = None) -> GatewayError:
+        """A 500 whose details go to the log under a request id, not to the caller."""
+        request_id = new_request_id()
+        log.error("gateway: internal error, request id %s: %s", request_id, detail,
+                  exc_info=exc)
+        return internal_error(request_id)
 
     def answer(self, route: str, response: Response) -> Response:
         self.metrics.count(route, response.status_code)
@@ -95,11 +120,13 @@ class Gateway:
         return self.answer("cancel", JSONResponse({"id": job_id, "cancelled": True}))
 
     async def health(self, request: Request) -> Response:
-        try:
-            workers = [w for client in self.clients.values() for w in await client.workers()]
-        except KvrelayError as exc:
-            return JSONResponse({"status": "unavailable", "error": str(exc)}, status_code=503)
-        return JSONResponse({"status": "ok", "workers": len(workers)})
+        if await self.healthy.ok():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def _ping_all(self) -> None:
+        for client in self.clients.values():
+            await client.ping()
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
@@ -113,19 +140,28 @@ class Gateway:
         try:
             tenant = self.auth.tenant(request.headers.get("authorization"))
             client = self.client_of(tenant)
-            body: Any = decode(await request.body(), ChatRequest if kind == CHAT
-                               else CompletionRequest)
+            raw = await read_body(request, self.settings.limits)
+            check_json_depth(raw, self.settings.limits.max_json_depth)
+            body: Any = decode(raw, ChatRequest if kind == CHAT else CompletionRequest)
             maker = ChunkMaker(kind, "", body.model, int(time.time()), body.include_usage)
             resume_from = request.headers.get("last-event-id")
             if resume_from:
                 stream = await self._resume(client, tenant, resume_from)
             else:
                 options = body.options()
+                if not body.stream:
+                    check_output_budget(options, self.settings.limits.max_output_entries)
+                policy = self.settings.policies.of(tenant)
+                if "priority" in options:
+                    options["priority"] = policy.clamp(options["priority"])
                 options.update(model=body.model, job_id=auth.new_job_id(tenant),
                                cache_salt=auth.cache_salt(tenant),
                                timeout=self.settings.job_timeout)
                 stream = client.stream(**options)
+                if policy.counts_jobs:
+                    stream.set_quota(quota_of(tenant, policy))
                 if body.stream:
+                    stream.discard_output()  # each chunk is forwarded, never held
                     await stream.start()
         except GatewayError as exc:
             return self.refuse(route, exc)
@@ -135,7 +171,8 @@ class Gateway:
         if body.stream or resume_from:
             self.metrics.count(route, 200)
             return EventStreamResponse(
-                lambda send: self._pump(client, stream, maker, send, body.resumable, received))
+                lambda send: self._pump(client, stream, maker, send, body.resumable, received),
+                send_timeout=self.settings.limits.send_timeout)
         try:
             done = await self._until_disconnected(request, stream, body.resumable)
         except KvrelayError as exc:
@@ -152,7 +189,8 @@ class Gateway:
         # The gateway owns the caller's job either way: leaving aborts it unless the
         # request is resumable (then ``_pump`` detaches the stream first).
         return await client.resume(job_id, after_seq=seq, abort_on_exit=True,
-                                   stream_timeout=self.settings.stream_timeout)
+                                   stream_timeout=self.settings.stream_timeout,
+                                   keep_output=False)
 
     async def _until_disconnected(self, request: Request, stream: AsyncStream,
                                   keep: bool) -> Completion | None:
@@ -189,7 +227,7 @@ class Gateway:
                             first = False
                             metrics.ttft.observe(time.perf_counter() - received)
                     done = await stream.final()
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, CallerTooSlow):
                     if keep:
                         stream.detach()
                     raise

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvrelay.gateway.limits import RequestLimits
+from kvrelay.gateway.tenant_policy import TenantPolicies
 from kvrelay.keys import Keyspace
+
+# What a tenant may be called (it names a policy and tags its job ids).
+_TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -30,6 +36,8 @@ class GatewaySettings:
     retry_after: seconds a 429 tells the caller to wait (``Retry-After``).
     job_timeout: a job still unfinished after this many seconds answers 504.
     stream_timeout: seconds without any event of a job before it is given up.
+    limits: what one HTTP request may cost (``kvrelay.gateway.limits``).
+    policies: each tenant's priority ceiling and quotas (``kvrelay.gateway.tenant_policy``).
     """
 
     redis_url: str = "redis://localhost:6379/0"
@@ -40,6 +48,8 @@ class GatewaySettings:
     retry_after: int = 1
     job_timeout: float | None = 600.0
     stream_timeout: float = 60.0
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    policies: TenantPolicies = field(default_factory=TenantPolicies)
 
     def __post_init__(self) -> None:
         _positive("job_timeout", self.job_timeout)
@@ -107,8 +117,24 @@ def _seconds(name: str, text: str | None) -> float | None:
 
 
 def parse_api_keys(text: str, *, where: str) -> dict[str, str]:
-    """``key=tenant`` (or ``key tenant``) per line; blank lines and ``#`` comments skipped."""
-    return parse_pairs(text, where=where, shape="key=tenant")
+    """One ``key=tenant`` per line, the key taken whole: everything before the line's last
+    ``=`` (base64 keys end in ``=`` and secrets may hold ``#``; tenant names hold neither).
+    Blank lines and lines starting with ``#`` are skipped; a comment after a key is not
+    (it would be read as part of the tenant name, which is refused)."""
+    keys: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, tenant = line.rpartition("=")
+        key, tenant = key.strip(), tenant.strip()
+        if not sep or not key or not tenant:
+            raise ValueError(f"{where}:{number}: expected 'key=tenant'")
+        if not _TENANT_NAME.fullmatch(tenant):
+            raise ValueError(f"{where}:{number}: tenant name {tenant!r} may hold letters, "
+                             "digits and '._-' only")
+        keys[key] = tenant
+    return keys
 
 
 def parse_pairs(text: str, *, where: str, shape: str) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,8 @@ from starlette.types import Send as ASGISend
 
 from kvrelay.gateway.disconnect import run_until_disconnect
 from kvrelay.gateway.errors import bad_request
+
+log = logging.getLogger("kvrelay.gateway")
 
 DONE = b"[DONE]"
 MEDIA_TYPE = "text/event-stream"
@@ -48,29 +51,47 @@ def parse_last_event_id(value: str) -> tuple[str, int]:
 Send = Callable[[bytes], Awaitable[None]]
 
 
+class CallerTooSlow(Exception):
+    """A write to the caller waited longer than the send timeout: the caller is not
+    reading (uvicorn's ``send`` waits while the socket's buffers are full)."""
+
+
 class EventStreamResponse(Response):
     """An ASGI response that runs ``produce(send)`` and cancels it when the client leaves.
 
     (Starlette's StreamingResponse leaves an abandoned generator to the garbage collector;
     here the producer is cancelled at once, so its ``finally`` aborts the job right away.)
+    A write that waits more than ``send_timeout`` seconds raises ``CallerTooSlow`` in the
+    producer, which ends it: the connection is then closed with the response unfinished.
     """
 
     media_type = MEDIA_TYPE
 
-    def __init__(self, produce: Callable[[Send], Awaitable[None]]) -> None:
+    def __init__(self, produce: Callable[[Send], Awaitable[None]], *,
+                 send_timeout: float) -> None:
         self._produce = produce
+        self._send_timeout = send_timeout
         self.status_code = 200
         self.background = None
         self.init_headers(HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: ASGISend) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        send_timeout = self._send_timeout
 
         async def write(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
+            try:
+                async with asyncio.timeout(send_timeout):
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            except TimeoutError:
+                raise CallerTooSlow(f"the caller read nothing for {send_timeout:g}s") from None
 
         async def produce() -> None:
-            await self._produce(write)
+            try:
+                await self._produce(write)
+            except CallerTooSlow as exc:
+                log.warning("gateway: cut off a stream's caller: %s", exc)
+                return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         producer = await run_until_disconnect(produce(), receive)

@@ -168,14 +168,14 @@ class Speculator:
         assert tracked.index is not None
         tokens = seq.token_ids
         own = tracked.index.propose(tokens, limit)
-        return own or self.recent.propose(tokens, limit)
+        return own or self.recent.propose(tokens, limit, seq.cache_salt)
 
     def _forget_finished(self) -> None:
         done = [key for key, t in self._tracked.items() if t.seq.is_finished]
         for key in done:
             seq = self._tracked.pop(key).seq
             if seq.status is not SequenceStatus.FINISHED_ABORTED and self.draft is None:
-                self.recent.add(seq.output_token_ids)
+                self.recent.add(seq.output_token_ids, seq.cache_salt)
             if self.draft is not None:
                 self.draft.forget(seq)
 
