@@ -69,6 +69,16 @@ return {created, redis.call('HGET', KEYS[1], ARGV[1])}
 """
 
 
+# One watcher fewer; the count goes with its last watcher (a count at zero would outlive
+# the job's log for the count's whole TTL). KEYS: the job's watcher count, the set of
+# watching streams -- ARGV: this stream's token.
+_UNWATCH = """
+if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+
 class JobLifecycle:
     """Admits, enqueues and aborts the jobs of one client; tracks its live streams.
 
@@ -125,6 +135,7 @@ class JobLifecycle:
         self._watched: dict[str, str] = {}
         self._refresher: asyncio.Task[None] | None = None
         self._reserve = redis.register_script(_RESERVE)
+        self._unwatch = redis.register_script(_UNWATCH)
 
     # ------------------------------------------------------------------ a job's steps
 
@@ -256,10 +267,8 @@ class JobLifecycle:
 
     async def _unwatch_quietly(self, job_id: str, token: str) -> None:
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.decr(self.keys.watchers(job_id))
-            pipe.srem(self.keys.watching, token)
-            await pipe.execute()
+            await self._unwatch(keys=[self.keys.watchers(job_id), self.keys.watching],
+                                args=[token])
         except Exception as exc:
             log.debug("could not unwatch job %s: %s", job_id, exc)
 

@@ -92,3 +92,25 @@ async def test_a_live_reader_keeps_it_and_a_dead_one_lets_it_expire(
 
 async def _gone(raw: aioredis.Redis) -> bool:
     return not await raw.exists(KEYS.watchers(JOB), KEYS.watching)
+
+
+async def test_a_reader_that_leaves_takes_its_count_with_it(raw: aioredis.Redis,
+                                                           clean_redis_url: str) -> None:
+    """The last watcher to leave deletes the count: a count at zero left to expire would
+    outlive the job's log (the retention rule), and one watcher leaving keeps another's."""
+    async with AsyncClient(clean_redis_url, model="m") as client:
+        first = await client.resume(JOB, after_seq=1)
+        second = await client.resume(JOB, after_seq=1)
+        async with first:
+            async with second:
+                assert await raw.get(KEYS.watchers(JOB)) == b"2"
+            await wait_until(lambda: _count_is(raw, b"1"), 5)
+        await wait_until(lambda: _gone(raw), 5)
+
+
+async def _count_is(raw: aioredis.Redis, value: bytes) -> bool:
+    return await raw.get(KEYS.watchers(JOB)) == value
+
+
+async def _gone(raw: aioredis.Redis) -> bool:
+    return not await raw.exists(KEYS.watchers(JOB))
