@@ -30,7 +30,7 @@ def test_a_second_owner_death_is_taken_over_at_once(clean_redis_url: str) -> Non
         first, second, watcher = (_store(client, clean_redis_url, w) for w in ("a", "b", "c"))
         assert first.claim("j", '{"prompt": "x"}', "d").status == "claimed"
         client.delete(KEYS.lease("j"))  # owner a died
-        status, payload = watcher.check_expired("j")
+        status, payload, _ = watcher.check_expired("j")
         assert (status, payload) == ("requeue", '{"prompt": "x"}')
         watcher.commit_requeue("j")
         assert client.exists(KEYS.requeue_marker("j")) == 0

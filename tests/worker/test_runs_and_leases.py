@@ -125,3 +125,27 @@ def test_the_watch_takes_nothing_over_until_writes_went_through_for_a_lease(
     now[0] += 0.2  # writes went through for a whole lease
     watcher.take_over_expired()
     assert requeued == ["j"]
+
+
+def test_a_death_counts_even_when_the_copy_is_claimed_before_the_commit(
+        client: redis.Redis, clean_redis_url: str) -> None:
+    """The requeued copy can reach a worker (and be claimed) before the watch commits the
+    requeue; the death still counts toward ``max_attempts``. Only a lease back with the
+    run that lost it (taken back after an outage) counts nothing."""
+    owner = _store(client, clean_redis_url, "w1")
+    watcher = _store(client, clean_redis_url, "w2")
+    assert owner.claim("j", "{}", "d", "w1#a").status == "claimed"
+    client.delete(KEYS.lease("j"))  # w1 died
+    status, _, lost_run = watcher.check_expired("j")
+    assert (status, lost_run) == ("requeue", "w1#a")
+    assert watcher.claim("j", "{}", "d", "w2#b").status == "claimed"  # the copy, first
+    watcher.commit_requeue("j", lost_run)
+    assert client.hget(KEYS.job_record("j"), "lost") == b"1"
+    assert client.hget(KEYS.job_record("j"), "state") == b"running"  # w2's run goes on
+    # Taken back by the run that lost it: no death.
+    assert owner.claim("k", "{}", "d", "w1#c").status == "claimed"
+    client.delete(KEYS.lease("k"))
+    status, _, lost_run = watcher.check_expired("k")
+    assert owner.refresh_leases(["k"], ["w1#c"]) == ([], [])
+    watcher.commit_requeue("k", lost_run)
+    assert client.hget(KEYS.job_record("k"), "lost") is None

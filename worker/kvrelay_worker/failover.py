@@ -71,12 +71,12 @@ class Failover:
             self._take_over(job_id)
 
     def _take_over(self, job_id: str) -> None:
-        status, payload = self.store.check_expired(job_id)
+        status, payload, lost_run = self.store.check_expired(job_id)
         if status == "requeue" and payload is not None:
             log.warning("job %s lost its worker; requeueing it", job_id)
             until_written(lambda: self.requeue(job_id, payload), f"the copy of job {job_id}",
                           self.health)
-            until_written(lambda: self.store.commit_requeue(job_id),
+            until_written(lambda: self.store.commit_requeue(job_id, lost_run),
                           f"the requeue of job {job_id}", self.health)
         elif status == "exhausted":
             log.warning("job %s lost %d workers; failing it", job_id, self.max_attempts)

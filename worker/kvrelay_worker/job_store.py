@@ -464,7 +464,8 @@ class JobStore:
         ids = self.redis.zrangebyscore(self.running_key, "-inf", now_ms(), start=0, num=limit)
         return [_text(i) for i in ids]
 
-    def check_expired(self, job_id: str) -> tuple[str, str | None]:
+    def check_expired(self, job_id: str) -> tuple[str, str | None, str]:
+        """(status, payload, the run that lost its lease: '' unless requeued)."""
         result = self._one(
             self._check_expired,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
@@ -474,14 +475,15 @@ class JobStore:
         )
         status = _text(result[0])
         payload = _text(result[1]) if len(result) > 1 and result[1] else None
-        return status, payload
+        lost_run = _text(result[2]) if len(result) > 2 else ""
+        return status, payload, lost_run
 
-    def commit_requeue(self, job_id: str) -> None:
+    def commit_requeue(self, job_id: str, lost_run: str = "") -> None:
         self._one(
             self._commit_requeue,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
              self.keys.requeue_marker(job_id)],
-            [job_id],
+            [job_id, lost_run],
         )
 
 

@@ -433,7 +433,8 @@ return 1
 # Failover check for one job whose lease looked expired.
 # KEYS: job record, lease, running zset, requeue marker
 # ARGV: job id, max attempts, marker ms, record ttl s (once failed)
-# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted", payload} | {"requeue", payload}
+# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted", payload}
+#    | {"requeue", payload, run id of the run that lost its lease}
 CHECK_EXPIRED = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -452,19 +453,24 @@ if lost + 1 >= tonumber(ARGV[2]) then
   return {'exhausted', payload}
 end
 if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', ARGV[3]) then return {'busy'} end
-return {'requeue', redis.call('HGET', KEYS[1], 'payload')}
+local record = redis.call('HMGET', KEYS[1], 'payload', 'run')
+return {'requeue', record[1], record[2] or ''}
 """
 
 # After the requeued copy was sent. The marker goes too: it only guards the moment
 # between CHECK_EXPIRED and here, and left in place it would stop the next takeover if the
 # new owner dies within its lifetime (a second death then waited for the marker, ~10 s).
-# A lease that is back (its owner took it again after an outage) makes the copy a
-# duplicate that its claim drops: nothing was lost.
-# KEYS: job record, lease, running zset, requeue marker -- ARGV: job id
+# The death counts unless the lease is back with the run that lost it (its owner took it
+# again after an outage: the copy is a duplicate its claim drops); a lease another run
+# holds already (the copy was claimed first) still counts the death, and that run's
+# state and running entry are left as they are.
+# KEYS: job record, lease, running zset, requeue marker -- ARGV: job id, the lost run id
 COMMIT_REQUEUE = """
 redis.call('DEL', KEYS[4])
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('HINCRBY', KEYS[1], 'lost', 1)
+local lease = redis.call('GET', KEYS[2])
+if lease and lease == ARGV[2] then return 0 end
+redis.call('HINCRBY', KEYS[1], 'lost', 1)
+if not lease then
   redis.call('HSET', KEYS[1], 'state', 'queued')
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
