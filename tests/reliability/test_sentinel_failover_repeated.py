@@ -10,7 +10,7 @@ the fixes a round could stop the worker (kombu's Sentinel channel failed to rest
 unacknowledged messages: ``Unrecoverable error``) and every call made during the failover
 raised ``BrokerUnavailable`` at once.
 
-Rounds: ``KVRELAY_FAILOVER_ROUNDS`` (CI runs 2; the acceptance figure is from 10).
+Rounds: ``KVRELAY_TEST_FAILOVER_ROUNDS`` (CI runs 2; the acceptance figure is from 10).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ MODEL = "simulated"
 STREAMS = 16
 CALLS_DURING_FAILOVER = 6
 MAX_TOKENS = 96
-ROUNDS = int(os.environ.get("KVRELAY_FAILOVER_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("KVRELAY_TEST_FAILOVER_ROUNDS", "2"))
 
 
 def _prompt(index: int) -> list[int]:

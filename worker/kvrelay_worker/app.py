@@ -52,6 +52,9 @@ def make_celery(s: WorkerSettings) -> Celery:
         # refusing writes for a while) restarts the consumer, as a lost connection does,
         # instead of stopping the worker and every job it runs.
         broker_channel_error_retry=True,
+        # A lost broker connection leaves running jobs running: their leases, not Celery's
+        # redelivery, decide who continues them (a cancelled task would lose its run).
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_transport_options={
             "visibility_timeout": s.visibility_timeout,
             "unacked_restore_interval": s.unacked_restore_interval,
