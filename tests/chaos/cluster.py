@@ -35,6 +35,10 @@ BASE_SETTINGS: dict[str, Any] = {
 }
 
 
+# The engine counters a run reports, summed over every worker it started.
+ENGINE_COUNTERS = ("preemptions", "recomputes", "steps")
+
+
 class WorkerSlot:
     """One place a worker runs; a killed worker is replaced by a new process here."""
 
@@ -49,6 +53,8 @@ class WorkerSlot:
         self.generation = 0
         self.processes: list[WorkerProcess] = []
         self.stopped = False
+        # Engine counters of the workers killed here, read from their last heartbeat.
+        self.killed_counters: dict[str, int] = {}
 
     @property
     def current(self) -> WorkerProcess:
@@ -64,6 +70,11 @@ class WorkerSlot:
 
     def kill(self) -> None:
         self.cont()
+        with contextlib.suppress(Exception):  # counters only: a report, not a check
+            stats = self.current.stats()
+            for name in ENGINE_COUNTERS:
+                self.killed_counters[name] = (self.killed_counters.get(name, 0)
+                                              + int(stats.get(name, 0)))
         self.current.kill()
 
     def stop(self) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from helpers.job_log import read_log
 
 from chaos.checker import Violation, check_jobs
-from chaos.cluster import LOG_TTL_S, ChaosCluster, wait_until
+from chaos.cluster import ENGINE_COUNTERS, LOG_TTL_S, ChaosCluster, wait_until
 from chaos.faults import FaultInjector, FaultRecord
 from chaos.reference import reference_tokens
 from chaos.retention import retained
@@ -152,10 +152,12 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
     for run in workload.runs:
         result.outcomes[run.outcome] = result.outcomes.get(run.outcome, 0) + 1
     for slot in cluster.slots:
+        for name, value in slot.killed_counters.items():
+            result.engine[name] = result.engine.get(name, 0) + value
         if slot.current.alive():
             with contextlib.suppress(Exception):  # counters only: a report, not a check
                 stats = slot.current.stats()
-                for name in ("preemptions", "recomputes", "steps"):
+                for name in ENGINE_COUNTERS:
                     result.engine[name] = result.engine.get(name, 0) + int(stats.get(name, 0))
         else:
             result.violations.append(Violation(None, "worker-exit", f"{slot.current.name} "

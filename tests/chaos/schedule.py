@@ -154,11 +154,11 @@ def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
     pool forces preemption; a worker may die or stall meanwhile."""
     low = [JobPlan(index=i, start_at=rng.uniform(0.0, 0.3),
                    prompt=f"pressure low {i} {rng.getrandbits(24):06x}",
-                   max_tokens=rng.randint(40, 90), priority=0,
+                   max_tokens=rng.randint(100, 160), priority=0,
                    behaviour=rng.choice((STREAM, GENERATE, RESUME)),
                    at_chunk=rng.randint(5, 40), pause_s=rng.uniform(0.2, 1.5))
            for i in range(rng.randint(1, 3))]
-    high = [JobPlan(index=len(low) + i, start_at=rng.uniform(0.5, 2.0),
+    high = [JobPlan(index=len(low) + i, start_at=rng.uniform(0.4, 1.2),
                     prompt=f"pressure high {i} {rng.getrandbits(24):06x}",
                     max_tokens=rng.randint(30, 80), priority=10,
                     behaviour=rng.choice((STREAM, GENERATE, SLOW, CANCEL)),
@@ -167,8 +167,10 @@ def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
     workers = rng.choice((1, 2))
     faults = _faults(rng, [WORKER_KILL, WORKER_STOP, PAUSE_WRITES, NOREPLICAS], workers,
                      rng.randint(1, 2))
-    # Blocks of 16 tokens for about half of what each worker's jobs would hold at once.
+    # Blocks of 16 tokens for about a third of what each worker's jobs would hold at once:
+    # the low-priority jobs are still running when the high-priority ones arrive, so the
+    # pool runs out while both are in it.
     need = sum(len(j.prompt) // 3 + j.max_tokens for j in low + high) // 16
-    blocks = max(12, need // (2 * workers))
+    blocks = max(10, need // (3 * workers))
     return Schedule(seed, PRESSURE, workers, 8, tuple(low + high), faults,
                     {"preemption_mode": "recompute", "kv_blocks": blocks}, broken)
