@@ -167,10 +167,10 @@ def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
     workers = rng.choice((1, 2))
     faults = _faults(rng, [WORKER_KILL, WORKER_STOP, PAUSE_WRITES, NOREPLICAS], workers,
                      rng.randint(1, 2))
-    # Blocks of 16 tokens for about a third of what each worker's jobs would hold at once:
+    # Blocks of 16 tokens for about a quarter of what each worker's jobs would hold at once:
     # the low-priority jobs are still running when the high-priority ones arrive, so the
     # pool runs out while both are in it.
     need = sum(len(j.prompt) // 3 + j.max_tokens for j in low + high) // 16
-    blocks = max(10, need // (3 * workers))
+    blocks = max(8, need // (4 * workers))
     return Schedule(seed, PRESSURE, workers, 8, tuple(low + high), faults,
                     {"preemption_mode": "recompute", "kv_blocks": blocks}, broken)
