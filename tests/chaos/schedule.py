@@ -170,7 +170,9 @@ def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
     # Blocks of 16 tokens for about a quarter of what each worker's jobs would hold at once:
     # the low-priority jobs are still running when the high-priority ones arrive, so the
     # pool runs out while both are in it.
+    # Never fewer than the longest job needs alone: each must be able to finish.
     need = sum(len(j.prompt) // 3 + j.max_tokens for j in low + high) // 16
-    blocks = max(8, need // (4 * workers))
+    longest = max(len(j.prompt) // 3 + j.max_tokens for j in low + high) // 16 + 2
+    blocks = max(8, longest, need // (4 * workers))
     return Schedule(seed, PRESSURE, workers, 8, tuple(low + high), faults,
                     {"preemption_mode": "recompute", "kv_blocks": blocks}, broken)
