@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers.sentinel_cluster import SentinelCluster
 from tls_setup import TlsRedis, TlsUnavailable, make_certificates
 
 from kvrelay.acl import tenant_acl_rules
@@ -56,3 +57,13 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, d
     finally:
         admin.close()
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelCluster]:
+    """A primary, its replica and three sentinels shared by one module's tests."""
+    cluster = SentinelCluster(tmp_path_factory.mktemp("ha")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -12,8 +12,6 @@ worker's puts the message back on its queue.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from helpers.sentinel_cluster import MASTER_NAME, SentinelCluster
 from kombu import Connection, Exchange, Queue
@@ -24,12 +22,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelCluster]:
-    cluster = SentinelCluster(tmp_path_factory.mktemp("ha")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def cluster(module_sentinels: SentinelCluster) -> SentinelCluster:
+    return module_sentinels
 
 
 def _restore_after_close(cluster: SentinelCluster, transport: str, name: str) -> int:

@@ -27,12 +27,8 @@ KEYS = Keyspace()
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelCluster]:
-    cluster = SentinelCluster(tmp_path_factory.mktemp("ha")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def cluster(module_sentinels: SentinelCluster) -> SentinelCluster:
+    return module_sentinels
 
 
 @pytest.fixture(scope="module")
