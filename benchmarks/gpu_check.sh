@@ -5,7 +5,7 @@
 #                         only: the CPU checks run in CI), KV block sizes 8..128, CUDA
 #                         graphs, block ids past 2**31 elements;
 #   2. bench_attention    paged decode attention against copy bandwidth, batch 1/16/64
-#                         at 4k and 32k (benchmarks/kernels.py --skip-decode);
+#                         at 4k and 32k (benchmarks/gpu_kernels.py --skip-decode);
 #      bench_decode_step  a Llama-3-8B-shaped decode step at batch 1/16/64 and its MBU;
 #      bench_quant_gemm   the W8A16 / W4A16 GEMM at M=1 and 16 against bfloat16;
 #      bench_kv_quant     int8 / fp8 KV decode attention at 32k against bfloat16;
@@ -170,10 +170,10 @@ stage kernel_tests "${KERNEL_TEST_TIMEOUT:-80}" -- \
   "$PYTHON" "${PYTEST[@]}" "${PARALLEL[@]}" --timeout 70 --junitxml "$WORK/kernel_tests.xml" \
   "${KERNEL_TESTS[@]}"
 stage bench_attention "${ATTENTION_TIMEOUT:-30}" -- \
-  "$PYTHON" benchmarks/kernels.py --skip-decode --batches 1 16 64 --contexts 4096 32768 \
+  "$PYTHON" benchmarks/gpu_kernels.py --skip-decode --batches 1 16 64 --contexts 4096 32768 \
   --out "$OUT/attention.json"
 stage bench_decode_step "${DECODE_STEP_TIMEOUT:-45}" -- \
-  "$PYTHON" benchmarks/kernels.py --skip-attention --decode-batches 1 16 64 \
+  "$PYTHON" benchmarks/gpu_kernels.py --skip-attention --decode-batches 1 16 64 \
   --out "$OUT/decode_step.json"
 stage bench_quant_gemm "${QUANT_GEMM_TIMEOUT:-20}" -- \
   "$PYTHON" benchmarks/quant_gpu.py --rows 1 16 --out "$OUT/quant_gemm.json"

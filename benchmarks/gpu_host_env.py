@@ -7,7 +7,7 @@ through this module, so an import of a package that is neither on the host nor c
 fails here, where it is cheap, instead of there, inside a GPU window:
 
     python benchmarks/gpu_host_env.py --wheels .whl -- -m pytest --collect-only ...
-    python benchmarks/gpu_host_env.py --wheels .whl -- benchmarks/kernels.py --help
+    python benchmarks/gpu_host_env.py --wheels .whl -- benchmarks/gpu_kernels.py --help
 
 Everything after ``--`` is run as ``python ...`` would run it (``-m module``, ``-c code``
 or a script),

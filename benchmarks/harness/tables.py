@@ -99,7 +99,7 @@ PERFORMANCE = (
     ("1,000 concurrent streams from one client: longest event-loop stall",
      "streams-stall-max", " ms", "client_streams.py"),
     ("Decode step, Llama-3-8B shape, batch 64, H200", "h200-decode-b64", " tok/s",
-     "kernels.py"),
+     "gpu_kernels.py"),
 )
 
 

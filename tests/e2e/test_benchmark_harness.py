@@ -20,7 +20,7 @@ from helpers.benchmark_scripts import BENCHMARKS, benchmarks_on_path, load_bench
 NOT_BENCHMARKS = {
     "mbu_from_json": "recomputes a stored run's figures and prints them; writes nothing",
     "scaling_load": "scaling.py's load-generator child: reports to its parent on stdout",
-    "decode_step": "kernels.py's decode-step measurement: a module without a main",
+    "decode_step": "gpu_kernels.py's decode-step measurement: a module without a main",
     "tables": "writes the docs' tables from stored results; measures nothing",
     "gpu_host_env": "gpu_check.sh's runner: a stage with only the GPU host's packages",
     "gpu_stage_result": "gpu_check.sh's judge of a stage's JUnit report; measures nothing",

@@ -112,7 +112,8 @@ class WorkerProcess:
                 if predicate(stats):
                     return stats
             time.sleep(0.1)
-        raise TimeoutError(f"worker {self.name} stats never matched; last: {stats}")
+        raise TimeoutError(f"worker {self.name} stats never matched; last: {stats}; "
+                           f"alive: {self.alive()}; log:\n{self.tail()}")
 
     def wait_ready(self, timeout: float = 120.0) -> WorkerProcess:
         """Wait for the heartbeat and for Celery's own ready line: the engine is loaded

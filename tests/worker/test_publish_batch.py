@@ -267,10 +267,12 @@ def test_the_batch_that_writes_a_jobs_end_releases_it_in_the_same_call(
     assert store.redis.zscore(store.running_key, "going-on") == 1
 
 
-def test_a_job_handed_on_or_whose_lease_is_gone_is_not_released_by_its_last_batch(
+def test_a_job_handed_on_is_not_released_but_one_whose_lease_ran_out_is(
         store: JobStore) -> None:
-    """A fenced job ends without a write; a lease that expired unclaimed is not this
-    worker's to drop (as with ``release_done``): the watchdog's takeover ends the job."""
+    """A fenced job ends without a write. A lease that ran out unclaimed (Redis was out of
+    reach) while the record still names this run is still this run's: its last batch
+    marks it done. Left running without a lease, the watchdog would run it again and
+    its second run would publish seqs the client already has."""
     stale, expired = _job("stale"), _job("expired")
     _running(store, stale)
     _running(store, expired)
@@ -278,9 +280,8 @@ def test_a_job_handed_on_or_whose_lease_is_gone_is_not_released_by_its_last_batc
     publisher._process([EventItem(expired, _tokens([0]))])
     store.redis.delete(KEYS.lease("expired"))
     publisher._process([EventItem(expired, _finished(), Outcome.FINISHED)])
-    assert _record(store, "expired")["state"] == "running"
-    assert store.redis.zscore(store.running_key, "expired") == 1
-    # Nothing is left for its task thread: a ``release_done`` would find no lease either.
+    assert _record(store, "expired")["state"] == "done"
+    assert store.redis.zscore(store.running_key, "expired") is None
     assert expired.released
     taken_over(store, "stale", "the-new-owner")
     publisher._process([EventItem(stale, _finished(), Outcome.FINISHED)])

@@ -21,7 +21,7 @@ import redis
 
 from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import Tokens, encode_event
+from kvrelay.protocol import Finished, Tokens, encode_event
 from kvrelay_worker.failover import Failover
 from kvrelay_worker.job_store import JobEvents, JobStore
 from kvrelay_worker.redis_health import RedisHealth
@@ -149,3 +149,49 @@ def test_a_death_counts_even_when_the_copy_is_claimed_before_the_commit(
     assert owner.refresh_leases(["k"], ["w1#c"]) == ([], [])
     watcher.commit_requeue("k", lost_run)
     assert client.hget(KEYS.job_record("k"), "lost") is None
+
+
+def _finished(seq: int) -> bytes:
+    return encode_event(Finished(seq=seq, finish_reason="length"))
+
+
+def test_a_job_that_ends_after_an_outage_is_released(
+        client: redis.Redis, clean_redis_url: str) -> None:
+    """Its lease ran out while Redis was failing over; the job's last batch (terminal event
+    and release) is the first write that gets through. The job is done, not left running
+    without a lease for the watch to run again (seen in chaos seed 5, sentinel: a second
+    run republished seqs the client already had)."""
+    store = _store(client, clean_redis_url)
+    for job in ("batched", "alone"):
+        assert store.claim(job, "{}", "d", f"w1#{job}").status == "claimed"
+        client.delete(KEYS.lease(job))  # expired during the outage
+    last = JobEvents("batched", events=[(0, True, _finished(0))], moved=[_finished(0)],
+                     release=True, run="w1#batched")
+    assert store.append_batch([last]) == [1]
+    assert store.release_done("alone", "w1#alone")
+    for job in ("batched", "alone"):
+        assert client.hget(KEYS.job_record(job), "state") == b"done"
+        assert client.zscore(store.running_key, job) is None
+    assert store.check_expired("batched")[0] == "gone"
+    # Another run's claim since the outage still wins: the old run releases nothing.
+    assert store.claim("taken", "{}", "d", "w1#old").status == "claimed"
+    client.delete(KEYS.lease("taken"))
+    client.hset(KEYS.job_record("taken"), "state", "queued")
+    assert _store(client, clean_redis_url, "w2").claim("taken", "{}", "d", "w2#x").status \
+        == "claimed"
+    assert not store.release_done("taken", "w1#old")
+    assert client.hget(KEYS.job_record("taken"), "state") == b"running"
+
+
+def test_a_copy_of_a_job_whose_log_ended_is_not_run_again(
+        client: redis.Redis, clean_redis_url: str) -> None:
+    """Whatever left the record running (a release lost with a failed-over primary), a
+    log that holds the terminal event means the job ended: its claim answers ``done``."""
+    store = _store(client, clean_redis_url)
+    assert store.claim("j", "{}", "d", "w1#a").status == "claimed"
+    ended = JobEvents("j", events=[(0, True, _finished(0))], moved=[_finished(0)],
+                      run="w1#a")
+    assert store.append_batch([ended]) == [1]
+    client.delete(KEYS.lease("j"))  # its release never landed
+    assert _store(client, clean_redis_url, "w2").claim("j", "{}", "d", "w2#b").status == "done"
+    assert client.hget(KEYS.job_record("j"), "state") == b"done"

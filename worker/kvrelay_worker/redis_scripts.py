@@ -112,6 +112,14 @@ local function add_log_entry(log_key, max_len, last_seq, data, terminal)
   end
   return redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}', data)
 end
+-- Whether ``run`` still holds the job: its lease names the run, or the lease is gone
+-- (it ran out while Redis was out of reach) and the record still names the run, running.
+local function run_holds(lease_key, record_key, run)
+  local lease = redis.call('GET', lease_key)
+  if lease then return lease == run end
+  local record = redis.call('HMGET', record_key, 'state', 'run')
+  return record[1] == 'running' and record[2] == run
+end
 local function tail_find(blob, job_id)
   local at, size = 1, #blob
   while at <= size do
@@ -178,7 +186,13 @@ if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 -- to its owner); only a lease its holder is handing back may be taken.
 if owner and record[3] ~= owner then return {'owned', owner} end
 if record[4] then
-  settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6])
+  local _, ended = settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6])
+  if ended then
+    -- Its run wrote the terminal event but its release was lost: the job is done.
+    redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    return {'done'}
+  end
   local handed_back = record[3] and record[3] ~= '' and record[3] == record[6]
   if record[4] ~= ARGV[2] or not handed_back then
     redis.call('SET', ARGV[10] .. record[4], '1', 'EX', {FENCE_FLAG_TTL_S})
@@ -197,8 +211,8 @@ return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
 # as long as its log), written before the lease is dropped.
 # KEYS: job record, lease, running zset
 # ARGV: job id, run id, record ttl s -> 1 if this run owned the job
-RELEASE_DONE = """
-if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
+RELEASE_DONE = _LUA_HELPERS + """
+if not run_holds(KEYS[2], KEYS[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -337,8 +351,8 @@ return seq
 # A checked job is this run's while its lease holds the run id, or while its lease is
 # gone (expired during an outage, or released by an earlier try of this batch whose
 # reply was lost) and its record still names this run, running or done; otherwise it is
-# fenced. A released job whose lease is this run's is marked done (as ``RELEASE_DONE``);
-# one whose lease is gone is left alone.
+# fenced. A released job this run still holds (the same rule) is marked done, as
+# ``RELEASE_DONE`` does.
 # -> {} when written, {CHECK_EACH_JOB} (fast path refused), or the positions (1-based)
 #    of the jobs fenced (nothing written). A log entry the log already has (an earlier
 #    try of this batch got through) is skipped.
@@ -402,7 +416,7 @@ for k = 1, moves do
 end
 for k = 1, releases do
   local record, lease = KEYS[rk + 2 * k - 1], KEYS[rk + 2 * k]
-  if redis.call('GET', lease) == ARGV[ra + 2 * k - 1] then
+  if run_holds(lease, record, ARGV[ra + 2 * k - 1]) then
     redis.call('HSET', record, 'state', 'done', 'payload', '')
     redis.call('EXPIRE', record, ARGV[12])
     redis.call('ZREM', KEYS[rk], ARGV[ra + 2 * k - 2])

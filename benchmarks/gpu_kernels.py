@@ -1,6 +1,6 @@
 """GPU kernel benchmarks: paged decode attention bandwidth and a Llama-3-8B decode step.
 
-    python benchmarks/kernels.py [--out benchmarks/results/kernels.json] [--quick]
+    python benchmarks/gpu_kernels.py [--out benchmarks/results/kernels.json] [--quick]
 
 Refuses to run without CUDA (there is nothing to measure on a CPU). Writes every row to
 JSON and prints the tables that go into benchmarks/README.md.
