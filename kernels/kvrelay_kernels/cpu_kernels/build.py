@@ -2,10 +2,10 @@
 
 ``torch.utils.cpp_extension.load`` compiles ``*.cpp`` from this folder into a cached build
 directory (torch's own: ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
-keyed by a hash of the sources, the flags, the torch version and the CPU, so only the first
-start on a machine pays the compile (10-20 s on two cores); later starts load the cached
-library (concurrent first starts wait on torch's lock in that folder). The sources
-register ops under ``torch.ops.kvrelay_cpu``. When no compiler works (a slim image without
+keyed by a hash of the sources and their folder, the flags, the torch version and the CPU,
+so only the first start on a machine pays the compile (10-20 s on two cores); later
+starts load the cached library (concurrent first starts wait on torch's lock in that
+folder). The sources register ops under ``torch.ops.kvrelay_cpu``. When no compiler works (a slim image without
 gcc), ``load_cpu_kernels`` returns False once, logs why, and every caller falls back to the
 PyTorch reference.
 
@@ -74,6 +74,9 @@ def default_build_dir() -> Path:
     digest.update(torch.__version__.encode())
     digest.update(sys.version.encode())
     digest.update(_cpu_signature().encode())
+    # torch's build file names the sources by absolute path: two checkouts sharing one
+    # folder would each rebuild it (tens of seconds) whenever the other one had built.
+    digest.update(str(_source_dir()).encode())
     return cache / f"{LIBRARY}_{digest.hexdigest()[:16]}"
 
 
