@@ -13,8 +13,11 @@ A job's events live in two Redis streams:
   last seq in the batch, whether the events end the job, and its events array), one
   string for the whole batch so that Redis handles one value per batch, not one per job.
   The worker moves a job's tail events into its log every few batches, when it ends, and
-  when it lets go of it; the next owner moves whatever is left when it claims the job.
-  The tail keeps more batches than that takes, so every event is in one of the two.
+  when it lets go of it; the next owner moves whatever is left when it claims the job
+  (the first claim from a worker that holds none of its jobs any more moves every job's
+  and deletes the tail). The tail keeps more batches than that takes, and lives as long
+  as a running job's log while it holds events in no log yet, so every event is in one
+  of the two.
 
 "Everything after seq N" is the log's entries from ``(N+1)-0`` on, then the owner's tail
 entries past the log's last seq; events at or before N are dropped.

@@ -21,11 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvrelay import event_log
+from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import GenerateRequest, Tokens, decode_event
-from kvrelay_worker.active_job import ActiveJob
+from kvrelay.protocol import Finished, GenerateRequest, Tokens, decode_event
+from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_store import TAIL_MAX_LEN, JobStore, PriorProgress
+from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore, PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
@@ -134,3 +135,74 @@ def test_every_event_is_in_the_log_or_the_tail(
         found = _read(clean_redis_url, f"j{i}")
         assert [seq for seq, _ in found] == list(range(len(sent[i]))), f"j{i}"
         assert [t for _, tokens in found for t in tokens] == sent[i], f"j{i}"
+
+
+def test_a_dead_workers_tail_is_settled_whole_by_the_first_claim(
+        client: redis.Redis, clean_redis_url: str) -> None:
+    """w1 dies (its leases gone) with three jobs: one running, one already
+    requeued by a watch, one ended. The first claim of any of them moves every unended
+    job's tail-only events into its log and deletes the tail: a later claim resumes
+    exactly after what was sent however long the tail would have lived, and nothing of
+    the ended job stays in Redis beyond its log. w1's run of the running job is fenced
+    from then on."""
+    store = _store(client, clean_redis_url, "w1")
+    publisher = _publisher(store)
+    running, requeued, ended = _job("running"), _job("requeued"), _job("ended")
+    for job in (running, requeued, ended):
+        _claimed(store, job)
+    for i in range(3):
+        publisher._process([EventItem(running, _token(i)), EventItem(requeued, _token(i)),
+                            EventItem(ended, _token(i))])
+    assert client.xlen(KEYS.event_log("running")) == 0  # only in the tail so far
+    client.delete(*(KEYS.lease(j) for j in ("running", "requeued", "ended")))
+    client.hset(KEYS.job_record("requeued"), "state", "queued")
+    client.hset(KEYS.job_record("ended"), "state", "done")
+    w2 = _store(client, clean_redis_url, "w2")
+    first = w2.claim("requeued", "{}", "d", "w2#1")
+    assert first.status == "claimed"
+    assert first.progress is not None
+    assert first.progress.next_seq == 3
+    assert not client.exists(store.tail_key)
+    assert _read(clean_redis_url, "running") == [(0, [0]), (1, [1]), (2, [2])]
+    assert client.hget(KEYS.job_record("running"), "run") == b""
+    assert store.append_batch([JobEvents("running", events=[(3, False, b"\x90")],
+                                         run="w1#running")]) == [AppendResult.FENCED]
+    later = w2.claim("running", "{}", "d", "w2#2")
+    assert later.progress is not None
+    assert later.progress.next_seq == 3
+
+
+def test_a_live_workers_tail_is_left_to_each_claim(
+        client: redis.Redis, clean_redis_url: str) -> None:
+    """A worker that still holds a lease on a job in its tail is alive: a claim of
+    another of its jobs (one it stalled on) moves only that job's events, as before."""
+    store = _store(client, clean_redis_url, "w1")
+    publisher = _publisher(store)
+    taken, kept = _job("taken"), _job("kept")
+    _claimed(store, taken)
+    _claimed(store, kept)
+    publisher._process([EventItem(taken, _token(0)), EventItem(kept, _token(0))])
+    client.delete(KEYS.lease("taken"))
+    assert _store(client, clean_redis_url, "w2").claim("taken", "{}", "d", "w2#1").status \
+        == "claimed"
+    assert client.exists(store.tail_key)
+    assert client.xlen(KEYS.event_log("kept")) == 0
+    assert client.hget(KEYS.job_record("kept"), "run") == b"w1#kept"
+
+
+def test_the_tail_lives_as_long_as_a_running_jobs_log_while_it_holds_its_events(
+        client: redis.Redis, clean_redis_url: str) -> None:
+    """Until its jobs' next owner claims them, a dead worker's tail is the only copy of
+    their latest events: it must not expire before their records (before, it lived an
+    ended job's log time, an hour by default, 4 s in the chaos harness: seed 70)."""
+    settings = WorkerSettings(redis_url=clean_redis_url, model_name="m", worker_id="w1",
+                              log_ttl=60.0, log_live_ttl=3600.0)
+    store = JobStore(client, settings)
+    publisher = _publisher(store)
+    job = _job("j")
+    _claimed(store, job)
+    publisher._process([EventItem(job, _token(0))])
+    assert client.ttl(store.tail_key) > 3600
+    publisher._process([EventItem(job, Finished(seq=0, finish_reason="stop"),
+                                  Outcome.FINISHED)])
+    assert 0 < client.ttl(store.tail_key) <= 60

@@ -90,6 +90,7 @@ class Publisher:
         # and when (monotonic) the tail's expiry is next refreshed.
         self._tail_entries = 0
         self._tail_expiry_at: float | None = None
+        self._tail_ttl = 0
         self._thread = threading.Thread(target=self._run, name="kvrelay-publisher", daemon=True)
 
     def start(self) -> None:
@@ -203,16 +204,21 @@ class Publisher:
         job.log_expiry_refresh_at = now + refresh
         return live + refresh
 
-    def _tail_expiry_due(self, ends_a_job: bool) -> int:
-        """The expiry this batch sets on the tail (0: none due): an ended job's log's
-        (``KVRELAY_LOG_TTL``), set by every batch that ends a job and refreshed an eighth
-        of it after the last. So the tail of a worker that stops (or dies) outlives its
-        last batch by as long as an ended job's log, at least seven eighths of it: the
-        time its jobs' next owners have to claim what is only in the tail."""
+    def _tail_expiry_due(self, ends_a_job: bool, holds_running: bool) -> int:
+        """The expiry this batch sets on the tail (0: none due), refreshed an eighth of it
+        after it was last set, and at once by a batch that ends a job or changes which
+        applies. While the tail holds events of running jobs that are in no log yet, a
+        running job's log's (``KVRELAY_LOG_LIVE_TTL``): the tail must outlive them until
+        their next owner claims them (the first such claim moves them all and deletes a
+        dead worker's tail). Otherwise an ended job's log's (``KVRELAY_LOG_TTL``): the
+        tail then only holds events already in their logs."""
         now = time.monotonic()
-        if not ends_a_job and self._tail_expiry_at is not None and now < self._tail_expiry_at:
+        ended, live = self.store.ended_ttl_s, self.store.live_ttl_s
+        ttl = max(ended, live + max(1, live // 8)) if holds_running else ended
+        if not ends_a_job and ttl == self._tail_ttl and self._tail_expiry_at is not None \
+                and now < self._tail_expiry_at:
             return 0
-        ttl = self.store.ended_ttl_s
+        self._tail_ttl = ttl
         self._tail_expiry_at = now + max(1, ttl // 8)
         return ttl
 
@@ -225,7 +231,10 @@ class Publisher:
         readers drop seqs they have; a log entry is never written twice.)"""
         batch = [job_events for _, job_events in per_job.values()]
         entries = 1 if any(b.events for b in batch) else 0  # one tail entry per batch
-        tail_expiry = self._tail_expiry_due(any(b.terminal for b in batch))
+        # Tail-only events of running jobs once this batch is written (its moves taken).
+        holds_running = any(b.events and not b.moved for b in batch) or any(
+            job not in per_job or not per_job[job][1].moved for job in self._unlogged)
+        tail_expiry = self._tail_expiry_due(any(b.terminal for b in batch), holds_running)
 
         def attempt() -> list[object]:
             self._tail_entries += entries

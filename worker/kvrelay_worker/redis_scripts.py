@@ -132,6 +132,79 @@ local function tail_find(blob, job_id)
   end
   return nil
 end
+-- Every job's records in a tail, in order: id -> list of {seq, ended, events array}.
+local function tail_by_job(tail_key)
+  local per_job, order = {}, {}
+  for _, entry in ipairs(redis.call('XRANGE', tail_key, '-', '+')) do
+    local fields = entry[2]
+    for i = 1, #fields, 2 do
+      if fields[i] == '{TAIL_FIELD}' then
+        local blob, at = fields[i + 1], 1
+        while at <= #blob do
+          local id_len, seq, ended, events_len
+          id_len, at = struct.unpack('>I2', blob, at)
+          local id = string.sub(blob, at, at + id_len - 1)
+          seq, ended, events_len, at = struct.unpack('>I4BI4', blob, at + id_len)
+          if not per_job[id] then
+            per_job[id] = {}
+            order[#order + 1] = id
+          end
+          local list = per_job[id]
+          list[#list + 1] = {seq, ended == 1, string.sub(blob, at, at + events_len - 1)}
+          at = at + events_len
+        end
+      end
+    end
+  end
+  return per_job, order
+end
+-- The tail of a worker that holds none of its jobs any more (it died, stalled past its
+-- leases or handed its jobs back), at the first claim of one of them by another worker:
+-- each of its jobs not yet ended or claimed by another worker gets what only the tail
+-- holds written into its log, a running one's record stops naming its run (that run's
+-- batches, moves and lease refreshes are fenced from now on, as its next claim would
+-- do), and the tail is deleted. So a tail need only live until its worker's jobs are
+-- taken over, and nothing of an ended job stays in it. While the worker still holds a
+-- lease on a job in its tail it lives: its tail is left alone, each claim settling its
+-- own job.
+-- heads: the record, log and lease names less the job id and closing brace.
+local function settle_gone_tail(tail_key, owner, heads, max_len, ttl)
+  local per_job, order = tail_by_job(tail_key)
+  for _, id in ipairs(order) do
+    local lease = redis.call('GET', heads[3] .. id .. '}')
+    if lease and (lease == owner or string.sub(lease, 1, #owner + 1) == owner .. '#') then
+      return false
+    end
+  end
+  for _, id in ipairs(order) do
+    local record_key, log_key = heads[1] .. id .. '}', heads[2] .. id .. '}'
+    local record = redis.call('HMGET', record_key, 'state', '{OWNER_FIELD}')
+    if record[2] == owner and (record[1] == 'running' or record[1] == 'queued') then
+      local top, ended = log_end(log_key)
+      if not ended then
+        local parts, count, terminal = {}, 0, false
+        for _, part in ipairs(per_job[id]) do
+          if part[1] > top then
+            local n, body = array_parts(part[3])
+            parts[#parts + 1] = body
+            count = count + n
+            top = part[1]
+            terminal = part[2]
+          end
+        end
+        if count > 0 then
+          local added = add_log_entry(log_key, max_len, top,
+                                      array_header(count) .. table.concat(parts), terminal)
+          if type(added) == 'table' and added.err then error(added.err) end
+          redis.call('EXPIRE', log_key, ttl)
+        end
+      end
+      if record[1] == 'running' then redis.call('HSET', record_key, 'run', '') end
+    end
+  end
+  redis.call('DEL', tail_key)
+  return true
+end
 local function settle(log_key, tail_key, job_id, max_len, ttl)
   local last_seq, ended = log_end(log_key)
   if ended or not tail_key then return last_seq, ended end
@@ -163,11 +236,12 @@ end
 # KEYS: job record, lease, running zset, event log, abort flag
 # ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest,
 #       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length,
-#       fence flag prefix (``Keyspace.worker_fenced`` less the worker id), run id
+#       fence flag prefix (``Keyspace.worker_fenced`` less the worker id), run id, then
+#       the job record's, log's and lease's names less the job id and closing brace
 # -> {"done"} | {"reused"} | {"aborted"} | {"owned", owner}
 #    | {"claimed", attempt, log entries}
 # One round trip does the pickup checks, moves what the previous owner left in its tail
-# into the log, raises the previous owner's fence flag (its batches then check each
+# into the log (a gone owner's whole tail: ``settle_gone_tail``), raises the previous owner's fence flag (its batches then check each
 # job's lease) unless that run handed the job back, and returns what earlier attempts
 # wrote. A copy whose request differs from the one the job id belongs to is "reused"
 # (never run). A lease that already holds this run id is this claim's own, sent again
@@ -186,6 +260,10 @@ if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 -- to its owner); only a lease its holder is handing back may be taken.
 if owner and record[3] ~= owner then return {'owned', owner} end
 if record[4] then
+  if record[4] ~= ARGV[2] then
+    settle_gone_tail(ARGV[8] .. record[4], record[4], {ARGV[12], ARGV[13], ARGV[14]},
+                     ARGV[9], ARGV[6])
+  end
   local _, ended = settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6])
   if ended then
     -- Its run wrote the terminal event but its release was lost: the job is done.
