@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import builtins
+import inspect
 
 import pytest
 
 import kvrelay
+from kvrelay import errors
 from kvrelay.errors import error_for_code
 from kvrelay.protocol import ErrorCode
 
@@ -47,3 +49,12 @@ def test_old_connection_error_name_still_works_with_a_warning() -> None:
     assert old is kvrelay.BrokerUnavailable
     assert issubclass(kvrelay.BrokerUnavailable, builtins.ConnectionError)
     assert kvrelay.BrokerUnavailable("x").code == "connection_error"
+
+
+def test_every_error_class_is_exported_from_the_package() -> None:
+    """Callers catch ``kvrelay.X``: an error raised to them but missing there (or from
+    ``__all__``) can only be caught through the private module."""
+    defined = {name for name, cls in vars(errors).items()
+               if inspect.isclass(cls) and issubclass(cls, kvrelay.KvrelayError)}
+    assert defined - set(kvrelay.__all__) == set()
+    assert all(getattr(kvrelay, name) is getattr(errors, name) for name in defined)

@@ -227,8 +227,9 @@ class JobStore:
 
     def mark_handback(self, job_id: str, run: str = "") -> bool:
         return bool(self._one(self._mark_handback,
-                              [self.keys.job_record(job_id), self.keys.lease(job_id)],
-                              [run or self.worker_id]))
+                              [self.keys.job_record(job_id), self.keys.lease(job_id),
+                               self.running_key],
+                              [run or self.worker_id, job_id]))
 
     def release_handback(self, job_id: str, run: str = "") -> bool:
         return bool(self._one(

@@ -298,10 +298,14 @@ redis.call('DEL', KEYS[2])
 return 1
 """
 
-# KEYS: job record, lease -- ARGV: run id -> 1 if marked
+# The job's running entry is scored 0 from the mark on: the admission script counts
+# entries scored in the past as jobs about to be pushed back, so its place in the
+# model's backlog is held until its copy is queued (and the release drops the entry).
+# KEYS: job record, lease, running zset -- ARGV: run id, job id -> 1 if marked
 MARK_HANDBACK = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'handback', ARGV[1])
+redis.call('ZADD', KEYS[3], 'XX', 0, ARGV[2])
 return 1
 """
 
