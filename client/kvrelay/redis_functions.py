@@ -50,8 +50,9 @@ class NoFunctions(KvrelayError, code="redis_functions_unsupported"):
 @dataclass(frozen=True)
 class LuaScript:
     """One script: its function's short name, its body (reads ``KEYS`` and ``ARGV``),
-    whether it calls the library's shared helpers, and its function flags (none: Redis
-    refuses it whole while out of memory; ``allow-oom``: it runs anyway)."""
+    whether it calls the library's shared helpers, and its function flags (none: a Redis
+    out of memory refuses the whole call before it runs, never half of its writes;
+    ``allow-oom``: it runs anyway). Without functions (6.2) it runs unflagged."""
 
     name: str
     body: str
@@ -182,8 +183,8 @@ class Functions:
         """Add one call to ``pipe`` (``FCALL``, or ``EVALSHA`` without functions)."""
         if self.functions:
             if check_only:
-                # FCALL with one key too few never runs the body: Redis checks the
-                # function exists first, then refuses the key count.
+                # A negative key count never runs the body: Redis looks the function
+                # up first ("Function not found"), then refuses the count.
                 pipe.execute_command("FCALL", self.library.function(script), -1)
                 return
             pipe.execute_command("FCALL", self.library.function(script), len(keys), *keys, *args)
@@ -192,17 +193,18 @@ class Functions:
 
     def call(self, script: LuaScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """One call; loaded and sent again once when the server lacks the script."""
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            self.queue(pipe, script, keys, args)
-            result = pipe.execute(raise_on_error=False)[0]
-            if is_missing(result) and attempt == 0:
-                self.load()
-                continue
-            if isinstance(result, Exception):
-                raise result
-            return result
-        raise AssertionError("unreachable")
+        result = self._send(script, keys, args)
+        if is_missing(result):
+            self.load()
+            result = self._send(script, keys, args)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _send(self, script: LuaScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        self.queue(pipe, script, keys, args)
+        return pipe.execute(raise_on_error=False)[0]
 
 
 class AsyncFunctions:
