@@ -250,9 +250,9 @@ def slowlog_totals(url: str) -> dict[str, float]:
     for entry in entries:
         words = entry["command"].split(b" ")
         name = words[0].decode().lower()
-        if name == "evalsha" and len(words) > 2:
-            sha = words[1].decode()
-            name = f"evalsha {names.get(sha, sha[:8])}"
+        if name in ("evalsha", "fcall") and len(words) > 2:
+            called = words[1].decode()
+            name = f"{name} {names.get(called, called[:8])}"
         totals[name] = totals.get(name, 0.0) + float(entry["duration"])
         calls = f"{name} calls"
         totals[calls] = totals.get(calls, 0.0) + 1.0
@@ -260,20 +260,13 @@ def slowlog_totals(url: str) -> dict[str, float]:
 
 
 def script_names() -> dict[str, str]:
-    """SHA1 -> name of every Lua script the worker and the SDK load."""
-    import hashlib
-
-    from kvrelay import admission
-    from kvrelay_worker import redis_scripts
+    """Function name and SHA1 (``EVALSHA``, Redis 6.2) -> name of every kvrelay script."""
+    from kvrelay.lua_library import LIBRARY
 
     names = {}
-    for module in (redis_scripts, admission):
-        for name, source in vars(module).items():
-            if not (name.isupper() and isinstance(source, str) and "redis.call" in source):
-                continue
-            for flagged, allow_oom in ((False, False), (True, False), (True, True)):
-                text = redis_scripts.script_text(source, flagged=flagged, allow_oom=allow_oom)
-                names[hashlib.sha1(text.encode()).hexdigest()] = name
+    for script in LIBRARY.scripts:
+        names[LIBRARY.function(script)] = script.name
+        names[LIBRARY.sha(script)] = script.name
     return names
 
 

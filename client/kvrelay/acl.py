@@ -18,8 +18,11 @@ from kvrelay.keys import Keyspace
 
 __all__ = ["TENANT_COMMANDS", "tenant_acl_rules"]
 
-# Everything a tenant's client, worker and Celery producer/consumer send (Lua scripts
-# included: Redis checks the commands and keys a script calls against the same rules).
+# Everything a tenant's client, worker and Celery producer/consumer send (the commands
+# and keys kvrelay's functions call included: Redis checks them against the same rules).
+# No ``EVAL``, ``EVALSHA``, ``SCRIPT`` or ``FUNCTION``: those run any Lua, which can block
+# the shared server; a tenant only calls, with ``FCALL``, the library an admin loaded
+# (``kvrelay functions``).
 TENANT_COMMANDS: Final = (
     # connection
     "auth", "hello", "ping", "select", "client|setname", "client|id",
@@ -35,8 +38,9 @@ TENANT_COMMANDS: Final = (
     "zadd", "zrem", "zrange", "zrangebyscore", "zrevrangebyscore", "zscore",
     # event logs
     "xadd", "xrange", "xrevrange", "xtrim",
-    # scripts and transactions
-    "eval", "evalsha", "script|load", "script|exists", "time",
+    # kvrelay's functions (``kvrelay.redis_functions``; they read the server's clock),
+    # and transactions
+    "fcall", "time",
     "multi", "exec", "discard", "watch", "unwatch",
 )
 

@@ -23,11 +23,15 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 from kvrelay.keys import Keyspace
+from kvrelay.lua_library import LIBRARY
+from kvrelay.queue_scripts import ADMIT
+from kvrelay.redis_functions import Functions, has_functions, is_missing
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.sentinel_url import WAIT_REPLICAS_OPTION, WAIT_TIMEOUT_OPTION
 from kvrelay.tenant_quota import TenantQuota, retry_after_for_rate
@@ -48,76 +52,7 @@ MAX_QUEUE_TIMEOUT_S: Final = 3000.0
 # Retry hint when no worker advertised one (a client-side ``max_queue`` refused).
 DEFAULT_RETRY_AFTER_S: Final = 1.0
 
-# The backlog a model's cap bounds is every job waiting for it: its shared queue and the
-# queue of each worker of it that has one (``Keyspace.worker_queues``; a dead worker's
-# counts until live workers move it to the shared queue), the target list included, and
-# the jobs whose worker's lease on them has expired (``Keyspace.running_jobs`` scored
-# below now): live workers will push those back onto the queue without asking, so their
-# places are held for them. The
-# tenant part (a job id given) checks and counts its quota (``kvrelay.tenant_quota``),
-# with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
-# sets hold at most a limit's worth of live entries, so reading them whole is cheap.
-# KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
-#   queued, tenant rate (these three any names without a quota), running-jobs set
-# ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
-#   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit)
-# -> {1, length} admitted | {0, backlog, cap, retry} full | {2, jobs, limit, retry} |
-#    {3, queued, limit, retry} tenant over a limit | {4, 0, 0, wait s} tenant's rate
-_ADMIT: Final = """
-local cap = tonumber(redis.call('HGET', KEYS[2], 'max_queue'))
-local mine = tonumber(ARGV[2])
-if mine and (not cap or mine < cap) then cap = mine end
-local retry = redis.call('HGET', KEYS[2], 'retry_after') or ''
-if cap then
-  local seen = {[KEYS[3]] = true}
-  local backlog = redis.call('LLEN', KEYS[3])
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-    local name = ARGV[3] .. id
-    if not seen[name] then
-      seen[name] = true
-      backlog = backlog + redis.call('LLEN', name)
-    end
-  end
-  if not seen[KEYS[1]] then backlog = backlog + redis.call('LLEN', KEYS[1]) end
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  backlog = backlog + #redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', '(' .. now_ms)
-  if backlog >= cap then return {0, backlog, cap, retry} end
-end
-if ARGV[4] ~= '' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  local counts = {}
-  for k = 5, 6 do
-    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', now)) do
-      redis.call('ZREM', KEYS[k], gone)
-    end
-    counts[k] = #redis.call('ZRANGE', KEYS[k], 0, -1)
-  end
-  local max_jobs = tonumber(ARGV[6])
-  if max_jobs and counts[5] >= max_jobs then return {2, counts[5], max_jobs, retry} end
-  local max_queued = tonumber(ARGV[7])
-  if max_queued and counts[6] >= max_queued then return {3, counts[6], max_queued, retry} end
-  local rate = tonumber(ARGV[8])
-  if rate then
-    local burst = tonumber(ARGV[9])
-    local state = redis.call('HMGET', KEYS[7], 'tokens', 'at')
-    local tokens = tonumber(state[1]) or burst
-    local at = tonumber(state[2]) or now
-    tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
-    if tokens < 1 then return {4, 0, 0, tostring((1 - tokens) / rate)} end
-    redis.call('HSET', KEYS[7], 'tokens', tostring(tokens - 1), 'at', tostring(now))
-    redis.call('EXPIRE', KEYS[7], math.ceil(burst / rate) + 1)
-  end
-  local counted_until = tonumber(ARGV[5])
-  local ttl = math.ceil(counted_until - now) + 1
-  for k = 5, 6 do
-    redis.call('ZADD', KEYS[k], counted_until, ARGV[4])
-    if redis.call('PTTL', KEYS[k]) < ttl * 1000 then redis.call('EXPIRE', KEYS[k], ttl) end
-  end
-end
-return {1, redis.call('LPUSH', KEYS[1], ARGV[1])}
-"""
+
 
 # What each refusal of ``_ADMIT`` says (its first reply).
 _REFUSALS: Final = {
@@ -150,6 +85,7 @@ class _Placement:
     counted_until: float = 0.0
     tenant_keys: tuple[str, str, str] = ("", "", "")
     running: str = ""
+    namespace: str = ""
 
 
 _local = threading.local()
@@ -195,7 +131,7 @@ def publish_task(
         model=model, job_id=task_id, quota=quota, counted_until=counted_until,
         tenant_keys=(keys.tenant_jobs(tenant), keys.tenant_queued(tenant),
                      keys.tenant_rate(tenant)),
-        running=keys.running_jobs(model))
+        running=keys.running_jobs(model), namespace=keys.namespace)
     with _placed(placement):
         app.send_task(
             name,
@@ -237,6 +173,22 @@ def _placed(placement: _Placement) -> Iterator[None]:
 
 
 _replica_waits: dict[tuple[int, int], ReplicaWait] = {}
+# Per kombu connection pool: whether its server has Redis Functions (asked once).
+_has_functions: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _scripts(client: Any, namespace: str) -> Functions:
+    """The admission script's caller on ``client``; the default namespace's client loads
+    the library where it is missing, a tenant's may not."""
+    pool = client.connection_pool
+    with _install_lock:
+        known = _has_functions.get(pool)
+    if known is None:
+        known = has_functions(client)
+        with _install_lock:
+            _has_functions[pool] = known
+    return Functions(client, LIBRARY, namespace=namespace, may_load=not namespace,
+                     functions=known)
 
 
 def _replica_wait(transport_options: dict[str, Any]) -> ReplicaWait:
@@ -270,25 +222,38 @@ def _install() -> None:
             with channel.conn_or_acquire() as client:
                 # One connection for the push and the WAIT that follows it (sentinel mode):
                 # the job is taken as enqueued only once a replica holds it too.
-                pipe = client.pipeline(transaction=False)
-                if placement.front:
-                    pipe.rpush(key, dumps(message))
-                else:
-                    cap = "" if placement.cap is None else str(placement.cap)
-                    # kombu prefixes a namespace's list names (``global_keyprefix``) in the
-                    # commands it knows, EVAL not among them: the script gets the full name.
-                    queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
-                    quota = placement.quota
-                    shared, registry, worker_prefix = placement.backlog
-                    pipe.eval(_ADMIT, 8, queue_key, placement.admission_key, shared, registry,
-                              *placement.tenant_keys, placement.running, dumps(message), cap,
-                              worker_prefix,
-                              placement.job_id if quota is not None else "",
-                              repr(placement.counted_until),
-                              *(quota.script_args() if quota is not None else ["", "", "", "1"]))
-                if wanted > 0:
-                    pipe.execute_command("WAIT", wanted, replica_wait.timeout_ms)
-                replies = pipe.execute()
+                for attempt in range(2):
+                    pipe = client.pipeline(transaction=False)
+                    if placement.front:
+                        pipe.rpush(key, dumps(message))
+                    else:
+                        scripts = _scripts(client, placement.namespace)
+                        cap = "" if placement.cap is None else str(placement.cap)
+                        # kombu prefixes a namespace's list names (``global_keyprefix``)
+                        # in the commands it knows, FCALL not among them: the script gets
+                        # the full name.
+                        queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
+                        quota = placement.quota
+                        shared, registry, worker_prefix = placement.backlog
+                        scripts.queue(
+                            pipe, ADMIT,
+                            [queue_key, placement.admission_key, shared, registry,
+                             *placement.tenant_keys, placement.running],
+                            [dumps(message), cap, worker_prefix,
+                             placement.job_id if quota is not None else "",
+                             repr(placement.counted_until),
+                             *(quota.script_args() if quota is not None
+                               else ["", "", "", "1"])])
+                    if wanted > 0:
+                        pipe.execute_command("WAIT", wanted, replica_wait.timeout_ms)
+                    replies = pipe.execute(raise_on_error=False)
+                    if attempt == 0 and not placement.front and is_missing(replies[0]):
+                        scripts.load()  # the server lost them (restart): once more
+                        continue
+                    for reply in replies:
+                        if isinstance(reply, Exception):
+                            raise reply
+                    break
                 if wanted > 0:
                     replica_wait.observe(replies[-1])
                 result = replies[0]

@@ -22,7 +22,9 @@ from kvrelay.connection import REDIS_ERRORS, connection_error
 from kvrelay.dispatcher import Dispatcher
 from kvrelay.enqueue import Enqueuer
 from kvrelay.errors import JobIdReused, KvrelayError, PayloadTooLarge, QueueFull, UnknownModel
+from kvrelay.job_scripts import RESERVE, UNWATCH
 from kvrelay.keys import Keyspace
+from kvrelay.lua_library import LIBRARY
 from kvrelay.patience import patiently
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -33,6 +35,7 @@ from kvrelay.protocol import (
     encode_request,
     request_digest,
 )
+from kvrelay.redis_functions import AsyncFunctions
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.workers import live_workers, payload_limits, served_models
 
@@ -57,26 +60,10 @@ WATCH_REFRESH_S: float = 10.0
 _SERVED_MODELS_TTL_S: Final = 1.0
 # A model missing from an answer older than this is looked up again before refusing.
 _SERVED_MODELS_RECHECK_S: Final = 0.1
-# Claim a job id for a request in one round trip: the digest set if the id is new (then
-# the record expires as a live log would: a job that never reaches a worker keeps its id
-# no longer), and the digest the id holds. A script, not a pipeline: ``EXPIRE NX`` would
-# do it as commands, but Redis 6.2 lacks it.
-# KEYS: job record -- ARGV: digest field, digest, ttl s -> {created (0/1), held digest}
-_RESERVE: Final = """
-local created = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-if created == 1 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
-return {created, redis.call('HGET', KEYS[1], ARGV[1])}
-"""
 
 
-# One watcher fewer; the count goes with its last watcher (a count at zero would outlive
-# the job's log for the count's whole TTL). KEYS: the job's watcher count, the set of
-# watching streams -- ARGV: this stream's token.
-_UNWATCH = """
-if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end
-redis.call('SREM', KEYS[2], ARGV[1])
-return 1
-"""
+
+
 
 
 class JobLifecycle:
@@ -134,8 +121,10 @@ class JobLifecycle:
         # ``_refresh_watches`` keeps alive.
         self._watched: dict[str, str] = {}
         self._refresher: asyncio.Task[None] | None = None
-        self._reserve = redis.register_script(_RESERVE)
-        self._unwatch = redis.register_script(_UNWATCH)
+        # kvrelay's scripts (Redis Functions); a tenant's user may not load them, the
+        # default namespace's client loads them where they are missing.
+        self.scripts = AsyncFunctions(redis, LIBRARY, namespace=self.keys.namespace,
+                                      may_load=not self.keys.namespace)
 
     # ------------------------------------------------------------------ a job's steps
 
@@ -185,12 +174,13 @@ class JobLifecycle:
         digest = request_digest(request)
         async def send() -> Any:
             pipe = self.redis.pipeline(transaction=False)
-            await self._reserve(keys=[record], client=pipe,
-                                args=[event_log.DIGEST_FIELD, digest, event_log.LIVE_LOG_TTL_S])
+            await self.scripts.queue(pipe, RESERVE, [record],
+                                     [event_log.DIGEST_FIELD, digest, event_log.LIVE_LOG_TTL_S])
             return (await self._replicated(pipe))[0]
 
         try:
-            created, held = await patiently(send, self.reconnect_timeout)
+            created, held = await patiently(lambda: self.scripts.retry_missing(send),
+                                            self.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, f"reserving job id {request.job_id}") from exc
         if created:
@@ -267,8 +257,14 @@ class JobLifecycle:
 
     async def _unwatch_quietly(self, job_id: str, token: str) -> None:
         try:
-            await self._unwatch(keys=[self.keys.watchers(job_id), self.keys.watching],
-                                args=[token])
+            async def send() -> Any:
+                pipe = self.redis.pipeline(transaction=False)
+                await self.scripts.queue(pipe, UNWATCH,
+                                         [self.keys.watchers(job_id), self.keys.watching],
+                                         [token])
+                return await pipe.execute()
+
+            await self.scripts.retry_missing(send)
         except Exception as exc:
             log.debug("could not unwatch job %s: %s", job_id, exc)
 

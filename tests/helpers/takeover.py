@@ -6,9 +6,9 @@ from __future__ import annotations
 import redis
 
 from kvrelay.job_lifecycle import WATCH_TTL_S
+from kvrelay.job_scripts import FENCE_FLAG_TTL_S
 from kvrelay.keys import Keyspace
 from kvrelay_worker.job_store import JobStore
-from kvrelay_worker.redis_scripts import FENCE_FLAG_TTL_S
 
 KEYS = Keyspace()  # the default namespace
 

@@ -14,6 +14,8 @@ from kvrelay.acl import tenant_acl_rules
 from kvrelay.cli.errors import CliError
 from kvrelay.cli.redis_server import PrivateRedis
 from kvrelay.keys import Keyspace
+from kvrelay.lua_library import LIBRARY
+from kvrelay.redis_functions import Functions
 
 TENANTS = ("alpha", "beta")
 
@@ -41,7 +43,8 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
 
 @pytest.fixture(scope="module")
 def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A redis-server with one ACL user per tenant, made from ``tenant_acl_rules``.
+    """A redis-server with one ACL user per tenant, made from ``tenant_acl_rules``, and
+    kvrelay's functions loaded by the admin (a tenant's user may not load them).
 
     Yields the admin URL (the default user) and each tenant's URL (its user, its password).
     """
@@ -53,6 +56,7 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, d
             admin.execute_command("ACL", "SETUSER", tenant, "reset", "on", f">{tenant}-secret",
                                   *tenant_acl_rules(Keyspace(tenant)))
             urls[tenant] = f"redis://{tenant}:{tenant}-secret@127.0.0.1:{server.port}/0"
+        Functions(admin, LIBRARY).load()
         yield f"redis://127.0.0.1:{server.port}/0", urls
     finally:
         admin.close()

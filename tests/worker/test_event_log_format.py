@@ -85,8 +85,8 @@ def test_the_format_is_spelled_out_in_one_module() -> None:
                if writes.search(p.read_text()) and p not in (home, Path(__file__).resolve())]
     # The Lua script writes too, but with names formatted in from ``event_log``.
     assert [p.relative_to(ROOT).as_posix() for p in writers] == [
-        "worker/kvrelay_worker/redis_scripts.py"]
-    script = (ROOT / "worker" / "kvrelay_worker" / "redis_scripts.py").read_text()
+        "client/kvrelay/job_scripts.py"]
+    script = (ROOT / "client" / "kvrelay" / "job_scripts.py").read_text()
     for spelled_out in ("86400", "'e'", "-1'"):
         assert spelled_out not in script
     fakes = [ROOT / "tests" / "helpers" / "fake_worker.py",

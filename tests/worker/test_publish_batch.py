@@ -152,7 +152,7 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
     # count (one read); no log read; one tail entry and one log entry (c's); one message
     # per client and one per watched job; c, which ended, released in the same call
     # (one look at its lease).
-    assert _delta(before, after, "evalsha") == 2
+    assert _delta(before, after, "fcall") == 2
     assert _delta(before, after, "exists") == 1
     assert _delta(before, after, "mget") == 1
     assert _delta(before, after, "get") == 1
@@ -171,7 +171,7 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
     # The next batch, within a second, checks each job at once: no refused call first.
     before = _calls(store.redis)
     publisher._process([EventItem(a, _tokens([3])), EventItem(watched, _tokens([4]))])
-    assert _delta(before, _calls(store.redis), "evalsha") == 1
+    assert _delta(before, _calls(store.redis), "fcall") == 1
 
 
 def test_while_no_job_was_taken_or_is_watched_a_batch_reads_no_job(
@@ -186,7 +186,7 @@ def test_while_no_job_was_taken_or_is_watched_a_batch_reads_no_job(
     before = _calls(store.redis)
     publisher._process([EventItem(job, _tokens([1])) for job in jobs])
     after = _calls(store.redis)
-    assert _delta(before, after, "evalsha") == 1
+    assert _delta(before, after, "fcall") == 1
     assert _delta(before, after, "exists") == 1
     assert _delta(before, after, "mget") == 0
     assert _delta(before, after, "get") == 0
@@ -251,7 +251,7 @@ def test_the_batch_that_writes_a_jobs_end_releases_it_in_the_same_call(
     publisher._process([EventItem(ended, _tokens([1])),
                         EventItem(ended, _finished(), Outcome.FINISHED),
                         EventItem(going_on, _tokens([2]))])
-    assert _delta(before, _calls(store.redis), "evalsha") == 1
+    assert _delta(before, _calls(store.redis), "fcall") == 1
     assert ended.outcome == Outcome.FINISHED
     assert ended.released
     assert _record(store, "ended")["state"] == "done"

@@ -100,4 +100,4 @@ def test_event_writes_cost_what_the_design_says(
     # and the first call of each of those three scripts twice (the fresh server answers
     # NOSCRIPT, then it is loaded); a job's end is released by the batch that writes it,
     # not by a call of its own (those would add JOBS).
-    assert delta("evalsha") <= JOBS + batches + delta("mget") + 3
+    assert delta("fcall") <= JOBS + batches + delta("mget") + 3

@@ -1,12 +1,11 @@
 """A job's state in Redis: claim, lease, event log, release, hand-back, failover.
 
-Thin, typed wrappers over the Lua scripts in ``redis_scripts``; one instance per thread
+Thin, typed wrappers over the Lua scripts in ``kvrelay.job_scripts``; one instance per thread
 that needs one (each owns its Redis connection pool).
 """
 
 from __future__ import annotations
 
-import functools
 import secrets
 import time
 from collections.abc import Sequence
@@ -14,12 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
-from kvrelay import event_log
+from kvrelay import event_log, job_scripts
 from kvrelay.event_frames import pack_events, pack_message, pack_pair, unpack_events
 from kvrelay.event_log import AppendResult
+from kvrelay.lua_library import LIBRARY
 from kvrelay.protocol import (
     TERMINAL_EVENTS,
     AnyEvent,
@@ -28,8 +26,8 @@ from kvrelay.protocol import (
     decode_event,
     encode_event,
 )
+from kvrelay.redis_functions import Functions, LuaScript, is_missing
 from kvrelay.replica_wait import ReplicaWait
-from kvrelay_worker import redis_scripts
 from kvrelay_worker.redis_client import replica_wait
 from kvrelay_worker.settings import WorkerSettings
 
@@ -41,7 +39,7 @@ TAIL_MAX_LEN = 64
 CHECK_EACH_JOB_FOR_S = 1.0
 
 # A script, its keys and its arguments.
-_ScriptCall = tuple[Script, list[str], list[Any]]
+_ScriptCall = tuple[LuaScript, list[str], list[Any]]
 
 
 @dataclass
@@ -145,24 +143,27 @@ def progress_from_events(events: list[AnyEvent]) -> PriorProgress:
 class JobStore:
     """Job-state operations for one worker, over one Redis connection pool."""
 
-    def __init__(self, client: redis.Redis, settings: WorkerSettings) -> None:
+    def __init__(self, client: redis.Redis, settings: WorkerSettings, *,
+                 functions: bool | None = None) -> None:
         self.redis = client
         self.settings = settings
         self.worker_id = settings.worker_id
         self.keys = settings.keys
         self.running_key = self.keys.running_jobs(settings.served_model)
-        flagged = redis_scripts.supports_flags(client)
-        script = functools.partial(redis_scripts.register, client, flagged=flagged)
-        self._claim = script(redis_scripts.CLAIM)
-        self._release_done = script(redis_scripts.RELEASE_DONE)
-        self._mark_handback = script(redis_scripts.MARK_HANDBACK)
-        self._release_handback = script(redis_scripts.RELEASE_HANDBACK)
+        # The scripts, as Redis Functions (``functions``: whether the server has them;
+        # None: ask it); a worker loads them where they are missing.
+        self.scripts = Functions(client, LIBRARY, namespace=self.keys.namespace,
+                                 functions=functions)
+        self._claim = job_scripts.CLAIM
+        self._release_done = job_scripts.RELEASE_DONE
+        self._mark_handback = job_scripts.MARK_HANDBACK
+        self._release_handback = job_scripts.RELEASE_HANDBACK
         # Keeping a lease alive writes next to nothing; refusing it under memory pressure
-        # would only make another worker take the job over.
-        self._refresh = script(redis_scripts.REFRESH_LEASES, allow_oom=True)
-        self._append = script(redis_scripts.APPEND_EVENT)
-        self._append_batch = script(redis_scripts.APPEND_BATCH)
-        self._move_to_log = script(redis_scripts.MOVE_TO_LOG)
+        # would only make another worker take the job over (its function is ``allow-oom``).
+        self._refresh = job_scripts.REFRESH_LEASES
+        self._append = job_scripts.APPEND_EVENT
+        self._append_batch = job_scripts.APPEND_BATCH
+        self._move_to_log = job_scripts.MOVE_TO_LOG
         self.tail_key = self.keys.worker_tail(self.worker_id)
         # The tail's name less a worker id: the scripts name a previous owner's tail.
         self.tail_prefix = self.keys.worker_tail("")
@@ -175,8 +176,8 @@ class JobStore:
         self.per_job_heads = [name("\0").partition("\0")[0] for name in
                               (self.keys.job_record, self.keys.event_log, self.keys.lease)]
         self._check_each_until = -float("inf")
-        self._check_expired = script(redis_scripts.CHECK_EXPIRED)
-        self._commit_requeue = script(redis_scripts.COMMIT_REQUEUE)
+        self._check_expired = job_scripts.CHECK_EXPIRED
+        self._commit_requeue = job_scripts.COMMIT_REQUEUE
         # Behind sentinels: replicas that must hold a job-state write before it counts.
         self._replica_wait = ReplicaWait(*replica_wait(settings))
 
@@ -281,7 +282,7 @@ class JobStore:
 
     def append_batch(self, jobs: Sequence[JobEvents], *, tail_expiry_s: int = 0) -> list[Any]:
         """Write and publish every job's events in one script call
-        (``redis_scripts.APPEND_BATCH``), releasing the jobs marked ``release``: per job
+        (``job_scripts.APPEND_BATCH``), releasing the jobs marked ``release``: per job
         1 (written) or ``AppendResult.FENCED``, in the order given. No job is checked
         while this worker's fence flag is down and
         no stream watches a job; otherwise each job's lease is, and a batch with fenced
@@ -300,7 +301,7 @@ class JobStore:
             reply = self._pipelined([call])[0]
             if isinstance(reply, Exception):
                 return [reply] * len(jobs)
-            if not check_each and [int(r) for r in reply] == [redis_scripts.CHECK_EACH_JOB]:
+            if not check_each and [int(r) for r in reply] == [job_scripts.CHECK_EACH_JOB]:
                 # Fenced jobs or watchers somewhere: check each job for a while, rather
                 # than pay a refused fast call per batch.
                 check_each = True
@@ -368,23 +369,23 @@ class JobStore:
              run or self.worker_id]))
 
     def _pipelined(self, calls: list[_ScriptCall]) -> list[Any]:
-        """Run script calls in one pipelined round trip, by their SHA alone.
+        """Run script calls in one pipelined round trip, by name (``FCALL``; ``EVALSHA``
+        without functions) alone.
 
-        redis-py, given a script on a pipeline, first asks ``SCRIPT EXISTS`` in a round trip
-        of its own; here a script missing from the server (Redis restarted) fails with
-        ``NoScriptError`` instead, and only those calls are sent again once it is loaded.
+        A script missing from the server (Redis restarted without persistence, or
+        ``FUNCTION FLUSH``) fails with an error reply; the library is loaded again and
+        only those calls are sent again (a user that may not load: ``FunctionsMissing``).
         """
         results = self._send_calls(calls)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        missing = [i for i, r in enumerate(results) if is_missing(r)]
         if missing:
-            for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-                self.redis.script_load(script.script)
+            self.scripts.load()
             for i, result in zip(missing, self._send_calls([calls[i] for i in missing]),
                                  strict=True):
                 results[i] = result
         return results
 
-    def _one(self, script: Script, key_list: list[str], args: list[Any]) -> Any:
+    def _one(self, script: LuaScript, key_list: list[str], args: list[Any]) -> Any:
         """One script call through ``_pipelined`` (so it gets the replica WAIT too)."""
         result = self._pipelined([(script, key_list, args)])[0]
         if isinstance(result, Exception):
@@ -397,7 +398,7 @@ class JobStore:
         a connection lost before the reply makes the caller send them again)."""
         pipe = self.redis.pipeline(transaction=False)
         for script, key_list, args in calls:
-            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+            self.scripts.queue(pipe, script, key_list, args)
         return self._execute(pipe)
 
     def _execute(self, pipe: Any) -> list[Any]:

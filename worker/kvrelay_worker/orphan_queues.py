@@ -21,34 +21,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Final
 
 import redis
 from kombu.transport.redis import Channel
 
+from kvrelay.lua_library import LIBRARY
+from kvrelay.queue_scripts import MOVE_ORPHANS
+from kvrelay.redis_functions import Functions
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-# KEYS: registry, the worker's heartbeat, then (source, destination) list pairs
-# ARGV: worker id, forget-before (ms) -> jobs moved, or -1 when the worker is alive
-_MOVE: Final = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
-local moved = 0
-for i = 3, #KEYS, 2 do
-  local items = redis.call('LRANGE', KEYS[i], 0, -1)
-  for first = 1, #items, 1000 do
-    redis.call('RPUSH', KEYS[i + 1], unpack(items, first, math.min(first + 999, #items)))
-  end
-  if #items > 0 then redis.call('DEL', KEYS[i]) end
-  moved = moved + #items
-end
-local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if moved == 0 and seen and tonumber(seen) < tonumber(ARGV[2]) then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return moved
-"""
+
 
 
 def _priority_lists(queue: str) -> list[str]:
@@ -61,7 +45,7 @@ class OrphanQueues:
     """Finds dead workers' own queues and empties them onto the shared queue."""
 
     def __init__(self, client: redis.Redis, settings: WorkerSettings,
-                 heartbeat_ttl_s: float) -> None:
+                 heartbeat_ttl_s: float, scripts: Functions | None = None) -> None:
         self.redis = client
         self.keys = settings.keys
         self.model = settings.served_model
@@ -70,7 +54,8 @@ class OrphanQueues:
         # of its restore sweeps: the registry keeps a dead worker's entry past that.
         self.keep_ms = int((settings.visibility_timeout + settings.unacked_restore_interval
                             * settings.unacked_restore_throttle + 60.0) * 1000)
-        self._script = self.redis.register_script(_MOVE)
+        # The worker's script caller (one that loads what Redis lost), or one of its own.
+        self.scripts = scripts or Functions(client, LIBRARY, namespace=self.keys.namespace)
 
     def sweep(self) -> int:
         """Move the queues of every worker that looks dead; the number of jobs moved."""
@@ -90,10 +75,10 @@ class OrphanQueues:
         for source, destination in zip(sources, _priority_lists(self.keys.queue(self.model)),
                                        strict=True):
             pairs += [source, destination]
-        result = int(self._script(
-            keys=[self.keys.worker_queues(self.model), self.keys.worker_heartbeat(worker_id),
-                  *pairs],
-            args=[worker_id, forget_before_ms]))
+        result = int(self.scripts.call(
+            MOVE_ORPHANS,
+            [self.keys.worker_queues(self.model), self.keys.worker_heartbeat(worker_id), *pairs],
+            [worker_id, forget_before_ms]))
         if result > 0:
             log.warning("worker %s is gone; moved the %d jobs waiting in its own queue to "
                         "the shared queue", worker_id, result)

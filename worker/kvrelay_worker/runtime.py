@@ -72,6 +72,9 @@ class WorkerRuntime:
         # The process's one connection pool: every thread below borrows from it.
         self.redis = worker_redis(settings)
         self.store = JobStore(self.redis, settings)
+        # kvrelay's Redis Functions: loaded now (a tenant's user, which may not load them,
+        # fails here when an admin has not); a namespace needs a Redis that has them.
+        self.store.scripts.prepare()
         # Since when this process's writes get through (failover judges leases by it).
         self.health = RedisHealth()
 
@@ -104,7 +107,8 @@ class WorkerRuntime:
             int(engine_stats["total_blocks"]) * int(engine_stats["block_size"])))
         self.leases = LeaseKeeper(self.store, settings, self.jobs, self.health)
         self.heartbeat = Heartbeat(self.redis, settings, self.worker_info, self.health)
-        self.orphans = OrphanQueues(self.redis, settings, self.heartbeat.ttl_ms / 1000)
+        self.orphans = OrphanQueues(self.redis, settings, self.heartbeat.ttl_ms / 1000,
+                                    self.store.scripts)
         self.failover = Failover(self.store, settings, requeue, self.orphans, self.health)
         self.control = ControlListener(self.redis, settings.keys.control_channel,
                                        on_abort=self.jobs.abort)

@@ -15,6 +15,7 @@ from kvrelay.cli.chat import chat
 from kvrelay.cli.config import validate_environment
 from kvrelay.cli.env_cmd import env
 from kvrelay.cli.errors import CliError, one_line
+from kvrelay.cli.functions_cmd import functions
 from kvrelay.cli.gateway_cmd import gateway
 from kvrelay.cli.generate import generate
 from kvrelay.cli.models import models
@@ -39,7 +40,7 @@ def cli() -> None:
         click.echo(f"kvrelay: warning: {warning}", err=True)
 
 
-for command in (up, worker, gateway, generate, chat, models, bench, env):
+for command in (up, worker, gateway, generate, chat, models, bench, env, functions):
     cli.add_command(command)
 
 

@@ -1,4 +1,5 @@
-"""Lua scripts that make each job-state transition atomic in Redis.
+"""Lua scripts that make each job-state transition atomic in Redis (functions of
+``kvrelay.lua_library``).
 
 Every key a script touches is built by ``kvrelay.keys.Keyspace`` and passed in ``KEYS``; the event
 log's names and result codes come from ``kvrelay.event_log``. The
@@ -15,11 +16,9 @@ after its reply was lost recognises its own lease.
 
 from __future__ import annotations
 
-import redis
-from redis.commands.core import Script
-
 from kvrelay import event_log
 from kvrelay.event_log import AppendResult
+from kvrelay.redis_functions import LuaScript
 
 # How long a worker's fence flag (``Keyspace.worker_fenced``) lasts after another worker
 # last claimed one of its jobs: a process that stalls past its leases and wakes up within
@@ -43,32 +42,6 @@ _CONSTANTS: dict[str, object] = {
 }
 
 
-def supports_flags(client: redis.Redis) -> bool:
-    """Script flags (a ``#!lua`` first line) came with Redis 7; 6.2 cannot parse them.
-
-    The version comes from ``HELLO`` (no arguments: the protocol stays as it is), not
-    ``INFO``, which a tenant's ACL user may not run (it describes the whole server)."""
-    reply = client.execute_command("HELLO")
-    raw = reply.get(b"version", reply.get("version", b"0")) if isinstance(reply, dict) else b"0"
-    version = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return int(version.split(".", 1)[0]) >= 7
-
-
-def script_text(source: str, *, flagged: bool, allow_oom: bool = False) -> str:
-    """A script as sent to Redis: with a flag line where Redis knows script flags."""
-    if not flagged:
-        return source
-    return ("#!lua flags=allow-oom\n" if allow_oom else "#!lua\n") + source.lstrip("\n")
-
-
-def register(client: redis.Redis, source: str, *, flagged: bool,
-             allow_oom: bool = False) -> Script:
-    """Register a script; where Redis knows script flags, as a flagged script: a server
-    out of memory (``maxmemory``, ``noeviction``) then refuses the whole script before it
-    runs, never half of its writes, unless it is marked ``allow_oom``."""
-    return client.register_script(script_text(source, flagged=flagged, allow_oom=allow_oom))
-
-
 def _format(script: str) -> str:
     """Put the log format's names and the result codes into a script's ``{NAME}`` slots
     (other braces, Lua's tables, are left alone)."""
@@ -80,7 +53,7 @@ def _format(script: str) -> str:
 # job's record in a tail entry, the end of a job's log, and ``settle``: move a job's
 # events that are still only in its owner's tail (``kvrelay.event_log``) into its log,
 # as one entry.
-_LUA_HELPERS = _format("""
+LUA_HELPERS = _format("""
 local function array_header(n)
   if n < 16 then return string.char(0x90 + n) end
   if n < 65536 then return string.char(0xdc, math.floor(n / 256), n % 256) end
@@ -241,12 +214,12 @@ end
 # -> {"done"} | {"reused"} | {"aborted"} | {"owned", owner}
 #    | {"claimed", attempt, log entries}
 # One round trip does the pickup checks, moves what the previous owner left in its tail
-# into the log (a gone owner's whole tail: ``settle_gone_tail``), raises the previous owner's fence flag (its batches then check each
-# job's lease) unless that run handed the job back, and returns what earlier attempts
-# wrote. A copy whose request differs from the one the job id belongs to is "reused"
+# into the log (a gone owner's whole tail: ``settle_gone_tail``), raises the previous
+# owner's fence flag (its batches then check each job's lease) unless that run handed
+# the job back, and returns what earlier attempts wrote. A copy whose request differs from the one the job id belongs to is "reused"
 # (never run). A lease that already holds this run id is this claim's own, sent again
 # after its reply was lost: it is answered as claimed, with nothing changed.
-CLAIM = _LUA_HELPERS + _format("""
+CLAIM = LuaScript("claim", _format("""
 local record = redis.call('HMGET', KEYS[1], 'state', '{DIGEST_FIELD}', 'handback',
                           '{OWNER_FIELD}', 'attempts', 'run')
 if record[1] == 'done' then return {'done'} end
@@ -283,40 +256,40 @@ redis.call('HSET', KEYS[1], 'state', 'running', '{OWNER_FIELD}', ARGV[2], 'run',
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[3]), ARGV[1])
 return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
-""")
+"""), helpers=True)
 
 # The job ended here: record it as done (keeping no prompt, only the request's digest, for
 # as long as its log), written before the lease is dropped.
 # KEYS: job record, lease, running zset
 # ARGV: job id, run id, record ttl s -> 1 if this run owned the job
-RELEASE_DONE = _LUA_HELPERS + """
+RELEASE_DONE = LuaScript("release_done", """
 if not run_holds(KEYS[2], KEYS[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[2])
 return 1
-"""
+""", helpers=True)
 
 # The job's running entry is scored 0 from the mark on: the admission script counts
 # entries scored in the past as jobs about to be pushed back, so its place in the
 # model's backlog is held until its copy is queued (and the release drops the entry).
 # KEYS: job record, lease, running zset -- ARGV: run id, job id -> 1 if marked
-MARK_HANDBACK = """
+MARK_HANDBACK = LuaScript("mark_handback", """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'handback', ARGV[1])
 redis.call('ZADD', KEYS[3], 'XX', 0, ARGV[2])
 return 1
-"""
+""")
 
 # KEYS: job record, lease, running zset -- ARGV: job id, run id -> 1 if released
-RELEASE_HANDBACK = """
+RELEASE_HANDBACK = LuaScript("release_handback", """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 'queued')
 return 1
-"""
+""")
 
 # Every held job's lease at once (one MGET, one ZADD; a PEXPIRE per job still held),
 # and whether it was aborted (its abort flag, in case the control message was missed).
@@ -326,7 +299,7 @@ return 1
 # KEYS: running zset, then per job: lease, abort flag, job record
 # ARGV: lease ms, now ms, then per job: job id, run id
 # -> per job: 0 (the lease is someone else's now) or 1 (extended), plus 2 when aborted
-REFRESH_LEASES = """
+REFRESH_LEASES = LuaScript("refresh_leases", """
 local flags = {}
 local jobs = (#KEYS - 1) / 3
 for j = 1, jobs do
@@ -365,7 +338,7 @@ for first = 1, #members, 4000 do
   redis.call('ZADD', KEYS[1], unpack(members, first, math.min(first + 3999, #members)))
 end
 return results
-"""
+""", flags=("allow-oom",))
 
 # Append one event to a job's log and publish it, in the format of ``kvrelay.event_log``,
 # for a job the publisher is not batching: one its worker cannot run, or one no worker
@@ -379,7 +352,7 @@ return results
 # -> the seq written, or an ``AppendResult``: FENCED (the lease is not this run's),
 #    ALREADY_WRITTEN (the log has this seq), and for unfenced writes ENDED (the log
 #    already ended) or NOT_NEXT (``seq`` is not the next one: retry).
-APPEND_EVENT = _LUA_HELPERS + _format("""
+APPEND_EVENT = LuaScript("append_event", _format("""
 local seq = tonumber(ARGV[4])
 local terminal = ARGV[8] == '1'
 if ARGV[3] ~= '' then
@@ -401,7 +374,7 @@ if tonumber(ARGV[11]) > 0 then redis.call('XTRIM', KEYS[1], 'MINID', ARGV[11]) e
 if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], ARGV[6]) end
 redis.call('PUBLISH', ARGV[2], ARGV[6])
 return seq
-""")
+"""), helpers=True)
 
 # The publisher's whole batch in one call: one tail entry holding every job's events
 # (one string, ``event_log.tail_record`` joined), the messages Python packed per client,
@@ -438,7 +411,7 @@ return seq
 # -> {} when written, {CHECK_EACH_JOB} (fast path refused), or the positions (1-based)
 #    of the jobs fenced (nothing written). A log entry the log already has (an earlier
 #    try of this batch got through) is skipped.
-APPEND_BATCH = _LUA_HELPERS + _format("""
+APPEND_BATCH = LuaScript("append_batch", _format("""
 local jobs, messages, moves = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local releases = tonumber(ARGV[11])
 local a = 13
@@ -506,7 +479,7 @@ for k = 1, releases do
   end
 end
 return {}
-""")
+"""), helpers=True)
 
 # Write a job's events that are only in this worker's tail into its log, as one entry
 # (the worker is letting go of the job). Fenced by the record: only while no other run
@@ -515,7 +488,7 @@ return {}
 # KEYS: event log, job record -- ARGV: last seq, events array, max log length, log
 # expiry s, run id
 # -> 1 written, 0 already there or fenced
-MOVE_TO_LOG = _LUA_HELPERS + _format("""
+MOVE_TO_LOG = LuaScript("move_to_log", _format("""
 if redis.call('HGET', KEYS[2], 'run') ~= ARGV[5] then return 0 end
 local added = add_log_entry(KEYS[1], ARGV[3], ARGV[1], ARGV[2], false)
 if type(added) == 'table' and added.err then
@@ -524,14 +497,14 @@ if type(added) == 'table' and added.err then
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
-""")
+"""), helpers=True)
 
 # Failover check for one job whose lease looked expired.
 # KEYS: job record, lease, running zset, requeue marker
 # ARGV: job id, max attempts, marker ms, record ttl s (once failed)
 # -> {"alive"} | {"gone"} | {"busy"} | {"exhausted", payload}
 #    | {"requeue", payload, run id of the run that lost its lease}
-CHECK_EXPIRED = """
+CHECK_EXPIRED = LuaScript("check_expired", """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'running' then
@@ -551,7 +524,7 @@ end
 if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', ARGV[3]) then return {'busy'} end
 local record = redis.call('HMGET', KEYS[1], 'payload', 'run')
 return {'requeue', record[1], record[2] or ''}
-"""
+""")
 
 # After the requeued copy was sent. The marker goes too: it only guards the moment
 # between CHECK_EXPIRED and here, and left in place it would stop the next takeover if the
@@ -561,7 +534,7 @@ return {'requeue', record[1], record[2] or ''}
 # holds already (the copy was claimed first) still counts the death, and that run's
 # state and running entry are left as they are.
 # KEYS: job record, lease, running zset, requeue marker -- ARGV: job id, the lost run id
-COMMIT_REQUEUE = """
+COMMIT_REQUEUE = LuaScript("commit_requeue", """
 redis.call('DEL', KEYS[4])
 local lease = redis.call('GET', KEYS[2])
 if lease and lease == ARGV[2] then return 0 end
@@ -571,4 +544,24 @@ if not lease then
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
 return 1
-"""
+""")
+
+# Claim a job id for a request in one round trip: the digest set if the id is new (then
+# the record expires as a live log would: a job that never reaches a worker keeps its id
+# no longer), and the digest the id holds. A script, not a pipeline: ``EXPIRE NX`` would
+# do it as commands, but Redis 6.2 lacks it.
+# KEYS: job record -- ARGV: digest field, digest, ttl s -> {created (0/1), held digest}
+RESERVE = LuaScript("reserve", """
+local created = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if created == 1 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+return {created, redis.call('HGET', KEYS[1], ARGV[1])}
+""")
+
+# One watcher fewer; the count goes with its last watcher (a count at zero would outlive
+# the job's log for the count's whole TTL). KEYS: the job's watcher count, the set of
+# watching streams -- ARGV: this stream's token.
+UNWATCH = LuaScript("unwatch", """
+if redis.call('DECR', KEYS[1]) <= 0 then redis.call('DEL', KEYS[1]) end
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+""")

@@ -1,0 +1,98 @@
+"""Lua scripts that place jobs on a model's queues: admission under a limit
+(``kvrelay.admission``) and moving a dead worker's own queue to the shared one
+(``kvrelay_worker.orphan_queues``)."""
+
+from __future__ import annotations
+
+from kvrelay.redis_functions import LuaScript
+
+# The backlog a model's cap bounds is every job waiting for it: its shared queue and the
+# queue of each worker of it that has one (``Keyspace.worker_queues``; a dead worker's
+# counts until live workers move it to the shared queue), the target list included, and
+# the jobs whose worker's lease on them has expired (``Keyspace.running_jobs`` scored
+# below now): live workers will push those back onto the queue without asking, so their
+# places are held for them. The
+# tenant part (a job id given) checks and counts its quota (``kvrelay.tenant_quota``),
+# with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
+# sets hold at most a limit's worth of live entries, so reading them whole is cheap.
+# KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
+#   queued, tenant rate (these three any names without a quota), running-jobs set
+# ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
+#   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit)
+# -> {1, length} admitted | {0, backlog, cap, retry} full | {2, jobs, limit, retry} |
+#    {3, queued, limit, retry} tenant over a limit | {4, 0, 0, wait s} tenant's rate
+ADMIT = LuaScript("admit", """
+local cap = tonumber(redis.call('HGET', KEYS[2], 'max_queue'))
+local mine = tonumber(ARGV[2])
+if mine and (not cap or mine < cap) then cap = mine end
+local retry = redis.call('HGET', KEYS[2], 'retry_after') or ''
+if cap then
+  local seen = {[KEYS[3]] = true}
+  local backlog = redis.call('LLEN', KEYS[3])
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+    local name = ARGV[3] .. id
+    if not seen[name] then
+      seen[name] = true
+      backlog = backlog + redis.call('LLEN', name)
+    end
+  end
+  if not seen[KEYS[1]] then backlog = backlog + redis.call('LLEN', KEYS[1]) end
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  backlog = backlog + #redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', '(' .. now_ms)
+  if backlog >= cap then return {0, backlog, cap, retry} end
+end
+if ARGV[4] ~= '' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  local counts = {}
+  for k = 5, 6 do
+    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', now)) do
+      redis.call('ZREM', KEYS[k], gone)
+    end
+    counts[k] = #redis.call('ZRANGE', KEYS[k], 0, -1)
+  end
+  local max_jobs = tonumber(ARGV[6])
+  if max_jobs and counts[5] >= max_jobs then return {2, counts[5], max_jobs, retry} end
+  local max_queued = tonumber(ARGV[7])
+  if max_queued and counts[6] >= max_queued then return {3, counts[6], max_queued, retry} end
+  local rate = tonumber(ARGV[8])
+  if rate then
+    local burst = tonumber(ARGV[9])
+    local state = redis.call('HMGET', KEYS[7], 'tokens', 'at')
+    local tokens = tonumber(state[1]) or burst
+    local at = tonumber(state[2]) or now
+    tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+    if tokens < 1 then return {4, 0, 0, tostring((1 - tokens) / rate)} end
+    redis.call('HSET', KEYS[7], 'tokens', tostring(tokens - 1), 'at', tostring(now))
+    redis.call('EXPIRE', KEYS[7], math.ceil(burst / rate) + 1)
+  end
+  local counted_until = tonumber(ARGV[5])
+  local ttl = math.ceil(counted_until - now) + 1
+  for k = 5, 6 do
+    redis.call('ZADD', KEYS[k], counted_until, ARGV[4])
+    if redis.call('PTTL', KEYS[k]) < ttl * 1000 then redis.call('EXPIRE', KEYS[k], ttl) end
+  end
+end
+return {1, redis.call('LPUSH', KEYS[1], ARGV[1])}
+""")
+
+# KEYS: registry, the worker's heartbeat, then (source, destination) list pairs
+# ARGV: worker id, forget-before (ms) -> jobs moved, or -1 when the worker is alive
+MOVE_ORPHANS = LuaScript("move_orphans", """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local moved = 0
+for i = 3, #KEYS, 2 do
+  local items = redis.call('LRANGE', KEYS[i], 0, -1)
+  for first = 1, #items, 1000 do
+    redis.call('RPUSH', KEYS[i + 1], unpack(items, first, math.min(first + 999, #items)))
+  end
+  if #items > 0 then redis.call('DEL', KEYS[i]) end
+  moved = moved + #items
+end
+local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if moved == 0 and seen and tonumber(seen) < tonumber(ARGV[2]) then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return moved
+""")
