@@ -103,7 +103,7 @@ dry_run() {
   }
   collect kernel_tests "${KERNEL_TESTS[@]}"
   collect engine_tests "${ENGINE_TESTS[@]}" "${ENGINE_DESELECT[@]}"
-  "${guard[@]}" -c "import kernels, kernels_attention, decode_step, quant_gpu, kv_quant_decode_gpu" \
+  "${guard[@]}" -c "import gpu_kernels, kernels_attention, decode_step, quant_gpu, kv_quant_decode_gpu" \
     || complain "the benchmarks do not import on the GPU host's packages"
   [ "$failed" = 0 ] && echo "gpu_check --dry-run: the bundle is complete and every stage imports"
   return "$failed"
