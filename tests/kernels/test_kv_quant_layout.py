@@ -5,18 +5,24 @@ exactly there, and the capacity stays that of ``head_size + 1`` bytes a row."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+from attention_cases import TOLERANCES, make_batch
 
 from kvrelay_kernels.attention import SUPPORTED_HEAD_SIZES
 from kvrelay_kernels.kv_quant import (
     block_exponents,
     block_values,
     kv_row_size,
+    quantize_blocks,
     quantize_values,
 )
 from kvrelay_kernels.reference.kv_store import store_kv_cache_reference
+from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 from kvrelay_kernels.triton_kernels.kv_store import store_kv_cache_triton
+from kvrelay_kernels.triton_kernels.paged_attention import paged_attention_triton
 
 QUANT_DTYPES = [pytest.param(torch.int8, id="int8"),
                 pytest.param(torch.float8_e4m3fn, id="fp8")]
@@ -87,3 +93,23 @@ def test_stores_write_values_and_scales_at_their_layout_offsets(kv_dtype: torch.
                 assert raw[scale_at] == want_exponents[token, h]
     for a, b in zip(ref, got, strict=True):
         assert torch.equal(a.view(torch.int8), b.cpu().view(torch.int8))
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_triton_reads_the_layout_at_other_block_sizes(block_size: int, device: str) -> None:
+    """The attention tile finds each row's scale from the block size and head count: an
+    odd head count and block sizes other than the other tests' 16, decode and prefill."""
+    clean, _ = make_batch([1, 9, 1], [40, 30, 8], num_heads=6, num_kv_heads=3, head_size=64,
+                          block_size=block_size, dtype=torch.float32, device="cpu")
+    key_cache = quantize_blocks(clean.key_cache.nan_to_num(0.0), torch.int8)
+    value_cache = quantize_blocks(clean.value_cache.nan_to_num(0.0), torch.int8)
+    batch = replace(clean, key_cache=key_cache, value_cache=value_cache)
+    expected = paged_attention_reference(*batch.args(), 0.125)
+    on_device = replace(batch, query=batch.query.to(device),
+                        key_cache=key_cache.to(device), value_cache=value_cache.to(device),
+                        block_tables=batch.block_tables.to(device),
+                        query_start_loc=batch.query_start_loc.to(device),
+                        seq_lens=batch.seq_lens.to(device))
+    got = paged_attention_triton(*on_device.args(), 0.125)
+    atol, rtol = TOLERANCES[torch.float32]
+    torch.testing.assert_close(got.cpu(), expected, atol=atol, rtol=rtol)
