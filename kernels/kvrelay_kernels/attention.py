@@ -116,8 +116,8 @@ def paged_attention(
       back (no padding); ``query_start_loc`` (``[num_seqs + 1]``) gives their offsets.
     - ``key_cache``/``value_cache``: ``[num_blocks, block_size, num_kv_heads, head_size]``;
       the new tokens' K/V must already be stored (see ``store_kv_cache``). A quantized
-      cache (int8 or float8_e4m3fn, rows of ``head_size + 1``: see ``kv_quant``) is
-      dequantized as it is read.
+      cache (int8 or float8_e4m3fn, last dimension ``head_size + 1``, blocks laid out as
+      ``kv_quant`` says) is dequantized as it is read.
     - ``block_tables``: ``[num_seqs, max_blocks]``; entries past a sequence's last block
       are never read. ``seq_lens``: ``[num_seqs]``, each context length including the new
       tokens, so new token ``j`` of a sequence with ``q`` new tokens sits at position

@@ -67,8 +67,8 @@ def store_kv_cache(
 
     Caches are ``[num_blocks, block_size, num_kv_heads, head_size]``; ``slot_mapping[i]``
     is ``block * block_size + offset``, or -1 to skip token ``i`` (padding). A quantized
-    cache (int8 or float8_e4m3fn, rows of ``head_size + 1``: see ``kv_quant``) gets each
-    token's rows quantized with their scale.
+    cache (int8 or float8_e4m3fn, last dimension ``head_size + 1``, blocks laid out as
+    ``kv_quant`` says) gets each token's rows quantized with their scale.
     """
     check_store_kv_cache_args(key, value, key_cache, value_cache, slot_mapping)
     if key.shape[0] == 0:

@@ -1,5 +1,6 @@
-"""The quantized KV cache (int8 and float8 e4m3 rows with a power-of-two scale byte):
-store and paged attention, reference and Triton (interpreted on CPU), decode and prefill.
+"""The quantized KV cache (int8 and float8 e4m3 rows with a power-of-two scale byte, in
+blocks of aligned value rows followed by a scale tail): store and paged attention,
+reference and Triton (interpreted on CPU), decode and prefill.
 
 Tolerances, derived from the quantization step rather than tuned:
 
@@ -27,7 +28,15 @@ from attention_cases import TOLERANCES, PagedBatch, make_batch
 
 from kvrelay_kernels import KernelArgumentError, paged_attention, store_kv_cache
 from kvrelay_kernels.cpu_kernels.paged_attention import cpu_kernel_usable
-from kvrelay_kernels.kv_quant import dequantize_rows, power_of_two, quantize_rows
+from kvrelay_kernels.kv_quant import (
+    block_exponents,
+    block_values,
+    dequantize_blocks,
+    dequantize_rows,
+    power_of_two,
+    quantize_blocks,
+    quantize_rows,
+)
 from kvrelay_kernels.reference.kv_store import store_kv_cache_reference
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 from kvrelay_kernels.triton_kernels.kv_store import store_kv_cache_triton
@@ -38,11 +47,15 @@ QUANT_DTYPES = [pytest.param(torch.int8, id="int8"),
 
 
 def _exponents(packed: torch.Tensor) -> torch.Tensor:
+    """Each row's exponent: of packed rows, or of a quantized cache's blocks (4 dims)."""
+    if packed.dim() == 4:
+        return block_exponents(packed).to(torch.int32)
     return packed.view(torch.int8)[..., -1].to(torch.int32)
 
 
 def _error_bound(rows: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """The largest error quantization may put on each element of ``rows`` (see above)."""
+    """The largest error quantization may put on each element of ``rows`` (see above):
+    ``packed`` is their packed rows, or the quantized cache when ``rows`` is a float one."""
     scale = power_of_two(_exponents(packed))[..., None]
     if packed.dtype == torch.int8:
         return (scale / 2).expand_as(rows)
@@ -53,18 +66,18 @@ def _quantize(batch: PagedBatch, dtype: torch.dtype) -> PagedBatch:
     """``batch`` with its caches quantized; a NaN (poisoned) row becomes a row that reads
     as inf (int8: 127 * 2**126) or NaN (e4m3's 0x7F), so a stray read still shows."""
     def one(cache: torch.Tensor) -> torch.Tensor:
-        packed = quantize_rows(cache.float().nan_to_num(0.0), dtype)
+        packed = quantize_blocks(cache.float().nan_to_num(0.0), dtype)
         poisoned = cache.isnan().any(-1)
-        packed.view(torch.int8)[poisoned] = 127
-        packed.view(torch.int8)[..., -1][poisoned] = 126
+        block_values(packed).view(torch.int8)[poisoned] = 127
+        block_exponents(packed)[poisoned] = 126
         return packed
 
     return replace(batch, key_cache=one(batch.key_cache), value_cache=one(batch.value_cache))
 
 
 def _dequantized(batch: PagedBatch, dtype: torch.dtype) -> PagedBatch:
-    return replace(batch, key_cache=dequantize_rows(batch.key_cache, dtype),
-                   value_cache=dequantize_rows(batch.value_cache, dtype))
+    return replace(batch, key_cache=dequantize_blocks(batch.key_cache, dtype),
+                   value_cache=dequantize_blocks(batch.value_cache, dtype))
 
 
 # (query_lens, seq_lens): decodes with a partial last block, exactly one block and
@@ -109,8 +122,9 @@ def test_triton_store_writes_the_reference_bytes(kv_dtype: torch.dtype, key_dtyp
                           slots.to(device))
     for ref, got in zip(caches, on_device, strict=True):
         assert torch.equal(ref.view(torch.int8), got.cpu().view(torch.int8))
-    flat = on_device[0].cpu().view(-1, kv_heads, head + 1)
-    assert (flat[3].view(torch.int8) == 0).all(), "slot 3 is no token's: untouched"
+    untouched = dequantize_blocks(on_device[0].cpu(), torch.float32)[0, 3]
+    assert (untouched == 0).all(), "slot 3 is no token's: untouched"
+    assert (block_exponents(on_device[0].cpu())[0, 3] == 0).all()
 
 
 def test_triton_e4m3_rounding_equals_torch_everywhere(device: str) -> None:

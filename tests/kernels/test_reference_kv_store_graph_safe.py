@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvrelay_kernels.kv_quant import block_exponents, block_values, is_quantized_kv
 from kvrelay_kernels.reference.kv_store import store_kv_cache_reference
 
 HEADS, HEAD, BLOCK, BLOCKS = 2, 8, 4, 3
@@ -25,6 +26,17 @@ def _caches(dtype: torch.dtype, device: str = "cpu") -> tuple[torch.Tensor, torc
         return torch.empty(shape, dtype=dtype, device="meta"), torch.empty(
             shape, dtype=dtype, device="meta")
     return (torch.randn(shape).to(dtype), torch.randn(shape).to(dtype))
+
+
+def _slot_bytes(cache: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    """Each slot's bytes (a quantized cache's: the values, then the scales: ``kv_quant``)."""
+    if not is_quantized_kv(cache.dtype):
+        return cache.view(-1, HEADS, cache.shape[-1])[slots].view(torch.uint8)
+    index = torch.tensor(slots)
+    blocks, offsets = index // BLOCK, index % BLOCK
+    values = block_values(cache).view(torch.uint8)[blocks, offsets]
+    scales = block_exponents(cache).view(torch.uint8)[blocks, offsets]
+    return torch.cat([values.reshape(len(slots), -1), scales.reshape(len(slots), -1)], dim=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8,
@@ -47,12 +59,10 @@ def test_padding_rows_change_nothing(dtype: torch.dtype) -> None:
     store_kv_cache_reference(key[1:3], value[1:3], want_k, want_v, slots[1:3])
     assert torch.equal(key_cache.view(torch.uint8), want_k.view(torch.uint8))
     assert torch.equal(value_cache.view(torch.uint8), want_v.view(torch.uint8))
-    flat = key_cache.view(-1, HEADS, key_cache.shape[-1])
     untouched = [s for s in range(BLOCKS * BLOCK) if s not in (0, 7)]
-    assert torch.equal(flat[untouched].view(torch.uint8),
-                       before_k.view(-1, HEADS, key_cache.shape[-1])[untouched]
-                       .view(torch.uint8))
+    assert torch.equal(_slot_bytes(key_cache, untouched), _slot_bytes(before_k, untouched))
     if dtype == torch.float32:
+        flat = key_cache.view(-1, HEADS, key_cache.shape[-1])
         assert torch.equal(flat[0], key[1])
         assert torch.equal(flat[7], key[2])
 

@@ -26,23 +26,33 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from kvrelay_kernels.kv_quant import dequantize_rows, is_quantized_kv
+from kvrelay_kernels.kv_quant import (
+    block_exponents,
+    block_values,
+    dequantize_blocks,
+    dequantize_values,
+    is_quantized_kv,
+)
 
 
-def _readable(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Gathered cache rows as ``dtype`` floats: quantized rows are dequantized here, after
-    the gather, so only the context's rows are ever expanded."""
-    if is_quantized_kv(rows.dtype):
-        return dequantize_rows(rows, dtype)
-    return rows.to(dtype)
-
-
-def _gather_rows(cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``cache.index_select(0, index)`` for any cache dtype (float8 has no CPU kernel for
-    it: its bytes are gathered instead)."""
+def _read_blocks(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Blocks ``index`` of ``cache`` as ``[len(index), block_size, num_kv_heads, head_size]``
+    of ``dtype``. A quantized cache's blocks are gathered as bytes (float8 has no CPU
+    kernel for it) and dequantized after the gather, so only the context is expanded."""
     if is_quantized_kv(cache.dtype):
-        return cache.view(torch.int8).index_select(0, index).view(cache.dtype)
-    return cache.index_select(0, index)
+        blocks = cache.view(torch.int8).index_select(0, index).view(cache.dtype)
+        return dequantize_blocks(blocks, dtype)
+    return cache.index_select(0, index).to(dtype)
+
+
+def _read_slots(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Flat slots ``slots`` (``block * block_size + offset``) of ``cache`` as
+    ``[len(slots), num_kv_heads, head_size]`` of ``dtype``."""
+    if is_quantized_kv(cache.dtype):
+        blocks, offsets = slots // cache.shape[1], slots % cache.shape[1]
+        values = block_values(cache).view(torch.int8)[blocks, offsets].view(cache.dtype)
+        return dequantize_values(values, block_exponents(cache)[blocks, offsets], dtype)
+    return cache.view(-1, cache.shape[2], cache.shape[3]).index_select(0, slots).to(dtype)
 
 
 def _gather_context(
@@ -52,9 +62,8 @@ def _gather_context(
     in order."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    blocks = _gather_rows(cache, block_table[:num_blocks].to(torch.int64))
-    rows = blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
-    return _readable(rows, dtype)
+    blocks = _read_blocks(cache, block_table[:num_blocks].to(torch.int64), dtype)
+    return blocks.reshape(-1, blocks.shape[2], blocks.shape[3])[:length]
 
 
 def _attend(
@@ -119,14 +128,14 @@ def _decode_batch(
     this is several times faster than batched matmuls over permuted copies.
     """
     batch = query.shape[0]
-    block_size, num_kv_heads, row = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    block_size = key_cache.shape[1]
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // block_size)
     index = block_tables[:, :num_blocks].reshape(-1).to(torch.int64)
     padded = num_blocks * block_size
-    shape = (batch, padded, num_kv_heads, row)
-    keys = _readable(_gather_rows(key_cache, index).view(shape), query.dtype)
-    values = _readable(_gather_rows(value_cache, index).view(shape), query.dtype)
+    shape = (batch, padded, key_cache.shape[2], query.shape[2])
+    keys = _read_blocks(key_cache, index, query.dtype).view(shape)
+    values = _read_blocks(value_cache, index, query.dtype).view(shape)
     positions = torch.arange(padded, device=query.device)
     mask = positions[None, :] < seq_lens.to(query.device)[:, None]
     return _attend_decode(query, keys, values, mask, scale, softcap)
@@ -151,7 +160,7 @@ def _decode_window_batch(
     window repeats its last token (masked out) instead of reading past its context.
     """
     batch = query.shape[0]
-    block_size, num_kv_heads, row = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    block_size = key_cache.shape[1]
     lens = seq_lens.to(device=block_tables.device, dtype=torch.int64)
     width = min(window, int(lens.max()))
     first = (lens - window).clamp(min=0)
@@ -160,11 +169,9 @@ def _decode_window_batch(
     positions = torch.minimum(positions, lens[:, None] - 1)
     blocks = block_tables.to(torch.int64).gather(1, positions // block_size)
     slots = (blocks * block_size + positions % block_size).reshape(-1)
-    shape = (batch, width, num_kv_heads, row)
-    keys = _readable(_gather_rows(key_cache.view(-1, num_kv_heads, row), slots).view(shape),
-                     query.dtype)
-    values = _readable(
-        _gather_rows(value_cache.view(-1, num_kv_heads, row), slots).view(shape), query.dtype)
+    shape = (batch, width, key_cache.shape[2], query.shape[2])
+    keys = _read_slots(key_cache, slots, query.dtype).view(shape)
+    values = _read_slots(value_cache, slots, query.dtype).view(shape)
     return _attend_decode(query, keys, values, visible.to(query.device), scale, softcap)
 
 

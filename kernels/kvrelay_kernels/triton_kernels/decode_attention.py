@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvrelay_kernels.kv_quant import value_row_strides
 from kvrelay_kernels.triton_kernels.dot import mma_precision, mma_widen
 from kvrelay_kernels.triton_kernels.kv_store import quant_code
 from kvrelay_kernels.triton_kernels.launch_config import DecodeConfig
@@ -202,7 +203,7 @@ def decode_attention(
         part_acc = torch.empty((num_seqs, num_heads, num_splits, head_size),
                                dtype=torch.float32, device=query.device)
     quant = quant_code(key_cache.dtype)
-    if quant:  # the kernel reads quantized caches as bytes (values, then the scale byte)
+    if quant:  # the kernel reads quantized caches as bytes (value rows, then the scales)
         key_cache, value_cache = key_cache.view(torch.int8), value_cache.view(torch.int8)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
@@ -210,7 +211,7 @@ def decode_attention(
         scale * math.log2(math.e), sliding_window or 0,
         (softcap or 0.0) * math.log2(math.e),
         query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        *value_row_strides(key_cache),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         num_heads, num_splits,

@@ -7,7 +7,8 @@ slot is -1 (padding, e.g. in a CUDA-graph batch) exits without touching the cach
 
 For a quantized cache (``QUANT``: 1 int8, 2 float8 e4m3) each (token, head) row is
 quantized as ``kvrelay_kernels.kv_quant`` describes, with the same integer arithmetic on
-the float bits for the power-of-two scale, so the bytes equal the reference's.
+the float bits for the power-of-two scale, so the bytes equal the reference's: the values
+go to the row's aligned place in its block, the scale to the block's tail.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _store_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     num_kv_heads,
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
-    ROW: tl.constexpr, QUANT: tl.constexpr,
+    ROW: tl.constexpr, QUANT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -96,18 +97,25 @@ def _store_kv_kernel(
                   mask=mask)
     value = tl.load(value_ptr + row * stride_vt + heads[:, None] * stride_vh + offs_d[None, :],
                     mask=mask)
-    # Caches are contiguous: a slot is num_kv_heads rows of ROW elements.
-    row_offset = slot * (num_kv_heads * ROW) + heads * ROW
-    cache_offset = row_offset[:, None] + offs_d[None, :]
     if QUANT:
+        # A block is BLOCK_SIZE * num_kv_heads rows of HEAD values, then one scale byte per
+        # row in the same order (kv_quant): the scale index is the value offset / HEAD.
+        block = slot // BLOCK_SIZE
+        block_start = block * (BLOCK_SIZE * num_kv_heads * ROW)
+        row_index = (slot - block * BLOCK_SIZE) * num_kv_heads + heads
+        cache_offset = block_start + row_index[:, None] * HEAD + offs_d[None, :]
+        scale_offset = block_start + BLOCK_SIZE * num_kv_heads * HEAD + row_index
         key_q, key_exp = _quantize_rows(tl.where(mask, key.to(tl.float32), 0.0), QUANT)
         value_q, value_exp = _quantize_rows(tl.where(mask, value.to(tl.float32), 0.0), QUANT)
         head_mask = heads < num_kv_heads
         tl.store(key_cache_ptr + cache_offset, key_q, mask=mask)
         tl.store(value_cache_ptr + cache_offset, value_q, mask=mask)
-        tl.store(key_cache_ptr + row_offset + HEAD, key_exp, mask=head_mask)
-        tl.store(value_cache_ptr + row_offset + HEAD, value_exp, mask=head_mask)
+        tl.store(key_cache_ptr + scale_offset, key_exp, mask=head_mask)
+        tl.store(value_cache_ptr + scale_offset, value_exp, mask=head_mask)
     else:
+        # Caches are contiguous: a slot is num_kv_heads rows of ROW elements.
+        row_offset = slot * (num_kv_heads * ROW) + heads * ROW
+        cache_offset = row_offset[:, None] + offs_d[None, :]
         tl.store(key_cache_ptr + cache_offset, key, mask=mask)
         tl.store(value_cache_ptr + cache_offset, value, mask=mask)
 
@@ -138,7 +146,7 @@ def store_kv_cache_triton(
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         num_kv_heads,
         HEAD=head_size, HEAD_PAD=head_pad, HEADS_PER_PROGRAM=heads_per_program,
-        ROW=key_cache.shape[3], QUANT=quant, num_warps=4,
+        ROW=key_cache.shape[3], QUANT=quant, BLOCK_SIZE=key_cache.shape[1], num_warps=4,
     )
 
 

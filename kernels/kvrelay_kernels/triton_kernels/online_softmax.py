@@ -23,8 +23,10 @@ Two constexpr options, off by default so the plain kernels compile exactly as be
   never overflows.
 
 ``QUANT`` (1 int8, 2 float8 e4m3; 0 float) reads a quantized cache (``kv_quant``): the
-caches come as int8 bytes with rows of ``HEAD + 1``, the last byte the row's power-of-two
-exponent; each tile's values are scaled back to floats right after their load.
+caches come as int8 bytes, each block its rows of ``HEAD`` values (16-byte aligned; the
+callers pass the value rows' strides, ``kv_quant.value_row_strides``) followed by one
+power-of-two exponent byte per row, at the tail's start plus the row's offset / ``HEAD``;
+each tile's values are scaled back to floats right after their load.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def _tanh(y):
 
 
 @triton.jit
-def _load_rows(cache_ptr, kv_offset, token_offset, kv_mask, n_mask, dtype,
-               HEAD: tl.constexpr, QUANT: tl.constexpr):
+def _load_rows(cache_ptr, kv_offset, scale_offset, kv_mask, n_mask, dtype,
+               QUANT: tl.constexpr):
     """A tile's K or V rows as ``dtype``, dequantized when the cache is quantized."""
     if QUANT:
         raw = tl.load(cache_ptr + kv_offset, mask=kv_mask, other=0)
@@ -53,7 +55,7 @@ def _load_rows(cache_ptr, kv_offset, token_offset, kv_mask, n_mask, dtype,
             values = raw.to(tl.float32)
         else:
             values = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        exponent = tl.load(cache_ptr + token_offset + HEAD, mask=n_mask, other=0)
+        exponent = tl.load(cache_ptr + scale_offset, mask=n_mask, other=0)
         scale = ((exponent.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
         return (values * scale[:, None]).to(dtype)
     return tl.load(cache_ptr + kv_offset, mask=kv_mask, other=0.0).to(dtype)
@@ -77,11 +79,15 @@ def attend_tile(
     pos = tile_start + offs_n
     n_mask = pos < kv_end
     block = tl.load(table + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    token_offset = (block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_slot
-                    + head_offset)
+    block_start = block * stride_cache_block
+    in_block = (pos % BLOCK_SIZE) * stride_cache_slot + head_offset
+    token_offset = block_start + in_block
+    scale_offset = token_offset
+    if QUANT:  # the block's scale tail follows its BLOCK_SIZE slots of value rows
+        scale_offset = block_start + BLOCK_SIZE * stride_cache_slot + in_block // HEAD
     kv_offset = token_offset[:, None] + offs_d[None, :]
     kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = _load_rows(k_cache_ptr, kv_offset, token_offset, kv_mask, n_mask, q.dtype, HEAD, QUANT)
+    k = _load_rows(k_cache_ptr, kv_offset, scale_offset, kv_mask, n_mask, q.dtype, QUANT)
     scores = mma(q, tl.trans(k), DOT_PRECISION, DOT_WIDEN) * qk_scale_log2
     if SOFTCAP:  # constexprs below too: resolved when the kernel is compiled
         scores = softcap_log2 * _tanh(scores * (1.0 / softcap_log2))
@@ -98,6 +104,6 @@ def attend_tile(
     alpha = tl.exp2(row_max - shift)
     probs = tl.exp2(scores - shift[:, None])
     row_sum = row_sum * alpha + tl.sum(probs, 1)
-    v = _load_rows(v_cache_ptr, kv_offset, token_offset, kv_mask, n_mask, q.dtype, HEAD, QUANT)
+    v = _load_rows(v_cache_ptr, kv_offset, scale_offset, kv_mask, n_mask, q.dtype, QUANT)
     acc = acc * alpha[:, None] + mma(probs.to(q.dtype), v, DOT_PRECISION, DOT_WIDEN)
     return acc, new_max, row_sum

@@ -38,6 +38,17 @@ def beam_config_of(seq: Sequence, eos_token_ids: tuple[int, ...], max_model_len:
                       max_new_tokens=max(limit, 1))
 
 
+def beam_candidates(logits: torch.Tensor, per_beam: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each beam row's ``per_beam`` best log_softmax values (float32) and their token ids,
+    taken on the logits' device and read back in ONE copy of ``[rows, 2 * per_beam]``
+    (float64 holds both the float32 values and the ids exactly), not the vocabulary."""
+    log_probs = logits.float().log_softmax(dim=-1)
+    top = log_probs.topk(min(per_beam, log_probs.shape[-1]), dim=-1)
+    width = top.values.shape[-1]
+    host = torch.cat((top.values.double(), top.indices.double()), dim=-1).cpu()
+    return host[:, :width].float(), host[:, width:].long()
+
+
 class BeamGroup:
     """The beams of one request and the log-probabilities gathered for the next choice."""
 
@@ -45,11 +56,17 @@ class BeamGroup:
         self.state = state
         self.search = BeamSearch(config)
         self.beams: list[Sequence] = [state.choices[0].seq]
-        self._rows: dict[int, torch.Tensor] = {}
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def add_row(self, seq: Sequence, log_probs: torch.Tensor) -> None:
-        """Keep a beam's next-token log-probabilities (a recompute may give them again)."""
-        self._rows[self.beams.index(seq)] = log_probs
+    @property
+    def candidates_per_beam(self) -> int:
+        """How many of each beam's best tokens a search step needs (at most; ``step_top``)."""
+        return self.search.beams_to_keep
+
+    def add_row(self, seq: Sequence, values: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Keep a beam's best next-token log-probabilities and their token ids, at least
+        ``candidates_per_beam`` of them (a recompute may give them again)."""
+        self._rows[self.beams.index(seq)] = (values, token_ids)
 
     @property
     def ready(self) -> bool:
@@ -57,9 +74,10 @@ class BeamGroup:
 
     def advance(self, scheduler: Scheduler, tokenizer: Any) -> None:
         """Run one search step on the gathered rows; reseat the beams or finish."""
-        rows = torch.stack([self._rows[i] for i in range(len(self.beams))])
+        rows = [self._rows[i] for i in range(len(self.beams))]
         self._rows = {}
-        step = self.search.step(rows)
+        step = self.search.step_top(torch.stack([v for v, _ in rows]),
+                                    torch.stack([t for _, t in rows]))
         if step is None:
             self._finish(scheduler, tokenizer)
             return

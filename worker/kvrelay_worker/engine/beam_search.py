@@ -71,15 +71,31 @@ class BeamSearch:
     def step(self, log_probs: torch.Tensor) -> BeamStep | None:
         """Advance with ``log_probs`` ([running beams, vocab], float32 log_softmax of each
         running beam's next-token logits); the next beams, or None when the search ends."""
+        width = min(self.beams_to_keep, log_probs.shape[-1])
+        top = log_probs.float().topk(width, dim=-1)
+        return self.step_top(top.values, top.indices)
+
+    def step_top(self, values: torch.Tensor, token_ids: torch.Tensor) -> BeamStep | None:
+        """``step`` from each running beam's best log-probabilities alone: ``values``
+        (float32) and their ``token_ids``, ``[running beams, K]`` with ``K`` at least
+        ``min(beams_to_keep, vocab)``. The best candidates over all beams are among each
+        beam's own best (a beam's score shifts its row by one constant), so the engine
+        reads back K per beam instead of the vocabulary. Ties rank by beam, then token."""
         if self.done:
             raise RuntimeError("the beam search is over")
         cfg = self.config
         k = cfg.width
-        vocab = log_probs.shape[-1]
-        scores = (log_probs.float().cpu() + self.running_scores[:, None]).reshape(-1)
-        top_scores, top_index = torch.topk(scores, k=min(self.beams_to_keep, scores.numel()))
-        parents = (top_index // vocab).tolist()
-        tokens = (top_index % vocab).tolist()
+        scores = (values.float().cpu() + self.running_scores[:, None]).reshape(-1)
+        tokens_all = token_ids.cpu().reshape(-1)
+        parents_all = torch.arange(values.shape[0]).repeat_interleave(values.shape[1])
+        # Stable sorts, least significant key first: score (descending), beam, token.
+        order = tokens_all.argsort(stable=True)
+        order = order[parents_all[order].argsort(stable=True)]
+        order = order[scores[order].sort(descending=True, stable=True).indices]
+        order = order[: min(self.beams_to_keep, scores.numel())]
+        top_scores = scores[order]
+        parents = parents_all[order].tolist()
+        tokens = tokens_all[order].tolist()
         length = len(self.running_tokens[0]) + 1  # output tokens of every candidate
         candidates = [self.running_tokens[p] + [t] for p, t in zip(parents, tokens, strict=True)]
         hits = torch.tensor([t in cfg.stop_ids or length >= cfg.max_new_tokens for t in tokens])

@@ -109,8 +109,11 @@ class DecodeRunner:
         torch.cuda.synchronize()
 
     @torch.inference_mode()
-    def run(self, host: HostBatch) -> torch.Tensor:
-        """Run the step; return logits ``[num_sampling_seqs, vocab]`` (float32)."""
+    def run(self, host: HostBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the step; return logits ``[num_sampling_seqs, vocab]`` (float32).
+
+        ``input_ids`` (on the device) replaces the host batch's ids, as in
+        ``ModelRunner.execute``."""
         n = host.num_seqs
         batch = self._bucket(n)
         # Each buffer waits here for its previous copy to the device to have run.
@@ -128,6 +131,8 @@ class DecodeRunner:
         self._staged_packed.copy_to(self._packed, staged_packed)
         # Columns past ``width`` keep older entries; no sequence of this step reads them.
         self._staged_tables.copy_to(self.block_tables[:n, :width], staged_tables)
+        if input_ids is not None:  # queued after the staged copy: it overwrites its ids
+            self._packed[0, :n].copy_(input_ids)
         self.runs_by_bucket[batch] = self.runs_by_bucket.get(batch, 0) + 1
         graph = self.graphs.get(batch)
         if graph is not None:

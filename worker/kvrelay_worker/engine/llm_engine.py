@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvrelay_worker.engine.beam_group import BeamGroup, beam_config_of
+from kvrelay_worker.engine.beam_group import BeamGroup, beam_candidates, beam_config_of
 from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
@@ -469,7 +469,10 @@ class LLMEngine:
         result = self.sampler(logits, self.sampling_batches.build(sampling, offsets))
         beams = [row for row, seq in enumerate(sampling) if seq.params.is_beam_search]
         if beams:  # what beam search ranks: log_softmax of the raw logits, as transformers
-            result.beam_log_probs = logits[beams].float().log_softmax(dim=-1).cpu()
+            per_beam = max(self.beam_groups[sampling[row].request_id].candidates_per_beam
+                           for row in beams)
+            result.beam_log_probs, result.beam_token_ids = beam_candidates(logits[beams],
+                                                                           per_beam)
             result.beam_rows = beams
         return result
 
@@ -522,12 +525,13 @@ class LLMEngine:
                        result: SamplerOutput, touched: dict[str, RequestState]) -> None:
         """Hand each beam its row; step every beam search whose beams all have one."""
         assert result.beam_log_probs is not None
+        assert result.beam_token_ids is not None
         seq_of_row = {row: seq for row, seq in zip(first_rows, grown, strict=True)}
         ready: list[BeamGroup] = []
         for i, row in enumerate(result.beam_rows):
             beam = seq_of_row[row]  # a beam never verifies drafts: its one row
             group = self.beam_groups[beam.request_id]
-            group.add_row(beam, result.beam_log_probs[i])
+            group.add_row(beam, result.beam_log_probs[i], result.beam_token_ids[i])
             if group.ready and group not in ready:
                 ready.append(group)
         for group in ready:

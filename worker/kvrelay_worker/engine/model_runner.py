@@ -164,13 +164,21 @@ class ModelRunner:
         return host_to_device(t, self.device)
 
     @torch.inference_mode()
-    def execute(self, scheduled: Seq[ScheduledSequence]) -> torch.Tensor:
+    def execute(self, scheduled: Seq[ScheduledSequence],
+                input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Run the batch; return logits ``[num_sampling_rows, vocab]`` in float32: one row
-        per sampling sequence, plus one per draft token of a sequence verifying drafts."""
+        per sampling sequence, plus one per draft token of a sequence verifying drafts.
+
+        ``input_ids``, a device tensor of the batch's token count, replaces the ids the
+        sequences hold on the host (a draft model feeds its own guesses back without
+        reading them: those host ids are then placeholders).
+        """
         host = self.prepare_host(scheduled)
         if self.decode_runner is not None and self.decode_runner.handles(host):
-            return self.decode_runner.run(host)
+            return self.decode_runner.run(host, input_ids)
         inputs = self.to_device(host)
+        if input_ids is not None:
+            inputs.input_ids = input_ids
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         if inputs.logits_indices.numel() == 0:
             return torch.empty((0, self.model.config.vocab_size), device=self.device)

@@ -65,10 +65,12 @@ class SamplerOutput:
     token_logprobs: list[float] | None = None
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
-    # Beam search rows (indexes into the batch) and their full log_softmax, on the host;
-    # set by the engine, which ranks beams itself (engine/beam_search.py).
+    # Beam search rows (indexes into the batch) and each row's best log_softmax values
+    # and their token ids (``[rows, K]``, on the host); set by the engine, which ranks
+    # beams itself (engine/beam_search.py).
     beam_rows: list[int] = field(default_factory=list)
     beam_log_probs: torch.Tensor | None = None
+    beam_token_ids: torch.Tensor | None = None
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -22,9 +22,13 @@ from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.model_runner import ModelRunner
 from kvrelay_worker.engine.scheduler import ScheduledSequence
 from kvrelay_worker.engine.sequence import Sequence
+from kvrelay_worker.engine.transfer import host_to_device
 from kvrelay_worker.models.decoder import CausalLM
 
 log = logging.getLogger(__name__)
+
+# Stands for a guess still on the device (``propose`` fills each in before returning).
+_PLACEHOLDER = -1
 
 # Weight quantizations a draft can be loaded with (``draft:<model>@int4``).
 DRAFT_QUANTIZATIONS = ("int8", "int4", "gguf")
@@ -92,28 +96,64 @@ class DraftModel:
     @torch.inference_mode()
     def propose(self, seqs: Seq[Sequence], depths: Seq[int]) -> list[list[int]]:
         """Up to ``depths[i]`` greedy guesses after each of ``seqs`` (fewer when the
-        draft's pool cannot hold them)."""
+        draft's pool cannot hold them).
+
+        The guesses stay on the device between the draft's forward passes, each feeding
+        the next as its input ids, and come back to the host in ONE copy at the end (a
+        read per draft token would make the host wait for the device each time). Which
+        sequences go on depends on their depths and the pool alone, never on a guess, so
+        the host needs none of them until then; the shadows hold placeholders meanwhile.
+        """
         drafts: list[list[int]] = [[] for _ in seqs]
         live = [i for i, seq in enumerate(seqs) if self._catch_up(seq)]
+        shadows = {i: self._shadows[seqs[i].seq_id] for i in live}
+        order: list[int] = []  # the sequence of each guess, in the order they are made
+        guesses: list[torch.Tensor] = []
         first = True
         while live:
             items = []
             for i in live:
-                shadow = self._shadows[seqs[i].seq_id]
+                shadow = shadows[i]
                 n = 1 if not first else shadow.num_tokens - shadow.num_computed_tokens
                 items.append(ScheduledSequence(shadow, n))
-            logits = self.runner.execute(items)
-            guesses = logits.argmax(dim=-1).tolist()
+            fed = None if first else self._previous_guesses(guesses[-1], order, live)
+            step = self.runner.execute(items, fed).argmax(dim=-1)
+            guesses.append(step)
+            order.extend(live)
             still: list[int] = []
-            for i, item, guess in zip(live, items, guesses, strict=True):
+            for i, item in zip(live, items, strict=True):
                 item.seq.num_computed_tokens += item.num_new_tokens
-                drafts[i].append(guess)
-                item.seq.token_ids.append(guess)
+                drafts[i].append(_PLACEHOLDER)
+                item.seq.token_ids.append(_PLACEHOLDER)
                 if len(drafts[i]) < depths[i] and self.kv.allocate_slots(item.seq, 1):
                     still.append(i)
             live = still
             first = False
+        if guesses:
+            self._fill_in(torch.cat(guesses).tolist(), order, drafts, shadows)
         return drafts
+
+    def _previous_guesses(self, last: torch.Tensor, order: list[int],
+                          live: list[int]) -> torch.Tensor:
+        """The last pass's guesses of the sequences in ``live`` (a subsequence of that
+        pass's), as the next pass's input ids, still on the device."""
+        previous = order[len(order) - last.shape[0]:]
+        if previous == live:
+            return last
+        keep = torch.tensor([previous.index(i) for i in live], dtype=torch.int64)
+        return last.index_select(0, host_to_device(keep, last.device))
+
+    @staticmethod
+    def _fill_in(values: list[int], order: list[int], drafts: list[list[int]],
+                 shadows: dict[int, Sequence]) -> None:
+        """Replace the placeholders, in order, with the guesses read back."""
+        filled = dict.fromkeys(shadows, 0)
+        for i, value in zip(order, values, strict=True):
+            k = filled[i]
+            drafts[i][k] = value
+            shadow = shadows[i]
+            shadow.token_ids[len(shadow.token_ids) - len(drafts[i]) + k] = value
+            filled[i] = k + 1
 
     def _catch_up(self, seq: Sequence) -> bool:
         """Point the shadow at ``seq``'s tokens, keeping the KV of their shared prefix,
