@@ -31,7 +31,13 @@ class Heartbeat:
         self._thread = Periodic("kvrelay-heartbeat", settings.lease_refresh, self.beat, health)
 
     def start(self) -> None:
-        self.beat()
+        try:
+            self.beat()
+        except redis.RedisError as exc:  # out of reach or failing over: the next tick
+            log.warning("first heartbeat not written (%s); retrying every %.1fs", exc,
+                        self.settings.lease_refresh)
+            if self._thread.health is not None:
+                self._thread.health.failed()
         self._thread.start()
 
     def stop(self) -> None:

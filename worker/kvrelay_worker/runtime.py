@@ -73,8 +73,9 @@ class WorkerRuntime:
         self.redis = worker_redis(settings)
         self.store = JobStore(self.redis, settings)
         # kvrelay's Redis Functions: loaded now (a tenant's user, which may not load them,
-        # fails here when an admin has not); a namespace needs a Redis that has them.
-        self.store.scripts.prepare()
+        # fails here when an admin has not); a namespace needs a Redis that has them. A
+        # Redis out of reach or failing over is waited for, as Celery waits for its broker.
+        until_written(self.store.scripts.prepare, "the load of kvrelay's Redis functions")
         # Since when this process's writes get through (failover judges leases by it).
         self.health = RedisHealth()
 
