@@ -131,28 +131,24 @@ local function tail_by_job(tail_key)
   end
   return per_job, order
 end
--- The tail of a worker that holds none of its jobs any more (it died, stalled past its
--- leases or handed its jobs back), at the first claim of one of them by another worker:
--- each of its jobs not yet ended or claimed by another worker gets what only the tail
--- holds written into its log, a running one's record stops naming its run (that run's
--- batches, moves and lease refreshes are fenced from now on, as its next claim would
--- do), and the tail is deleted. So a tail need only live until its worker's jobs are
--- taken over, and nothing of an ended job stays in it. While the worker still holds a
--- lease on a job in its tail it lives: its tail is left alone, each claim settling its
--- own job.
--- heads: the record, log and lease names less the job id and closing brace.
-local function settle_gone_tail(tail_key, owner, heads, max_len, ttl)
+-- The previous owner's tail, at a claim of one of its jobs by another worker: every job
+-- of that owner which a watch requeued (or it handed back) gets what only the tail holds
+-- written into its log now, so it no longer depends on the tail however late its own
+-- claim comes; its old run cannot write to it any more (a queued job's batches are
+-- fenced, and its moves come after these seqs). Jobs still running are left alone:
+-- their owner may be alive and take its leases back after an outage. When no job of the
+-- owner but the one being claimed is running, the tail holds nothing a job still needs,
+-- and it is given an ended job's log's time at most (a live owner's next batch gives it
+-- back its own expiry), so a dead worker's tail goes as its jobs' logs would.
+-- heads: the record and log names less the job id and closing brace.
+local function settle_owner_tail(tail_key, owner, claimed, heads, max_len, ttl, ended_ttl)
   local per_job, order = tail_by_job(tail_key)
-  for _, id in ipairs(order) do
-    local lease = redis.call('GET', heads[3] .. id .. '}')
-    if lease and (lease == owner or string.sub(lease, 1, #owner + 1) == owner .. '#') then
-      return false
-    end
-  end
+  if #order == 0 then return end
+  local running = false
   for _, id in ipairs(order) do
     local record_key, log_key = heads[1] .. id .. '}', heads[2] .. id .. '}'
     local record = redis.call('HMGET', record_key, 'state', '{OWNER_FIELD}')
-    if record[2] == owner and (record[1] == 'running' or record[1] == 'queued') then
+    if record[2] == owner and record[1] == 'queued' and id ~= claimed then
       local top, ended = log_end(log_key)
       if not ended then
         local parts, count, terminal = {}, 0, false
@@ -172,11 +168,16 @@ local function settle_gone_tail(tail_key, owner, heads, max_len, ttl)
           redis.call('EXPIRE', log_key, ttl)
         end
       end
-      if record[1] == 'running' then redis.call('HSET', record_key, 'run', '') end
+    elseif record[2] == owner and record[1] == 'running' and id ~= claimed then
+      running = true
     end
   end
-  redis.call('DEL', tail_key)
-  return true
+  if not running then
+    local left = redis.call('TTL', tail_key)
+    if left == -1 or left > tonumber(ended_ttl) then
+      redis.call('EXPIRE', tail_key, ended_ttl)
+    end
+  end
 end
 local function settle(log_key, tail_key, job_id, max_len, ttl)
   local last_seq, ended = log_end(log_key)
@@ -209,12 +210,12 @@ end
 # KEYS: job record, lease, running zset, event log, abort flag
 # ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest,
 #       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length,
-#       fence flag prefix (``Keyspace.worker_fenced`` less the worker id), run id, then
-#       the job record's, log's and lease's names less the job id and closing brace
+#       fence flag prefix (``Keyspace.worker_fenced`` less the worker id), run id, the
+#       job record's and log's names less the job id and closing brace, ended log ttl s
 # -> {"done"} | {"reused"} | {"aborted"} | {"owned", owner}
 #    | {"claimed", attempt, log entries}
 # One round trip does the pickup checks, moves what the previous owner left in its tail
-# into the log (a gone owner's whole tail: ``settle_gone_tail``), raises the previous
+# into the log (and its other requeued jobs': ``settle_owner_tail``), raises the previous
 # owner's fence flag (its batches then check each job's lease) unless that run handed
 # the job back, and returns what earlier attempts wrote. A copy whose request differs from the one the job id belongs to is "reused"
 # (never run). A lease that already holds this run id is this claim's own, sent again
@@ -234,8 +235,8 @@ if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 if owner and record[3] ~= owner then return {'owned', owner} end
 if record[4] then
   if record[4] ~= ARGV[2] then
-    settle_gone_tail(ARGV[8] .. record[4], record[4], {ARGV[12], ARGV[13], ARGV[14]},
-                     ARGV[9], ARGV[6])
+    settle_owner_tail(ARGV[8] .. record[4], record[4], ARGV[1], {ARGV[12], ARGV[13]},
+                      ARGV[9], ARGV[6], ARGV[14])
   end
   local _, ended = settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6])
   if ended then
@@ -395,7 +396,7 @@ return seq
 #       lease, its watcher count, its record; then per move: the job's event log; then,
 #       when any job is released, the running zset and per release: the job's record,
 #       its lease
-# ARGV: worker id, max log length, max tail length, tail expiry s (0: leave it as is),
+# ARGV: worker id, max log length, max tail length, the tail's expiry s (0: leave it),
 #       job count (0: the fast path), message count, move count, job channel's name
 #       before and after the job id, the tail entry ('' when no job has events),
 #       release count, ended record ttl s, then per job checked: job id, pair
@@ -453,7 +454,12 @@ else
 end
 if ARGV[10] ~= '' then
   redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', '{TAIL_FIELD}', ARGV[10])
-  if ARGV[4] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
+  -- The tail's expiry, set again once an eighth of it has passed, or at once when it
+  -- should be shorter (or longer, after another worker's claim shortened it).
+  local want, left = tonumber(ARGV[4]), redis.call('TTL', KEYS[1])
+  if want > 0 and (left < want - math.max(1, math.floor(want / 8)) or left > want) then
+    redis.call('EXPIRE', KEYS[1], want)
+  end
 end
 a = a + 3 * jobs
 for k = 1, messages do redis.call('PUBLISH', ARGV[a + 2 * k - 2], ARGV[a + 2 * k - 1]) end

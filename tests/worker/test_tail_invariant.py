@@ -21,12 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvrelay import event_log
-from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, Tokens, decode_event
 from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore, PriorProgress
+from kvrelay_worker.job_store import TAIL_MAX_LEN, JobStore, PriorProgress
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
@@ -137,57 +136,68 @@ def test_every_event_is_in_the_log_or_the_tail(
         assert [t for _, tokens in found for t in tokens] == sent[i], f"j{i}"
 
 
-def test_a_dead_workers_tail_is_settled_whole_by_the_first_claim(
+def test_a_claim_moves_the_previous_owners_requeued_jobs_out_of_its_tail(
         client: redis.Redis, clean_redis_url: str) -> None:
-    """w1 dies (its leases gone) with three jobs: one running, one already
-    requeued by a watch, one ended. The first claim of any of them moves every unended
-    job's tail-only events into its log and deletes the tail: a later claim resumes
-    exactly after what was sent however long the tail would have lived, and nothing of
-    the ended job stays in Redis beyond its log. w1's run of the running job is fenced
-    from then on."""
-    store = _store(client, clean_redis_url, "w1")
+    """w1 dies (its leases gone) with four jobs: two a watch requeued, one still marked
+    running (not yet requeued), one ended. The first claim of a requeued one moves the
+    other requeued job's tail-only events into its log too, so its own claim finds them
+    whenever it comes (before, only the claimed job's were, and a claim after the tail
+    expired resumed from the log's older end: chaos seed 70). The running job is left
+    alone (its owner may be alive, after an outage) and keeps the tail alive; once no job
+    of w1 runs any more, the tail lives no longer than an ended job's log."""
+    settings = WorkerSettings(redis_url=clean_redis_url, model_name="m", worker_id="w1",
+                              log_ttl=60.0, log_live_ttl=3600.0)
+    store = JobStore(client, settings)
     publisher = _publisher(store)
-    running, requeued, ended = _job("running"), _job("requeued"), _job("ended")
-    for job in (running, requeued, ended):
+    jobs = {name: _job(name) for name in ("first", "second", "running", "ended")}
+    for job in jobs.values():
         _claimed(store, job)
     for i in range(3):
-        publisher._process([EventItem(running, _token(i)), EventItem(requeued, _token(i)),
-                            EventItem(ended, _token(i))])
-    assert client.xlen(KEYS.event_log("running")) == 0  # only in the tail so far
-    client.delete(*(KEYS.lease(j) for j in ("running", "requeued", "ended")))
-    client.hset(KEYS.job_record("requeued"), "state", "queued")
+        publisher._process([EventItem(job, _token(i)) for job in jobs.values()])
+    assert client.xlen(KEYS.event_log("second")) == 0  # only in the tail so far
+    client.delete(*(KEYS.lease(name) for name in jobs))
+    for name in ("first", "second"):
+        client.hset(KEYS.job_record(name), "state", "queued")
     client.hset(KEYS.job_record("ended"), "state", "done")
-    w2 = _store(client, clean_redis_url, "w2")
-    first = w2.claim("requeued", "{}", "d", "w2#1")
+    w2 = JobStore(client, WorkerSettings(redis_url=clean_redis_url, model_name="m",
+                                         worker_id="w2", log_ttl=60.0, log_live_ttl=3600.0))
+    first = w2.claim("first", "{}", "d", "w2#1")
     assert first.status == "claimed"
     assert first.progress is not None
     assert first.progress.next_seq == 3
-    assert not client.exists(store.tail_key)
-    assert _read(clean_redis_url, "running") == [(0, [0]), (1, [1]), (2, [2])]
-    assert client.hget(KEYS.job_record("running"), "run") == b""
-    assert store.append_batch([JobEvents("running", events=[(3, False, b"\x90")],
-                                         run="w1#running")]) == [AppendResult.FENCED]
-    later = w2.claim("running", "{}", "d", "w2#2")
-    assert later.progress is not None
-    assert later.progress.next_seq == 3
+    assert client.xlen(KEYS.event_log("second")) == 1
+    assert client.xlen(KEYS.event_log("running")) == 0
+    assert client.hget(KEYS.job_record("running"), "run") == b"w1#running"
+    assert client.ttl(store.tail_key) > 3600  # the running job's events still need it
+    client.delete(store.tail_key)  # however long the tail lives, "second" has its events
+    second = w2.claim("second", "{}", "d", "w2#2")
+    assert second.progress is not None
+    assert second.progress.next_seq == 3
 
 
-def test_a_live_workers_tail_is_left_to_each_claim(
+def test_a_dead_workers_tail_goes_once_none_of_its_jobs_runs(
         client: redis.Redis, clean_redis_url: str) -> None:
-    """A worker that still holds a lease on a job in its tail is alive: a claim of
-    another of its jobs (one it stalled on) moves only that job's events, as before."""
-    store = _store(client, clean_redis_url, "w1")
+    settings = WorkerSettings(redis_url=clean_redis_url, model_name="m", worker_id="w1",
+                              log_ttl=60.0, log_live_ttl=3600.0)
+    store = JobStore(client, settings)
     publisher = _publisher(store)
-    taken, kept = _job("taken"), _job("kept")
-    _claimed(store, taken)
-    _claimed(store, kept)
-    publisher._process([EventItem(taken, _token(0)), EventItem(kept, _token(0))])
-    client.delete(KEYS.lease("taken"))
-    assert _store(client, clean_redis_url, "w2").claim("taken", "{}", "d", "w2#1").status \
-        == "claimed"
-    assert client.exists(store.tail_key)
-    assert client.xlen(KEYS.event_log("kept")) == 0
-    assert client.hget(KEYS.job_record("kept"), "run") == b"w1#kept"
+    requeued, ended = _job("requeued"), _job("ended")
+    _claimed(store, requeued)
+    _claimed(store, ended)
+    publisher._process([EventItem(requeued, _token(0)), EventItem(ended, _token(0))])
+    assert client.ttl(store.tail_key) > 3600
+    client.delete(KEYS.lease("requeued"), KEYS.lease("ended"))
+    client.hset(KEYS.job_record("requeued"), "state", "queued")
+    client.hset(KEYS.job_record("ended"), "state", "done")
+    w2 = JobStore(client, WorkerSettings(redis_url=clean_redis_url, model_name="m",
+                                         worker_id="w2", log_ttl=60.0))
+    assert w2.claim("requeued", "{}", "d", "w2#1").status == "claimed"
+    assert 0 < client.ttl(store.tail_key) <= 60
+    # Had w1 been alive after all, its next batch gives its tail back its own expiry.
+    again = _job("again")
+    _claimed(store, again)
+    publisher._process([EventItem(again, _token(0))])
+    assert client.ttl(store.tail_key) > 3600
 
 
 def test_the_tail_lives_as_long_as_a_running_jobs_log_while_it_holds_its_events(

@@ -171,10 +171,10 @@ class JobStore:
         # with which a claim names the previous owner's.
         self.fence_key = self.keys.worker_fenced(self.worker_id)
         self.fence_prefix = self.keys.worker_fenced("")
-        # A job's record, log and lease names less the job id and closing brace, for the
-        # scripts that name the keys of jobs they only learn about in Redis.
+        # A job's record and log names less the job id and closing brace, for the claim,
+        # which names the keys of jobs it only learns about in Redis (a previous owner's).
         self.per_job_heads = [name("\0").partition("\0")[0] for name in
-                              (self.keys.job_record, self.keys.event_log, self.keys.lease)]
+                              (self.keys.job_record, self.keys.event_log)]
         self._check_each_until = -float("inf")
         self._check_expired = job_scripts.CHECK_EXPIRED
         self._commit_requeue = job_scripts.COMMIT_REQUEUE
@@ -207,7 +207,8 @@ class JobStore:
              self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
             [job_id, self.worker_id, self.lease_ms, payload_json, now_ms(),
              self.live_ttl_s, digest, self.tail_prefix, self.settings.log_max_len,
-             self.fence_prefix, run or self.worker_id, *self.per_job_heads],
+             self.fence_prefix, run or self.worker_id, *self.per_job_heads,
+             self.ended_ttl_s],
         )
         status = _text(result[0])
         if status == "claimed":

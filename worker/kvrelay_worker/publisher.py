@@ -86,11 +86,8 @@ class Publisher:
         # Jobs with events only in the tail so far, in the order they got them.
         self._unlogged: dict[ActiveJob, None] = {}
         self._queue: queue.SimpleQueue[list[Item] | object] = queue.SimpleQueue()
-        # Entries written to this worker's tail so far (retries counted: an upper bound),
-        # and when (monotonic) the tail's expiry is next refreshed.
+        # Entries written to this worker's tail so far (retries counted: an upper bound).
         self._tail_entries = 0
-        self._tail_expiry_at: float | None = None
-        self._tail_ttl = 0
         self._thread = threading.Thread(target=self._run, name="kvrelay-publisher", daemon=True)
 
     def start(self) -> None:
@@ -204,23 +201,15 @@ class Publisher:
         job.log_expiry_refresh_at = now + refresh
         return live + refresh
 
-    def _tail_expiry_due(self, ends_a_job: bool, holds_running: bool) -> int:
-        """The expiry this batch sets on the tail (0: none due), refreshed an eighth of it
-        after it was last set, and at once by a batch that ends a job or changes which
-        applies. While the tail holds events of running jobs that are in no log yet, a
-        running job's log's (``KVRELAY_LOG_LIVE_TTL``): the tail must outlive them until
-        their next owner claims them (the first such claim moves them all and deletes a
-        dead worker's tail). Otherwise an ended job's log's (``KVRELAY_LOG_TTL``): the
-        tail then only holds events already in their logs."""
-        now = time.monotonic()
+    def _tail_expiry(self, holds_running: bool) -> int:
+        """The expiry the tail should have (the batch's script sets it again once an eighth
+        of it has passed, or at once when it differs). While the tail holds events of
+        running jobs that are in no log yet, a running job's log's
+        (``KVRELAY_LOG_LIVE_TTL``, and the eighth): the tail must outlive them until
+        their next owner claims them. Otherwise an ended job's log's
+        (``KVRELAY_LOG_TTL``): the tail then only holds events already in their logs."""
         ended, live = self.store.ended_ttl_s, self.store.live_ttl_s
-        ttl = max(ended, live + max(1, live // 8)) if holds_running else ended
-        if not ends_a_job and ttl == self._tail_ttl and self._tail_expiry_at is not None \
-                and now < self._tail_expiry_at:
-            return 0
-        self._tail_ttl = ttl
-        self._tail_expiry_at = now + max(1, ttl // 8)
-        return ttl
+        return max(ended, live + max(1, live // 8)) if holds_running else ended
 
     def _send(self, per_job: dict[ActiveJob, tuple[list[EventItem], JobEvents]]
               ) -> list[object]:
@@ -234,7 +223,7 @@ class Publisher:
         # Tail-only events of running jobs once this batch is written (its moves taken).
         holds_running = any(b.events and not b.moved for b in batch) or any(
             job not in per_job or not per_job[job][1].moved for job in self._unlogged)
-        tail_expiry = self._tail_expiry_due(any(b.terminal for b in batch), holds_running)
+        tail_expiry = self._tail_expiry(holds_running)
 
         def attempt() -> list[object]:
             self._tail_entries += entries
