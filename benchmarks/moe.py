@@ -54,6 +54,7 @@ def measure(rounds: int, threads: int) -> dict[str, Any]:
             for variant in ("grouped", "loop"):
                 for layer in experts:
                     layer.grouped = variant == "grouped"
+                    layer.padded = False  # the loop baseline, whatever the batch
                 engine.kv.pool.reset_prefix_cache()
                 start = time.perf_counter()
                 outs = llm.generate(prompts, params)

@@ -49,5 +49,35 @@ def test_grouped_and_loop_equal_the_routing_rule(experts: int, top_k: int, norma
     expected = dense_reference(layer, x)
     assert layer.grouped, "this torch has grouped_mm: the grouped path is the default"
     torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
-    layer.grouped = False
+    layer.grouped = False  # the padded batch where pairs >= experts, else the loop
     torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    layer.padded = False  # the loop always
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+@torch.no_grad()
+def test_without_grouped_mm_a_large_step_reads_nothing_back(
+        tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop reads each layer's expert counts back (a wait for the device); a step
+    with at least as many (token, expert) pairs as experts takes the padded batch,
+    which reads nothing back, and gives the same result."""
+    layer = moe(8, 4, True)
+    layer.grouped = False
+    x = torch.randn(tokens, 32, generator=torch.Generator().manual_seed(3))
+    expected = dense_reference(layer, x)
+    reads: list[int] = []
+    tolist, item = torch.Tensor.tolist, torch.Tensor.item
+
+    def counted_tolist(self: torch.Tensor) -> object:
+        reads.append(1)
+        return tolist(self)
+
+    def counted_item(self: torch.Tensor) -> object:
+        reads.append(1)
+        return item(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    monkeypatch.setattr(torch.Tensor, "item", counted_item)
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    assert len(reads) == (0 if tokens * 4 >= 8 else 1)

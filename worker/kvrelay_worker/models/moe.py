@@ -3,9 +3,17 @@
 Expert weights are stacked (``w13``: every expert's gate and up rows, ``w2``: its down
 projection) so one grouped matmul serves all experts: the (token, expert) pairs are sorted
 by expert and ``grouped_mm`` multiplies each expert's run of rows by that expert's matrix
-in a single call, instead of a Python loop issuing two matmuls per expert hit. The loop is
-kept (``grouped=False``) as the baseline the MoE benchmark compares against, and as the
-path on a torch without ``grouped_mm``.
+in a single call, instead of a Python loop issuing two matmuls per expert hit. Where
+``grouped_mm`` cannot run (CUDA before Hopper, or not bfloat16), two paths remain:
+
+- ``_padded``: every expert's rows scattered into a ``[experts, tokens, hidden]`` batch
+  (an expert gets each token at most once) and two batched matmuls, all on the device:
+  no read-back. It multiplies ``experts / top_k`` times the rows, but reads every
+  expert's weights once, as the loop does when most experts are hit; so it serves a step
+  with at least as many (token, expert) pairs as experts.
+- ``_loop``: one pair of matmuls per expert hit, which must read the counts back (one
+  wait for the device per layer) but reads only those experts' weights: small batches.
+  It is also the baseline the MoE benchmark compares against.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ class SparseMoE(nn.Module):
         self.w13 = nn.Parameter(torch.empty(experts, 2 * self.intermediate_size, hidden))
         self.w2 = nn.Parameter(torch.empty(experts, hidden, self.intermediate_size))
         self.grouped = _grouped_mm is not None
+        # Without grouped_mm, large steps take the padded batch (no read-back per layer).
+        self.padded = True
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights, experts)``, each ``[tokens, top_k]``, as transformers computes them."""
@@ -57,6 +67,8 @@ class SparseMoE(nn.Module):
                 x.dtype == torch.bfloat16 and grouped_mm_supported(x.device))):
             # CUDA's grouped_mm takes bfloat16 only, from Hopper on; else the loop.
             out = self._grouped(rows, counts)
+        elif self.padded and x.shape[0] * self.top_k >= self.num_experts:
+            out = self._padded(rows, flat_experts[order], counts, x.shape[0])
         else:
             out = self._loop(rows, counts)
         out = out * weights.reshape(-1)[order, None]
@@ -73,6 +85,20 @@ class SparseMoE(nn.Module):
         result: torch.Tensor = _grouped_mm(self.act(gate) * up, self.w2.transpose(1, 2),
                                            offs=offsets)
         return result
+
+    def _padded(self, rows: torch.Tensor, expert_of_row: torch.Tensor, counts: torch.Tensor,
+                tokens: int) -> torch.Tensor:
+        """Rows sorted by expert, as one ``[experts, tokens, hidden]`` batch: each row goes
+        to its expert's slot at its rank among that expert's rows. No value is read back."""
+        starts = counts.cumsum(0) - counts
+        rank = torch.arange(rows.shape[0], device=rows.device) - starts[expert_of_row]
+        batch = rows.new_zeros(self.num_experts, tokens, rows.shape[1])
+        batch[expert_of_row, rank] = rows
+        gate, up = torch.bmm(batch, self.w13.transpose(1, 2)).split(self.intermediate_size,
+                                                                    dim=-1)
+        result = torch.bmm(self.act(gate) * up, self.w2.transpose(1, 2))
+        out: torch.Tensor = result[expert_of_row, rank]
+        return out
 
     def _loop(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """One pair of matmuls per expert that got tokens: the per-expert baseline."""
