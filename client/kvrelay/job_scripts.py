@@ -173,8 +173,8 @@ local function settle_owner_tail(tail_key, owner, claimed, heads, max_len, ttl, 
     end
   end
   if not running then
-    local left = redis.call('TTL', tail_key)
-    if left == -1 or left > tonumber(ended_ttl) then
+    local left = redis.call('PTTL', tail_key)
+    if left == -1 or left > 1000 * tonumber(ended_ttl) then
       redis.call('EXPIRE', tail_key, ended_ttl)
     end
   end
@@ -456,7 +456,8 @@ if ARGV[10] ~= '' then
   redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', '{TAIL_FIELD}', ARGV[10])
   -- The tail's expiry, set again once an eighth of it has passed, or at once when it
   -- should be shorter (or longer, after another worker's claim shortened it).
-  local want, left = tonumber(ARGV[4]), redis.call('TTL', KEYS[1])
+  -- (PTTL, not TTL: a tenant's user may run the one, see ``kvrelay.acl``.)
+  local want, left = tonumber(ARGV[4]), redis.call('PTTL', KEYS[1]) / 1000
   if want > 0 and (left < want - math.max(1, math.floor(want / 8)) or left > want) then
     redis.call('EXPIRE', KEYS[1], want)
   end

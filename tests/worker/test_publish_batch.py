@@ -160,11 +160,11 @@ def test_one_batch_is_one_script_call_one_tail_entry_and_one_message_per_client(
     assert _delta(before, after, "xadd") == 2
     assert _delta(before, after, "publish") == 3
     # Expiry: c's ended log and record; none per event. The tail's was set by the first
-    # batch and is only looked at (one TTL) until an eighth of it has passed: it holds
+    # batch and is only looked at (one PTTL) until an eighth of it has passed: it holds
     # a's, other's and watched's events, in no log yet, so it lives as long as a running
     # job's log (800 s, and an eighth for its refresh).
     assert _delta(before, after, "expire") == 2
-    assert _delta(before, after, "ttl") == 1
+    assert _delta(before, after, "pttl") == 1
     assert 0 < store.redis.ttl(KEYS.event_log("c")) <= 50
     assert 0 < store.redis.ttl(KEYS.job_record("c")) <= 50
     assert 800 < store.redis.ttl(store.tail_key) <= 900
