@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             batches=args.decode_batches or ([1, 16] if args.quick else [1, 16, 64]))
         results["decode_step"] = rows
         print(format_decode_table(rows), flush=True)
-    write_result(args.out, "kernels", args, results)
+    write_result(args.out, "gpu_kernels", args, results)
     return 0
 
 

@@ -30,7 +30,7 @@ SYS_PATH_KEPT = {
     "gpu_host_env.py": "runs a script as `python script.py` does: its folder first on the path",
 }
 # Imports between scripts kept on purpose: the GPU scripts change only in how they write.
-SCRIPT_IMPORTS_KEPT = {("kernels", "kernels_attention")}
+SCRIPT_IMPORTS_KEPT = {("gpu_kernels", "kernels_attention")}
 
 
 def scripts() -> list[str]:
