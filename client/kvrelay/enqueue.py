@@ -80,6 +80,17 @@ def _is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError)
 
 
+def _pool_limit(wanted: int) -> int:
+    """Celery sets kombu's connection-pool limit for the whole process (``kombu.pools``)
+    and resizes every pool to it, refusing to shrink one in use: a client with fewer
+    enqueue threads made after another had published failed its enqueues with "Can't
+    shrink pool when in use". The limit only grows."""
+    from kombu import pools
+
+    current = pools.get_limit()
+    return max(wanted, current) if isinstance(current, int) else wanted
+
+
 class CeleryEnqueuer:
     """Publishes ``kvrelay.generate`` tasks (JSON only) on ``Keyspace.queue(model)``."""
 
@@ -130,7 +141,7 @@ class CeleryEnqueuer:
                     result_accept_content=["json"],
                     broker_connection_retry_on_startup=True,
                     broker_connection_timeout=self._connect_timeout,
-                    broker_pool_limit=self._threads + 1,
+                    broker_pool_limit=_pool_limit(self._threads + 1),
                     broker_transport_options={
                         **self._keys.celery_transport_options(),
                         **self._broker_options,
