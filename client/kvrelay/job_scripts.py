@@ -67,6 +67,15 @@ local function array_parts(s)
   local b1, b2, b3, b4 = string.byte(s, 2, 5)
   return ((b1 * 256 + b2) * 256 + b3) * 256 + b4, string.sub(s, 6)
 end
+-- GET of every key in ``names`` (MGET, in parts of 512 keys), in order.
+local function mget_all(names)
+  local got = {}
+  for first = 1, #names, 512 do
+    local part = redis.call('MGET', unpack(names, first, math.min(first + 511, #names)))
+    for i = 1, #part do got[first + i - 1] = part[i] end
+  end
+  return got
+end
 local function log_end(log_key)
   local last = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
   if #last == 0 then return -1, false end
@@ -93,17 +102,27 @@ local function run_holds(lease_key, record_key, run)
   local record = redis.call('HMGET', record_key, 'state', 'run')
   return record[1] == 'running' and record[2] == run
 end
-local function tail_find(blob, job_id)
-  local at, size = 1, #blob
-  while at <= size do
-    local id_len, seq, ended, events_len
-    id_len, at = struct.unpack('>I2', blob, at)
-    local id = string.sub(blob, at, at + id_len - 1)
-    seq, ended, events_len, at = struct.unpack('>I4BI4', blob, at + id_len)
-    if id == job_id then return seq, ended == 1, string.sub(blob, at, at + events_len - 1) end
-    at = at + events_len
+-- Write a job's tail records (``tail_by_job``'s) past its log's end into its log as one
+-- entry; returns the log's last seq then, and whether the log has ended.
+local function move_records(log_key, records, max_len, ttl)
+  local last_seq, ended = log_end(log_key)
+  if ended then return last_seq, true end
+  local parts, count, top, terminal = {}, 0, last_seq, false
+  for _, record in ipairs(records) do
+    if record[1] > top then
+      local n, body = array_parts(record[3])
+      parts[#parts + 1] = body
+      count = count + n
+      top = record[1]
+      terminal = record[2]
+    end
   end
-  return nil
+  if count == 0 then return last_seq, false end
+  local added = add_log_entry(log_key, max_len, top, array_header(count) .. table.concat(parts),
+                              terminal)
+  if type(added) == 'table' and added.err then error(added.err) end
+  redis.call('EXPIRE', log_key, ttl)
+  return top, terminal
 end
 -- Every job's records in a tail, in order: id -> list of {seq, ended, events array}.
 local function tail_by_job(tail_key)
@@ -149,25 +168,7 @@ local function settle_owner_tail(tail_key, owner, claimed, heads, max_len, ttl, 
     local record_key, log_key = heads[1] .. id .. '}', heads[2] .. id .. '}'
     local record = redis.call('HMGET', record_key, 'state', '{OWNER_FIELD}')
     if record[2] == owner and record[1] == 'queued' and id ~= claimed then
-      local top, ended = log_end(log_key)
-      if not ended then
-        local parts, count, terminal = {}, 0, false
-        for _, part in ipairs(per_job[id]) do
-          if part[1] > top then
-            local n, body = array_parts(part[3])
-            parts[#parts + 1] = body
-            count = count + n
-            top = part[1]
-            terminal = part[2]
-          end
-        end
-        if count > 0 then
-          local added = add_log_entry(log_key, max_len, top,
-                                      array_header(count) .. table.concat(parts), terminal)
-          if type(added) == 'table' and added.err then error(added.err) end
-          redis.call('EXPIRE', log_key, ttl)
-        end
-      end
+      move_records(log_key, per_job[id], max_len, ttl)
     elseif record[2] == owner and record[1] == 'running' and id ~= claimed then
       running = true
     end
@@ -180,30 +181,8 @@ local function settle_owner_tail(tail_key, owner, claimed, heads, max_len, ttl, 
   end
 end
 local function settle(log_key, tail_key, job_id, max_len, ttl)
-  local last_seq, ended = log_end(log_key)
-  if ended or not tail_key then return last_seq, ended end
-  local parts, count, top, terminal = {}, 0, last_seq, false
-  for _, entry in ipairs(redis.call('XRANGE', tail_key, '-', '+')) do
-    local fields = entry[2]
-    for i = 1, #fields, 2 do
-      if fields[i] == '{TAIL_FIELD}' then
-        local seq, last, events = tail_find(fields[i + 1], job_id)
-        if seq and seq > top then
-          local n, body = array_parts(events)
-          parts[#parts + 1] = body
-          count = count + n
-          top = seq
-          terminal = last
-        end
-      end
-    end
-  end
-  if count == 0 then return last_seq, false end
-  local added = add_log_entry(log_key, max_len, top, array_header(count) .. table.concat(parts),
-                              terminal)
-  if type(added) == 'table' and added.err then error(added.err) end
-  redis.call('EXPIRE', log_key, ttl)
-  return top, terminal
+  if not tail_key then return log_end(log_key) end
+  return move_records(log_key, tail_by_job(tail_key)[job_id] or {}, max_len, ttl)
 end
 """)
 
@@ -217,9 +196,10 @@ end
 # One round trip does the pickup checks, moves what the previous owner left in its tail
 # into the log (and its other requeued jobs': ``settle_owner_tail``), raises the previous
 # owner's fence flag (its batches then check each job's lease) unless that run handed
-# the job back, and returns what earlier attempts wrote. A copy whose request differs from the one the job id belongs to is "reused"
-# (never run). A lease that already holds this run id is this claim's own, sent again
-# after its reply was lost: it is answered as claimed, with nothing changed.
+# the job back, and returns what earlier attempts wrote. A copy whose request differs
+# from the one the job id belongs to is "reused" (never run). A lease that already holds
+# this run id is this claim's own, sent again after its reply was lost: it is answered as
+# claimed, with nothing changed.
 CLAIM = LuaScript("claim", _format("""
 local record = redis.call('HMGET', KEYS[1], 'state', '{DIGEST_FIELD}', 'handback',
                           '{OWNER_FIELD}', 'attempts', 'run')
@@ -307,11 +287,7 @@ for j = 1, jobs do
   flags[2 * j - 1] = KEYS[3 * j - 1]
   flags[2 * j] = KEYS[3 * j]
 end
-local got = {}
-for first = 1, #flags, 512 do
-  local part = redis.call('MGET', unpack(flags, first, math.min(first + 511, #flags)))
-  for i = 1, #part do got[first + i - 1] = part[i] end
-end
+local got = mget_all(flags)
 local results, members = {}, {}
 local expiry = tonumber(ARGV[2]) + tonumber(ARGV[1])
 for j = 1, jobs do
@@ -339,7 +315,7 @@ for first = 1, #members, 4000 do
   redis.call('ZADD', KEYS[1], unpack(members, first, math.min(first + 3999, #members)))
 end
 return results
-""", flags=("allow-oom",))
+""", helpers=True, flags=("allow-oom",))
 
 # Append one event to a job's log and publish it, in the format of ``kvrelay.event_log``,
 # for a job the publisher is not batching: one its worker cannot run, or one no worker
@@ -427,11 +403,7 @@ else
     names[2 * j - 1] = KEYS[1 + 3 * j]
     names[2 * j] = KEYS[2 + 3 * j]
   end
-  local flags = {}
-  for first = 1, #names, 512 do
-    local got = redis.call('MGET', unpack(names, first, math.min(first + 511, #names)))
-    for i = 1, #got do flags[first + i - 1] = got[i] end
-  end
+  local flags = mget_all(names)
   local fenced = {}
   for j = 1, jobs do
     local lease, run = flags[2 * j - 1], ARGV[a + 3 * j - 1]

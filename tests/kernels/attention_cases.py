@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import pytest
 import torch
 
 
@@ -152,3 +153,8 @@ def dense_attention(batch: PagedBatch, scale: float, *, sliding_window: int | No
         scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
         out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
     return out
+
+
+# The quantized KV cache dtypes, as pytest parameters.
+QUANT_DTYPES = [pytest.param(torch.int8, id="int8"),
+                pytest.param(torch.float8_e4m3fn, id="fp8")]

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from attention_cases import TOLERANCES, PagedBatch, make_batch
+from attention_cases import QUANT_DTYPES, TOLERANCES, PagedBatch, make_batch
 
 from kvrelay_kernels import KernelArgumentError, paged_attention, store_kv_cache
 from kvrelay_kernels.cpu_kernels.paged_attention import cpu_kernel_usable
@@ -41,9 +41,6 @@ from kvrelay_kernels.reference.kv_store import store_kv_cache_reference
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 from kvrelay_kernels.triton_kernels.kv_store import store_kv_cache_triton
 from kvrelay_kernels.triton_kernels.paged_attention import paged_attention_triton
-
-QUANT_DTYPES = [pytest.param(torch.int8, id="int8"),
-                pytest.param(torch.float8_e4m3fn, id="fp8")]
 
 
 def _exponents(packed: torch.Tensor) -> torch.Tensor:

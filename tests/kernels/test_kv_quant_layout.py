@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from attention_cases import TOLERANCES, make_batch
+from attention_cases import QUANT_DTYPES, TOLERANCES, make_batch
 
 from kvrelay_kernels.attention import SUPPORTED_HEAD_SIZES
 from kvrelay_kernels.kv_quant import (
@@ -23,9 +23,6 @@ from kvrelay_kernels.reference.kv_store import store_kv_cache_reference
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 from kvrelay_kernels.triton_kernels.kv_store import store_kv_cache_triton
 from kvrelay_kernels.triton_kernels.paged_attention import paged_attention_triton
-
-QUANT_DTYPES = [pytest.param(torch.int8, id="int8"),
-                pytest.param(torch.float8_e4m3fn, id="fp8")]
 
 
 def _byte_offset(view: torch.Tensor, base: torch.Tensor, index: tuple[int, ...]) -> int:
