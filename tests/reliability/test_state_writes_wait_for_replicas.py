@@ -33,7 +33,10 @@ def cluster(module_sentinels: SentinelCluster) -> SentinelCluster:
 
 @pytest.fixture(scope="module")
 def store(cluster: SentinelCluster) -> Iterator[JobStore]:
-    settings = WorkerSettings(redis_url=cluster.url, model_name="m", worker_id="w1")
+    # A generous WAIT timeout: one short answer (a replica slow to acknowledge on a busy
+    # machine) turns waiting off for a few seconds, and the next writes would send none.
+    settings = WorkerSettings(redis_url=f"{cluster.url}?wait_timeout_ms=10000",
+                              model_name="m", worker_id="w1")
     client = worker_redis(settings)
     yield JobStore(client, settings)
     client.close()
