@@ -9,6 +9,8 @@ STAMP := $(VENV)/.kvrelay-installed
 # The CPU build of torch for machines without CUDA (the GPU build is the default wheel).
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Test processes: each takes whole files (module fixtures stay shared); 0 runs in one.
+PYTEST_WORKERS ?= 2
 
 # `make demo PROMPT="..."` (PROMPT reaches the recipe as an environment variable, so
 # quotes inside it are safe).
@@ -45,7 +47,7 @@ serve: install
 	$(BIN)/kvrelay up --serve
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
