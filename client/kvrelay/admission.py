@@ -43,6 +43,7 @@ __all__ = [
     "admission_fields",
     "at_front",
     "publish_task",
+    "task_argsrepr",
 ]
 
 # The longest queue wait a caller may ask for: shorter than the abort flag's lifetime
@@ -100,6 +101,15 @@ def admission_fields(max_queue: int, retry_after: float) -> dict[str, str]:
     return fields
 
 
+def task_argsrepr(job_id: str) -> str:
+    """What a task message's ``argsrepr`` header shows instead of the request.
+
+    Celery would otherwise repeat the payload (the prompt) as text in the headers, which
+    monitoring tools (Flower, ``celery events``) display and store.
+    """
+    return f"[<kvrelay job {job_id}>]"
+
+
 def publish_task(
     app: Any,
     name: str,
@@ -122,8 +132,6 @@ def publish_task(
     """
     _install()
     cap = None if max_queue is None else max_queue + 1
-    from kvrelay.enqueue import task_argsrepr  # enqueue imports this module
-
     tenant = quota.tenant if quota is not None else ""
     placement = _Placement(
         front=False, admission_key=keys.admission(model), cap=cap,

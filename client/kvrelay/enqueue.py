@@ -35,7 +35,6 @@ __all__ = [
     "Enqueuer",
     "celery_broker_settings",
     "celery_broker_url",
-    "task_argsrepr",
 ]
 
 log = logging.getLogger("kvrelay.enqueue")
@@ -59,15 +58,6 @@ def celery_broker_settings(url: str) -> tuple[str, dict[str, Any]]:
     if is_sentinel_url(url):
         return kombu_sentinel_settings(parse_sentinel_url(url))
     return celery_broker_url(url), {}
-
-
-def task_argsrepr(job_id: str) -> str:
-    """What a task message's ``argsrepr`` header shows instead of the request.
-
-    Celery would otherwise repeat the payload (the prompt) as text in the headers, which
-    monitoring tools (Flower, ``celery events``) display and store.
-    """
-    return f"[<kvrelay job {job_id}>]"
 
 
 def _is_connection_error(exc: BaseException) -> bool:

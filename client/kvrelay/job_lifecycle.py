@@ -13,7 +13,7 @@ import logging
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from redis.asyncio import Redis
 
@@ -39,12 +39,22 @@ from kvrelay.redis_functions import AsyncFunctions
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.workers import live_workers, payload_limits, served_models
 
-if TYPE_CHECKING:
-    from kvrelay.stream import AsyncStream
-
 __all__ = ["ABORT_FLAG_TTL_S", "JobLifecycle"]
 
 log = logging.getLogger("kvrelay.client")
+
+
+class LiveStream(Protocol):
+    """What the lifecycle needs of a stream it tracks (``kvrelay.stream.AsyncStream``):
+    named here so the lifecycle does not import the stream that imports it."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def worker(self) -> str | None: ...
+
+    async def aclose(self) -> None: ...
 
 # How long an abort flag lives: longer than any job may wait in a queue (the SDK caps
 # ``queue_timeout`` and workers cap ``KVRELAY_MAX_QUEUE_WAIT`` below it), so an abandoned
@@ -115,7 +125,7 @@ class JobLifecycle:
         self._max_payload_bytes = max_payload_bytes
         # Per model: the smallest payload limit its live workers advertise.
         self._payload_limits: dict[str, int] = {}
-        self._live: weakref.WeakSet[AsyncStream] = weakref.WeakSet()
+        self._live: weakref.WeakSet[LiveStream] = weakref.WeakSet()
         self._background: set[asyncio.Task[None]] = set()
         # The watching streams of this client (token -> job id), whose registrations
         # ``_refresh_watches`` keeps alive.
@@ -296,10 +306,10 @@ class JobLifecycle:
 
     # ------------------------------------------------------------------ live streams
 
-    def track(self, stream: AsyncStream) -> None:
+    def track(self, stream: LiveStream) -> None:
         self._live.add(stream)
 
-    def untrack(self, stream: AsyncStream) -> None:
+    def untrack(self, stream: LiveStream) -> None:
         self._live.discard(stream)
         if self._on_job_end is not None:
             self._on_job_end(stream.job_id, stream.worker)

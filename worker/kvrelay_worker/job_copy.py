@@ -7,8 +7,7 @@ import json
 
 from celery import Celery
 
-from kvrelay.admission import at_front
-from kvrelay.enqueue import task_argsrepr
+from kvrelay.admission import at_front, task_argsrepr
 from kvrelay.protocol import TASK_NAME
 
 
