@@ -19,7 +19,7 @@ jobs counted at that read, less the jobs of this client that ended on it since).
 only the exact part moves between reads: a client sending a conversation's turns one
 after another never sees its own finished turns as load.
 
-Placement is advisory: a dead worker's queued jobs are moved to the shared queue by the
+PrefixPlacement is advisory: a dead worker's queued jobs are moved to the shared queue by the
 live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
 depend on where a job was queued. It is off unless ``KVRELAY_PLACEMENT=true`` (or
 ``AsyncClient(placement=True)``): the placement benchmark shows more cache hits and up to
@@ -46,9 +46,9 @@ from kvrelay.prefix_fingerprints import request_fingerprints
 from kvrelay.protocol import GenerateRequest, WorkerInfo
 from kvrelay.workers import live_workers
 
-__all__ = ["MAX_KV_USAGE", "MAX_LOAD_LEAD", "PLACEMENT_VARIABLE", "Placement", "placement_enabled"]
+__all__ = ["MAX_KV_USAGE", "MAX_LOAD_LEAD", "PLACEMENT_VARIABLE", "PrefixPlacement", "placement_enabled"]
 
-log = logging.getLogger("kvrelay.placement")
+log = logging.getLogger("kvrelay.prefix_placement")
 
 PLACEMENT_VARIABLE: Final = "KVRELAY_PLACEMENT"
 # A worker whose KV cache is fuller than this would have to evict or preempt to take
@@ -84,7 +84,7 @@ class _Candidate:
     draining: bool
 
 
-class Placement:
+class PrefixPlacement:
     """Chooses a job's queue from a cached view of the model's workers."""
 
     def __init__(self, redis: Redis, keys: Keyspace, *, load_cap: float = 1.0,

@@ -7,9 +7,9 @@ import json
 
 from celery import Celery
 
-from kvrelay.admission import at_front
 from kvrelay.enqueue import task_argsrepr
 from kvrelay.protocol import TASK_NAME
+from kvrelay.queue_push import at_front
 
 
 def send_job_copy(app: Celery, queue: str, job_id: str, payload_json: str) -> None:

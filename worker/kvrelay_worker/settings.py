@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
-from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.connection import redact_url
 from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
+from kvrelay.queue_push import MAX_QUEUE_TIMEOUT_S
 from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 from kvrelay.tls import TlsConfigError, celery_ssl_options
 from kvrelay_worker.engine.options import (  # torch-free
@@ -93,7 +93,7 @@ class WorkerSettings:
     # Seconds any Redis call of the worker may take (connect, read, write) before it fails:
     # no thread waits forever on a Redis that stopped answering.
     redis_socket_timeout: float = 30.0
-    # Admission: jobs the model's queue may hold (0: no limit), advertised to clients and
+    # Queue limit: jobs the model's queue may hold (0: no limit), advertised to clients and
     # enforced with each push; the retry hint (seconds) a refused client gets.
     max_queue: int = 4096
     queue_retry_after: float = 1.0
