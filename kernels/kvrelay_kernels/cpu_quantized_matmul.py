@@ -157,11 +157,6 @@ def _dequantize_tiles_then_gemm(x: torch.Tensor, weight: QuantizedWeight,
     return out.to(x.dtype)
 
 
-def compiled_matmul_available() -> bool:
-    """False once compiling failed in this process (the reference path is used from then)."""
-    return not _broken
-
-
 def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x @ dequantize(weight).T + bias`` (2-D ``x``), or None if compiling is impossible."""
