@@ -3,7 +3,7 @@
 Each push is admitted under the queue's limit in the same Redis call (``admission``):
 a full queue raises ``QueueFull`` with a retry hint and nothing is enqueued.
 
-Celery's publish is blocking network I/O (~0.5 ms on localhost, plus a one-off app and
+Celery's publish is blocking network I/O (a round trip per job, plus a one-off app and
 connection set-up), so it runs in a small pool of dedicated threads: the event loop
 never waits on it, and 1,000 enqueues proceed several at a time (the producer pool
 hands each thread its own connection). Celery is imported on first use so that

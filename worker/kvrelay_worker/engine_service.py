@@ -68,7 +68,7 @@ class EngineService:
     The engine is also *built* on that thread: on CPU, torch's OpenMP runtime keeps a team
     of helper threads per thread that computes, and spins them less (waking them late)
     once a process has more of them than cores. Building the model on the main thread
-    and stepping it on another made every CPU step about a third slower.
+    and stepping it on another made every CPU step markedly slower.
     """
 
     def __init__(self, make_engine: Callable[[], ServedEngine], publisher: Publisher,
