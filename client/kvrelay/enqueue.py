@@ -1,6 +1,6 @@
 """Putting a job on the model's Celery queue, with Celery's own producer, off the loop.
 
-Each push is admitted under the queue's limit in the same Redis call (``admission``):
+Each push is admitted under the queue's limit in the same Redis call (``kvrelay.queue_push``):
 a full queue raises ``QueueFull`` with a retry hint and nothing is enqueued.
 
 Celery's publish is blocking network I/O (a round trip per job, plus a one-off app and
