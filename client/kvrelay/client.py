@@ -29,7 +29,7 @@ from kvrelay.errors import InvalidRequest, KvrelayError, UnknownJob
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
 from kvrelay.job_lookup import job_exists
 from kvrelay.keys import Keyspace, NamespaceError
-from kvrelay.placement import Placement, placement_enabled
+from kvrelay.prefix_placement import PrefixPlacement, placement_enabled
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.request_builder import (
@@ -80,7 +80,7 @@ class AsyncClient(AsyncResource):
         namespace: the tenant: every key, channel and queue this client uses starts
             with its prefix (``kvrelay:ns:<namespace>:``); workers of the same
             namespace (``KVRELAY_NAMESPACE``) serve it. Empty: the default ``kvrelay:``.
-        placement: prefix-aware placement (``kvrelay.placement``): a job goes to the
+        placement: prefix-aware placement (``kvrelay.prefix_placement``): a job goes to the
             queue of the worker that served its prompt's prefix recently, when that worker
             has room. None: ``$KVRELAY_PLACEMENT`` (off unless true); False: every job
             goes to the model's shared queue.
@@ -177,9 +177,9 @@ class AsyncClient(AsyncResource):
             subscribe_timeout=connect_timeout + reconnect_timeout,
         )
         self._celery: CeleryEnqueuer | None = None
-        placer: Placement | None = None
+        placer: PrefixPlacement | None = None
         if enqueuer is None and placement_enabled(placement):
-            placer = Placement(self._redis, self._keys, load_cap=placement_load_cap)
+            placer = PrefixPlacement(self._redis, self._keys, load_cap=placement_load_cap)
         if enqueuer is None:
             self._celery = CeleryEnqueuer(
                 url,

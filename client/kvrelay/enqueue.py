@@ -1,9 +1,9 @@
 """Putting a job on the model's Celery queue, with Celery's own producer, off the loop.
 
-Each push is admitted under the queue's limit in the same Redis call (``admission``):
+Each push is admitted under the queue's limit in the same Redis call (``kvrelay.queue_push``):
 a full queue raises ``QueueFull`` with a retry hint and nothing is enqueued.
 
-Celery's publish is blocking network I/O (~0.5 ms on localhost, plus a one-off app and
+Celery's publish is blocking network I/O (a round trip per job, plus a one-off app and
 connection set-up), so it runs in a small pool of dedicated threads: the event loop
 never waits on it, and 1,000 enqueues proceed several at a time (the producer pool
 hands each thread its own connection). Celery is imported on first use so that
@@ -21,11 +21,11 @@ from typing import Any
 
 import redis.exceptions
 
-from kvrelay.admission import AdmissionRefused, publish_task
 from kvrelay.errors import BrokerUnavailable, QueueFull
 from kvrelay.keys import Keyspace
-from kvrelay.placement import Placement
+from kvrelay.prefix_placement import PrefixPlacement
 from kvrelay.protocol import TASK_NAME, GenerateRequest, request_to_payload
+from kvrelay.queue_push import AdmissionRefused, publish_task
 from kvrelay.sentinel_url import is_sentinel_url, kombu_sentinel_settings, parse_sentinel_url
 from kvrelay.tenant_quota import TenantQuota, current_quota
 from kvrelay.tls import celery_ssl_options
@@ -54,7 +54,7 @@ def celery_broker_url(url: str) -> str:
 def celery_broker_settings(url: str) -> tuple[str, dict[str, Any]]:
     """kombu's broker URL for ``url`` and the transport options it needs beside it: none
     for ``redis://``; for ``redis+sentinel://`` kombu's Sentinel transport, its primary's
-    name and the replica WAIT that follows each job message (``kvrelay.admission``)."""
+    name and the replica WAIT that follows each job message (``kvrelay.queue_push``)."""
     if is_sentinel_url(url):
         return kombu_sentinel_settings(parse_sentinel_url(url))
     return celery_broker_url(url), {}
@@ -93,7 +93,7 @@ class CeleryEnqueuer:
         where: str | None = None,
         max_queue: int | None = None,
         keyspace: Keyspace | None = None,
-        placement: Placement | None = None,
+        placement: PrefixPlacement | None = None,
     ) -> None:
         self._keys = keyspace or Keyspace()
         self._broker_url, self._broker_options = celery_broker_settings(broker_url)

@@ -28,12 +28,10 @@ __all__ = [
     "pack_pair",
     "unpack_events",
     "unpack_message",
-    "unpack_pair",
 ]
 
 _raw_list: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _pairs: Final = msgspec.msgpack.Decoder(list[tuple[str, msgspec.Raw]])
-_pair: Final = msgspec.msgpack.Decoder(tuple[str, msgspec.Raw])
 _encoder: Final = msgspec.msgpack.Encoder()
 
 
@@ -59,12 +57,6 @@ def unpack_events(data: bytes | bytearray | memoryview | msgspec.Raw) -> list[ms
 def pack_pair(job_id: str, events: bytes) -> bytes:
     """One job's share of a message: ``[job_id, events]`` (``events`` from ``pack_events``)."""
     return b"\x92" + _encoder.encode(job_id) + events
-
-
-def unpack_pair(data: bytes) -> tuple[str, msgspec.Raw]:
-    """(job id, events array) of a pair (raises ``msgspec.DecodeError`` or
-    ``msgspec.ValidationError`` for anything else)."""
-    return _pair.decode(data)
 
 
 def pack_message(pairs: Sequence[bytes]) -> bytes:

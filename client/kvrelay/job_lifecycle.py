@@ -1,6 +1,6 @@
-"""``JobLifecycle``: the one owner of a client's jobs from admission to abort.
+"""``JobLifecycle``: the one owner of a client's jobs from the first check to abort.
 
-A stream asks it to admit its request (refuse before anything is sent), to enqueue it,
+A stream asks it to precheck its request (refuse before anything is sent), to enqueue it,
 and to abort the job when the caller leaves early; it also keeps the set of live streams
 (so closing the client aborts them) and the background aborts still in flight.
 """
@@ -77,7 +77,7 @@ _SERVED_MODELS_RECHECK_S: Final = 0.1
 
 
 class JobLifecycle:
-    """Admits, enqueues and aborts the jobs of one client; tracks its live streams.
+    """Prechecks, enqueues and aborts the jobs of one client; tracks its live streams.
 
     ``redis`` (commands, log reads) and ``dispatcher`` (the shared subscriber) are the
     connections a stream reads its job's events through; ``keys`` (the client's
@@ -117,7 +117,7 @@ class JobLifecycle:
         self.reply_channel = self.keys.reply_channel(uuid.uuid4().hex)
         self._enqueuer = enqueuer
         self._where = where
-        # Admission: a model some live worker serves (when required), a queue not too long.
+        # Prechecks: a model some live worker serves (when required), a queue not too long.
         self._served = _ServedModels(self._read_workers)
         self._require_worker = require_worker
         self._max_queue = max_queue
@@ -138,7 +138,7 @@ class JobLifecycle:
 
     # ------------------------------------------------------------------ a job's steps
 
-    async def admit(self, request: GenerateRequest) -> None:
+    async def precheck(self, request: GenerateRequest) -> None:
         """Refuse before enqueueing: no worker for the model, or its queue too long."""
         model = request.model
         if self._require_worker:

@@ -158,8 +158,11 @@ class Keyspace:
 
     # ---------------------------------------------------------------- per model
 
-    def admission(self, model: str) -> str:
-        """Hash of ``model``'s admission limit and retry hint, advertised by its workers."""
+    def queue_limit(self, model: str) -> str:
+        """Hash of ``model``'s queue limit and retry hint, advertised by its workers.
+
+        The key keeps its older ``admission:`` name: clients and workers of different
+        versions must find the same hash."""
         return f"{self.prefix}admission:{model}"
 
     def running_jobs(self, model: str) -> str:

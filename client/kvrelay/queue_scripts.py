@@ -1,5 +1,5 @@
 """Lua scripts that place jobs on a model's queues: admission under a limit
-(``kvrelay.admission``) and moving a dead worker's own queue to the shared one
+(``kvrelay.queue_push``) and moving a dead worker's own queue to the shared one
 (``kvrelay_worker.orphan_queues``)."""
 
 from __future__ import annotations

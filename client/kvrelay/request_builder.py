@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
-from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.errors import InvalidRequest, PayloadTooLarge
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -27,6 +26,7 @@ from kvrelay.protocol import (
     priority_from,
     sampling_options_from,
 )
+from kvrelay.queue_push import MAX_QUEUE_TIMEOUT_S
 
 __all__ = ["GenerateOptions", "JobSettings", "build_request", "new_job_id"]
 

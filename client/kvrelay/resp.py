@@ -1,9 +1,9 @@
 """A minimal RESP2 pub/sub connection: the receiving hot path of every stream.
 
-Why not redis-py's ``PubSub``: it costs ~20 µs per message (retry wrappers,
-observability hooks, a dict per message, one await per frame). One client may carry
-1,000 streams at tens of events per second each, so this reads whole socket chunks and
-parses every complete frame in one synchronous pass (a few µs per message). It speaks
+Why not redis-py's ``PubSub``: its per-message overhead (retry wrappers, observability
+hooks, a dict per message, one await per frame) adds up when one client carries a
+thousand streams at tens of events per second each. This reads whole socket chunks and
+parses every complete frame in one synchronous pass. It speaks
 only what a subscriber needs: AUTH, CLIENT SETNAME, SUBSCRIBE, UNSUBSCRIBE, PING.
 Reconnecting is the dispatcher's job; a connection here lives once.
 """

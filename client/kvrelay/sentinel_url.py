@@ -39,7 +39,7 @@ DEFAULT_SENTINEL_PORT: Final = 26379
 DEFAULT_WAIT_REPLICAS: Final = 1
 DEFAULT_WAIT_TIMEOUT_MS: Final = 200
 # kombu passes unknown transport options through untouched: ours carry the WAIT settings
-# to the Channel._put wrapper in ``kvrelay.admission``.
+# to the Channel._put wrapper in ``kvrelay.queue_push``.
 WAIT_REPLICAS_OPTION: Final = "kvrelay_wait_replicas"
 WAIT_TIMEOUT_OPTION: Final = "kvrelay_wait_timeout_ms"
 

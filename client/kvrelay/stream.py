@@ -313,7 +313,7 @@ class AsyncStream(AsyncResource):
         self._request = request
         if self._timeout is not None:
             self._deadline = asyncio.get_running_loop().time() + self._timeout
-        await self._jobs.admit(request)
+        await self._jobs.precheck(request)
         self._mailbox = await self._jobs.dispatcher.subscribe(
             self._job_id, self._jobs.reply_channel, max_bytes=self._jobs.stream_buffer_bytes
         )

@@ -1,7 +1,7 @@
 """One tenant's share of a namespace's workers, counted in Redis by the admission script.
 
 The gateway turns a tenant's policy into a ``TenantQuota`` and sets it on the tenant's
-streams (``AsyncStream.set_quota``). The admission script (``kvrelay.admission``) then
+streams (``AsyncStream.set_quota``). The admission script (``kvrelay.queue_push``) then
 checks and counts, in the same call that pushes the job, the tenant's jobs in flight
 (``Keyspace.tenant_jobs``), its jobs not yet started (``Keyspace.tenant_queued``) and a
 token bucket of admissions per second (``Keyspace.tenant_rate``): gateways racing each

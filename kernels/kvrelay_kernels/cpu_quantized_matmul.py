@@ -1,9 +1,8 @@
 """Weight-only quantized matmul on CPU: a dequantize-multiply-reduce loop compiled by inductor.
 
-Batch-1 decode streams every weight byte once per token, so its speed is the bytes read.
-Measured (issue 17, one 576x1536 projection, 2 threads): float32 ``F.linear`` 340 us,
-``aten._weight_int8pack_mm`` 397 us, the loop below compiled by ``torch.compile`` 55 us.
-The generated C++ reads the packed bytes, converts them to float in vector registers and
+Batch-1 decode streams every weight byte once per token, so its speed is the bytes read:
+the loop below, compiled by ``torch.compile``, beats both the float32 ``F.linear``
+(four bytes per weight) and ``aten._weight_int8pack_mm``. The generated C++ reads the packed bytes, converts them to float in vector registers and
 multiplies into the running sum; the float weight is never written out.
 
 For many rows (prefill, large batches) the loop's per-row vector arithmetic loses to the
@@ -13,8 +12,8 @@ tile with ``F.linear`` (``benchmarks/quant_matmul_rows.py`` measures the crossin
 
 Shapes are static (one compiled kernel per weight shape and row count up to
 ``DEQUANTIZE_ABOVE_ROWS``, so at most 4 per shape; the tiled path's dequantize kernel does
-not depend on the row count): symbolic shapes made inductor's loops far slower. Compiled code is cached on
-disk in inductor's cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the kvrelay cache),
+not depend on the row count): symbolic shapes made inductor's loops far slower. Compiled
+code is cached on disk in inductor's cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the kvrelay cache),
 so a restarted worker loads it instead of compiling again. Any failure to compile (no C++
 compiler) switches this process to the reference path, once, with a warning.
 """
@@ -33,11 +32,11 @@ from kvrelay_kernels.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
 
-# Rows (tokens) above which the tiled dequantize-then-GEMM path is taken. NOT settled by
-# measurement yet: the one run of benchmarks/quant_matmul_rows.py (load 5-11 on 2 cores,
-# older code) showed no clear crossing up to 32 rows. 4 bounds the compiled row counts
-# per shape; end to end, 32 concurrent requests (tiled path) ran at 0.94-1.04x float32
-# and batch-1 decode (fused loop) at 1.5-2.8x. Re-measure on an idle machine.
+# Rows (tokens) above which the tiled dequantize-then-GEMM path is taken. Not settled by
+# measurement yet (benchmarks/quant_matmul_rows.py has shown no clear crossing on a
+# loaded machine; re-measure on an idle one): 4 bounds the compiled row counts per shape,
+# and the tiled path keeps many-request batches level with float32 while batch-1 decode
+# keeps the fused loop's gain.
 DEQUANTIZE_ABOVE_ROWS = 4
 # Output channels dequantized at a time on that path: 256 x 1536 float32 is 1.5 MiB.
 TILE_ROWS = 256
@@ -72,8 +71,8 @@ def _int4_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 def _int4_rows_by_group(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                         mins: torch.Tensor) -> torch.Tensor:
     """``sum_g scale_g * (x_g . q_g) + sum_g min_g * sum(x_g)``: the minimums leave the
-    inner loop (1.6x faster than applying them per weight, measured at 3072x576, one
-    thread). Needs whole groups in each half row (``K/2`` a multiple of the group)."""
+    inner loop (faster than applying them per weight: fewer multiplies per byte read).
+    Needs whole groups in each half row (``K/2`` a multiple of the group)."""
     n, half = qweight.shape
     groups = scales.shape[1]
     g = 2 * half // groups
@@ -108,8 +107,8 @@ def _allow_one_compile_per_shape() -> None:
     """Every weight shape (and row count up to ``DEQUANTIZE_ABOVE_ROWS``) gets its own
     static-shape kernel. Dynamo keys its cache on the Python function, which all shapes
     share: at its default limit of 8 entries the later shapes would silently run eagerly,
-    and its automatic dynamic shapes would turn N and K symbolic, which made inductor's
-    loops 10-100x slower when measured. So the limit is raised for this process."""
+    and its automatic dynamic shapes would turn N and K symbolic, which makes inductor's
+    loops far slower. So the limit is raised for this process."""
     import torch._dynamo.config as dynamo_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 256)
@@ -155,11 +154,6 @@ def _dequantize_tiles_then_gemm(x: torch.Tensor, weight: QuantizedWeight,
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
-
-
-def compiled_matmul_available() -> bool:
-    """False once compiling failed in this process (the reference path is used from then)."""
-    return not _broken
 
 
 def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,

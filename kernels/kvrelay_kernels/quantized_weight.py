@@ -42,10 +42,6 @@ class QuantizedWeight:
         return int(self.qweight.shape[0])
 
     @property
-    def num_groups(self) -> int:
-        return self.in_features // self.group_size
-
-    @property
     def nbytes(self) -> int:
         """Bytes resident in memory (packed values, scales, minimums)."""
         tensors = [self.qweight, self.scales] + ([self.mins] if self.mins is not None else [])

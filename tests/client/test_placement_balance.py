@@ -1,4 +1,4 @@
-"""Placement keeps the workers' loads within one job of each other: a job goes to the worker
+"""PrefixPlacement keeps the workers' loads within one job of each other: a job goes to the worker
 holding its prefix only while that worker carries at most one job more than the least
 loaded live worker; otherwise to the shared queue, where the first free worker takes it.
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvrelay.keys import Keyspace
-from kvrelay.placement import Placement
 from kvrelay.prefix_filter import PrefixFilter
 from kvrelay.prefix_fingerprints import CHUNK_TOKENS, request_fingerprints
+from kvrelay.prefix_placement import PrefixPlacement
 from kvrelay.protocol import GenerateRequest, WorkerInfo, encode_worker_info
 
 KEYS = Keyspace()
@@ -34,7 +34,7 @@ async def _heartbeat(redis: Any, worker_id: str, *, running: int, holds_prefix: 
 async def _placed(redis: Any, holder_running: int, other_running: int) -> str | None:
     await _heartbeat(redis, "holder", running=holder_running, holds_prefix=True)
     await _heartbeat(redis, "other", running=other_running, holds_prefix=False)
-    return await Placement(redis, KEYS).queue_for(REQUEST)
+    return await PrefixPlacement(redis, KEYS).queue_for(REQUEST)
 
 
 async def test_the_holder_gets_the_job_while_at_most_one_job_busier(fake_redis: Any) -> None:

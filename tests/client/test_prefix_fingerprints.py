@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from kvrelay.placement import PLACEMENT_VARIABLE, placement_enabled
 from kvrelay.prefix_filter import FILTER_BITS, MAX_ADVERTISED, PrefixFilter
 from kvrelay.prefix_fingerprints import (
     CHUNK_CHARS,
@@ -15,6 +14,7 @@ from kvrelay.prefix_fingerprints import (
     prompt_fingerprints,
     request_fingerprints,
 )
+from kvrelay.prefix_placement import PLACEMENT_VARIABLE, placement_enabled
 from kvrelay.protocol import ChatMessage, GenerateRequest
 
 SYSTEM = "".join(random.Random(1).choice("abcdefgh ") for _ in range(4 * CHUNK_CHARS))

@@ -11,7 +11,7 @@ from kvrelay.keys import Keyspace
 from kvrelay.prefix_filter import PrefixFilter
 from kvrelay.protocol import decode_worker_info
 
-# How long an SDK reuses its view of the workers (``Placement.refresh_s``), plus margin.
+# How long an SDK reuses its view of the workers (``PrefixPlacement.refresh_s``), plus margin.
 CLIENT_VIEW_S = 1.2
 
 

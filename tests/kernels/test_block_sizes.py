@@ -19,7 +19,7 @@ from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 from kvrelay_kernels.triton_kernels import launch_config
 from kvrelay_kernels.triton_kernels.kv_store import store_kv_cache_triton
 from kvrelay_kernels.triton_kernels.paged_attention import paged_attention_triton
-from kvrelay_worker.engine.config import BLOCK_SIZES
+from kvrelay_worker.engine.options import BLOCK_SIZES
 
 H200_OPTIN = 232448  # shared_memory_per_block_optin of an H100/H200
 ADA_OPTIN = 101376  # of an RTX 4090 / L4 / L40S (sm_89)

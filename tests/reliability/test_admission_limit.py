@@ -98,7 +98,7 @@ async def test_a_namespace_is_admitted_under_its_own_limit_and_queue(
     raw = redis.Redis.from_url(clean_redis_url)
     try:
         # What a worker of namespace acme advertises (and a limit the default one lacks).
-        raw.hset(acme.admission(MODEL), mapping={"max_queue": "2", "retry_after": "4.0"})
+        raw.hset(acme.queue_limit(MODEL), mapping={"max_queue": "2", "retry_after": "4.0"})
         async with AsyncClient(
             clean_redis_url, model=MODEL, require_worker=False, namespace="acme"
         ) as tenant:

@@ -7,12 +7,8 @@ import pytest
 
 from kvrelay.cli.config import validate_environment
 from kvrelay.cli.errors import CliError
-from kvrelay_worker.engine.config import KV_CACHE_DTYPES, EngineConfig
-from kvrelay_worker.settings import _KV_CACHE_DTYPES, SettingsError, WorkerSettings
-
-
-def test_the_worker_knows_the_engines_kv_cache_dtypes() -> None:
-    assert set(_KV_CACHE_DTYPES) == {"auto", *KV_CACHE_DTYPES}
+from kvrelay_worker.engine.config import EngineConfig
+from kvrelay_worker.settings import SettingsError, WorkerSettings
 
 
 def test_the_setting_becomes_an_engine_option() -> None:

@@ -8,12 +8,7 @@ import pytest
 from kvrelay.cli.config import validate_environment
 from kvrelay.cli.errors import CliError
 from kvrelay_worker.engine.config import EngineConfig
-from kvrelay_worker.engine.preemption import PREEMPTION_MODES
-from kvrelay_worker.settings import _PREEMPTION_MODES, SettingsError, WorkerSettings
-
-
-def test_the_worker_knows_the_engines_modes() -> None:
-    assert set(_PREEMPTION_MODES) == set(PREEMPTION_MODES)
+from kvrelay_worker.settings import SettingsError, WorkerSettings
 
 
 def test_settings_become_engine_options() -> None:

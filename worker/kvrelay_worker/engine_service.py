@@ -30,8 +30,7 @@ from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.device_loss import exit_for_device_loss
 from kvrelay_worker.engine.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
-from kvrelay_worker.engine.outputs import ChoiceDelta, StepOutput
-from kvrelay_worker.engine.outputs import TokenLogprob as EngineLogprob
+from kvrelay_worker.engine.outputs import ChoiceDelta, SampledLogprob, StepOutput
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.publisher import DoneItem, EventItem, HandbackItem, Item, Publisher
 from kvrelay_worker.served_engine import ServedEngine
@@ -69,7 +68,7 @@ class EngineService:
     The engine is also *built* on that thread: on CPU, torch's OpenMP runtime keeps a team
     of helper threads per thread that computes, and spins them less (waking them late)
     once a process has more of them than cores. Building the model on the main thread
-    and stepping it on another made every CPU step about a third slower.
+    and stepping it on another made every CPU step markedly slower.
     """
 
     def __init__(self, make_engine: Callable[[], ServedEngine], publisher: Publisher,
@@ -320,6 +319,6 @@ class EngineService:
             self._stats = stats
 
 
-def _wire_logprob(lp: EngineLogprob) -> TokenLogprob:
+def _wire_logprob(lp: SampledLogprob) -> TokenLogprob:
     return TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
                         top=[TopLogprob(t, v) for t, v in lp.top])

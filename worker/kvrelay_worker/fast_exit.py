@@ -2,10 +2,9 @@
 
 When Celery sends ``worker_shutdown`` the worker is done: running jobs drained or handed
 back, every event written, the runtime stopped, the exit code decided. What is left is
-Python unloading torch, transformers and the engine module by module, which took 2-3 s
-of a stopping worker's time on a 2-core VM (measured: SIGTERM to exit 3.4 s, of which
-0.4 s was the drain), while a supervisor or a rolling deploy waits and the memory stays
-held. So the last ``atexit`` hook registered, which runs first, flushes the logs and
+Python unloading torch, transformers and the engine module by module, which takes most
+of a stopping worker's time (far longer than the drain itself), while a supervisor or a
+rolling deploy waits and the memory stays held. So the last ``atexit`` hook registered, which runs first, flushes the logs and
 standard streams and ends the process with that code.
 """
 

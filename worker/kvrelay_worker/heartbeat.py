@@ -1,6 +1,6 @@
 """The worker's entry in the registry clients read: written every ``lease_refresh``,
-removed on shutdown, expiring by itself when the worker dies. The model's admission limit
-(``admission_advert``) rides along."""
+removed on shutdown, expiring by itself when the worker dies. The model's queue limit
+(``queue_limit_advert``) rides along."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Callable
 import redis
 
 from kvrelay.protocol import WorkerInfo, encode_worker_info
-from kvrelay_worker.admission_advert import advertise_admission
 from kvrelay_worker.periodic import Periodic
+from kvrelay_worker.queue_limit_advert import advertise_queue_limit
 from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.settings import WorkerSettings
 
@@ -59,5 +59,5 @@ class Heartbeat:
         # watchdogs that empty dead workers' queues (``orphan_queues``).
         pipe.zadd(self.keys.worker_queues(self.settings.served_model),
                   {self.worker_id: int(time.time() * 1000)})
-        advertise_admission(pipe, self.settings)
+        advertise_queue_limit(pipe, self.settings)
         pipe.execute()

@@ -7,8 +7,8 @@ import json
 
 from celery import Celery
 
-from kvrelay.admission import at_front, task_argsrepr
 from kvrelay.protocol import TASK_NAME
+from kvrelay.queue_push import at_front, task_argsrepr
 
 
 def send_job_copy(app: Celery, queue: str, job_id: str, payload_json: str) -> None:

@@ -1,6 +1,6 @@
 """Moving the jobs waiting in a dead worker's own queue onto the model's shared queue.
 
-Placement puts a job on one worker's queue (``Keyspace.worker_queue``); only that worker
+Prefix-aware placement puts a job on one worker's queue (``Keyspace.worker_queue``); only that worker
 consumes it. When the worker dies, its waiting jobs would wait forever, so the live
 workers' watchdog looks, once per ``watchdog_interval``, at the workers whose heartbeat
 stopped refreshing their entry in ``Keyspace.worker_queues(model)`` and moves each dead

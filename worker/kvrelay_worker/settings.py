@@ -15,13 +15,19 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
-from kvrelay.admission import MAX_QUEUE_TIMEOUT_S
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.connection import redact_url
 from kvrelay.event_log import LIVE_LOG_TTL_S
 from kvrelay.keys import Keyspace, NamespaceError
+from kvrelay.queue_push import MAX_QUEUE_TIMEOUT_S
 from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 from kvrelay.tls import TlsConfigError, celery_ssl_options
+from kvrelay_worker.engine.options import (  # torch-free
+    KV_CACHE_DTYPE_CHOICES,
+    PREEMPTION_MODES,
+    QUANTIZATION_GROUP_SIZES,
+    QUANTIZATIONS,
+)
 from kvrelay_worker.engine.speculative_config import (  # torch-free
     DEFAULT_NGRAM_MAX,
     DEFAULT_NGRAM_MIN,
@@ -41,16 +47,6 @@ SIMULATED_MODEL = "simulated"
 
 def is_simulated_model(model: str) -> bool:
     return model == SIMULATED_MODEL or model.startswith(SIMULATED_MODEL + ":")
-
-
-# The engine's weight quantizations (engine/config.py; not imported: it needs torch).
-_QUANTIZATIONS = ("none", "int8", "int4", "gguf")
-_GROUP_SIZES = (32, 64, 128)
-
-# The engine's preemption modes (engine/preemption.py; not imported: it needs torch).
-_PREEMPTION_MODES = ("auto", "swap", "recompute")
-# The engine's KV cache dtypes (engine/config.py: "auto" and KV_CACHE_DTYPES).
-_KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3")
 
 
 class SettingsError(ValueError):
@@ -97,7 +93,7 @@ class WorkerSettings:
     # Seconds any Redis call of the worker may take (connect, read, write) before it fails:
     # no thread waits forever on a Redis that stopped answering.
     redis_socket_timeout: float = 30.0
-    # Admission: jobs the model's queue may hold (0: no limit), advertised to clients and
+    # Queue limit: jobs the model's queue may hold (0: no limit), advertised to clients and
     # enforced with each push; the retry hint (seconds) a refused client gets.
     max_queue: int = 4096
     queue_retry_after: float = 1.0
@@ -179,24 +175,24 @@ class WorkerSettings:
                 raise SettingsError(f"KVRELAY_{name.upper()} must be >= 0, "
                                     f"got {getattr(self, name)}")
         # Checked again by EngineConfig; here so a bad value fails before the model loads.
-        if self.preemption_mode is not None and self.preemption_mode not in _PREEMPTION_MODES:
+        if self.preemption_mode is not None and self.preemption_mode not in PREEMPTION_MODES:
             raise SettingsError(f"KVRELAY_PREEMPTION_MODE must be one of "
-                                f"{', '.join(_PREEMPTION_MODES)}, got {self.preemption_mode!r}")
+                                f"{', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}")
         try:
             parse_speculative(self.speculative, "KVRELAY_SPECULATIVE")
             check_num_speculative_tokens(self.speculative_tokens, "KVRELAY_SPECULATIVE_TOKENS")
             parse_ngram_range(self.speculative_ngram, "KVRELAY_SPECULATIVE_NGRAM")
         except SpeculativeSettingError as exc:
             raise SettingsError(str(exc)) from None
-        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
             raise SettingsError(f"KVRELAY_KV_CACHE_DTYPE must be one of "
-                                f"{', '.join(_KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        if self.quantization not in _QUANTIZATIONS:
+                                f"{', '.join(KV_CACHE_DTYPE_CHOICES)}, got {self.kv_cache_dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
             raise SettingsError(f"KVRELAY_QUANTIZATION must be one of "
-                                f"{', '.join(_QUANTIZATIONS)}, got {self.quantization!r}")
-        if self.quantization_group_size not in _GROUP_SIZES:
+                                f"{', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quantization_group_size not in QUANTIZATION_GROUP_SIZES:
             raise SettingsError(f"KVRELAY_QUANTIZATION_GROUP_SIZE must be one of "
-                                f"{', '.join(map(str, _GROUP_SIZES))}, "
+                                f"{', '.join(map(str, QUANTIZATION_GROUP_SIZES))}, "
                                 f"got {self.quantization_group_size}")
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise SettingsError(f"KVRELAY_TARGET_STEP_MS must be positive (milliseconds), "

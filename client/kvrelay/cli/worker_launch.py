@@ -144,7 +144,3 @@ def prepare_if_needed(model: str) -> None:
     a silent minute inside the worker."""
     if needs_preparation(model):
         prepare(model)
-
-
-def current_environment() -> dict[str, str]:
-    return dict(os.environ)

@@ -1,6 +1,6 @@
 """What one tenant may ask of the shared workers: a priority ceiling, jobs at once, jobs
 waiting, requests per second. Enforced by the gateway; the counting is in Redis
-(``kvrelay.tenant_admission``), so every gateway process of a namespace shares it.
+(``kvrelay.tenant_quota``), so every gateway process of a namespace shares it.
 """
 
 from __future__ import annotations

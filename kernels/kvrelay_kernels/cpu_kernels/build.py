@@ -35,8 +35,8 @@ def compiler_flags() -> tuple[str, ...]:
     reassociation is not wanted). On Linux, -fopenmp as well: ATen's ``at::parallel_for``
     is a header template that runs serially unless the extension itself is compiled with
     OpenMP (it then joins torch's own libgomp team, sized by ``torch.set_num_threads``).
-    On x86-64, -march=native adds AVX2/AVX-512 and FMA (measured 15% faster than the
-    baseline SSE2 build); the build folder's name includes this CPU's model and flags, so a
+    On x86-64, -march=native adds AVX2/AVX-512 and FMA (faster than the baseline SSE2
+    build); the build folder's name includes this CPU's model and flags, so a
     cache copied to another CPU is rebuilt, not misrun."""
     flags = ["-O3", "-fopenmp-simd", "-std=c++17"]
     if sys.platform == "linux":

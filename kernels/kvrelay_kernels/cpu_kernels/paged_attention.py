@@ -6,9 +6,9 @@ context once per sequence and KV head as vectors; every longer query (prompt chu
 or after a prefix-cache hit, speculative verification) goes to ``tiled_attention.cpp``,
 which reads K/V tiles once per tile of query tokens and runs them as matrix products
 (sgemm on one worker; blocked loops when several share the call, see the .cpp).
-Measured per layer on one thread, SmolLM2 shapes (``benchmarks/cpu_attention.py``): the
-tiled kernel beats the reference's gather + SDPA at every prompt-chunk size, fresh
-prefill included, so the reference only serves calls the kernels cannot.
+The tiled kernel beats the reference's gather + SDPA at every prompt-chunk size, fresh
+prefill included (``benchmarks/cpu_attention.py`` compares them per layer), so the
+reference only serves calls the kernels cannot.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
 from kvrelay_kernels.reference.paged_attention import paged_attention_reference
 
 # Queries of at most this many new tokens run in the decode kernel, longer ones in the
-# tiled kernel (measured: for one token the decode kernel is ~8% faster, from two tokens
-# on the tiled one wins, 2.5x at four).
+# tiled kernel: the decode kernel wins only for a single token; from two tokens on, the
+# tiled one reads each K/V tile once for all of them and wins by more as queries grow.
 DECODE_QUERY_LEN = 1
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
         ChoiceDelta,
         CompletionChoice,
         RequestOutput,
+        SampledLogprob,
         StepOutput,
-        TokenLogprob,
     )
     from kvrelay_worker.engine.sampling_params import SamplingParams
 
@@ -47,7 +47,7 @@ _HOMES = {
     "SamplingParams": "sampling_params",
     "SamplingParamsError": "errors",
     "StepOutput": "outputs",
-    "TokenLogprob": "outputs",
+    "SampledLogprob": "outputs",
 }
 
 __all__ = [
@@ -62,10 +62,10 @@ __all__ = [
     "PromptTooLongError",
     "RequestFailedError",
     "RequestOutput",
+    "SampledLogprob",
     "SamplingParams",
     "SamplingParamsError",
     "StepOutput",
-    "TokenLogprob",
 ]
 
 

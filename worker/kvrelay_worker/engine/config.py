@@ -10,7 +10,13 @@ import torch
 from kvrelay_worker.engine.device import indexed_device
 from kvrelay_worker.engine.device_capability import check_kv_cache_dtype
 from kvrelay_worker.engine.errors import EngineConfigError
-from kvrelay_worker.engine.preemption import PREEMPTION_MODES
+from kvrelay_worker.engine.options import (
+    BLOCK_SIZES,
+    PREEMPTION_MODES,
+    QUANTIZATION_GROUP_SIZES,
+    QUANTIZATIONS,
+    QUANTIZED_KV_CACHE_DTYPES,
+)
 from kvrelay_worker.engine.speculative_config import (
     DEFAULT_NGRAM_MAX,
     DEFAULT_NGRAM_MIN,
@@ -34,20 +40,10 @@ _DTYPES = {
     "bf16": torch.bfloat16,
 }
 
-# kv_cache_dtype choices: "auto" stores K/V in the model's dtype; the others quantize
-# each token's row per KV head with a power-of-two scale (kvrelay_kernels/kv_quant.py).
-KV_CACHE_DTYPES = {
-    "int8": torch.int8,
-    "fp8_e4m3": torch.float8_e4m3fn,
+# kv_cache_dtype choices besides "auto" -> their torch dtypes (``engine/options.py``).
+KV_CACHE_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, torch_name) for name, torch_name in QUANTIZED_KV_CACHE_DTYPES.items()
 }
-# Weight quantization: float weights quantized at load (int8, int4), or a GGUF file's
-# quantized blocks kept as stored ("gguf"); None or "none" keeps float weights.
-QUANTIZATIONS = ("none", "int8", "int4", "gguf")
-INT4_GROUP_SIZES = (32, 64, 128)
-
-# KV block sizes (tokens per block) the engine accepts; tests/kernels/test_block_sizes.py
-# runs the attention and KV-store kernels at every one of them.
-BLOCK_SIZES = (8, 16, 32, 64, 128)
 
 
 @dataclass
@@ -175,9 +171,10 @@ class EngineConfig:
             ((self.quantization or "none") in QUANTIZATIONS,
              f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
              f"got {self.quantization!r}"),
-            (self.quantization_group_size in INT4_GROUP_SIZES,
+            (self.quantization_group_size in QUANTIZATION_GROUP_SIZES,
              f"quantization_group_size must be one of "
-             f"{', '.join(map(str, INT4_GROUP_SIZES))}, got {self.quantization_group_size}"),
+             f"{', '.join(map(str, QUANTIZATION_GROUP_SIZES))}, "
+             f"got {self.quantization_group_size}"),
             (self.min_prefill_chunk >= 1,
              f"min_prefill_chunk must be at least 1, got {self.min_prefill_chunk}"),
         ]

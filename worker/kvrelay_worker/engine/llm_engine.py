@@ -32,7 +32,7 @@ from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks, decide_num_swap_blocks
 from kvrelay_worker.engine.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
 from kvrelay_worker.engine.model_runner import ModelRunner, kv_bytes_per_block
-from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
+from kvrelay_worker.engine.outputs import SampledLogprob, StepOutput
 from kvrelay_worker.engine.preemption import (
     PreemptionPolicy,
     SwapCostModel,
@@ -590,7 +590,7 @@ class LLMEngine:
             k = seq.params.logprobs or 0
             assert result.top_ids is not None
             assert result.top_logprobs is not None
-            entry = TokenLogprob(
+            entry = SampledLogprob(
                 token_id=token,
                 logprob=result.token_logprobs[row],
                 top=list(zip(result.top_ids[row][:k], result.top_logprobs[row][:k])),

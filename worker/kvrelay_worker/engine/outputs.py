@@ -8,7 +8,7 @@ from kvrelay_worker.engine.errors import RequestFailedError
 
 
 @dataclass
-class TokenLogprob:
+class SampledLogprob:
     """A sampled token's log-probability and the most likely alternatives at its position."""
 
     token_id: int
@@ -24,8 +24,8 @@ class CompletionChoice:
     text: str
     token_ids: list[int]
     finish_reason: str | None
-    logprobs: list[TokenLogprob] | None = None
-    # Sum of the sampled tokens' logprobs (``TokenLogprob.logprob``: log_softmax of the
+    logprobs: list[SampledLogprob] | None = None
+    # Sum of the sampled tokens' logprobs (``SampledLogprob.logprob``: log_softmax of the
     # logits after bias, bans, penalties and temperature, before top-k/top-p/min-p; see
     # ``sampler``). Set when the request asked for logprobs or ranks best_of candidates;
     # None when unknown (a choice resumed after tokens this attempt never scored).
@@ -59,7 +59,7 @@ class RequestOutput:
         return self.choices[0].finish_reason
 
     @property
-    def logprobs(self) -> list[TokenLogprob] | None:
+    def logprobs(self) -> list[SampledLogprob] | None:
         return self.choices[0].logprobs
 
     @property
@@ -74,7 +74,7 @@ class ChoiceDelta:
     index: int
     token_ids: list[int]
     text: str
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[SampledLogprob] | None = None
     finish_reason: str | None = None
     # On the last delta of a choice, when known (see ``CompletionChoice``).
     cumulative_logprob: float | None = None

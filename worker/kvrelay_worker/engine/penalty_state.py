@@ -3,7 +3,7 @@
 The repetition penalty needs, per row, which tokens the sequence has seen (prompt and
 output); the presence and frequency penalties need how often each token appeared in the
 output. Rebuilding both from every token every step costs host time and a copy in
-proportion to the whole context (about 25 ms and 8 MiB at 128 sequences of 4k tokens).
+proportion to the whole context, which grows with every sequence and every token.
 Here each sequence owns one row of two ``[capacity, vocab]`` tables from the first step
 it samples with a penalty until it finishes; a step scatters only the tokens added since
 the sequence's last step (its prompt once, then one token per step) and gathers the

@@ -19,12 +19,10 @@ host pool full, a victim is recomputed whatever the mode.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-PreemptionMode = Literal["recompute", "swap", "auto"]
-PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap", "auto")
+from kvrelay_worker.engine.options import PREEMPTION_MODES, PreemptionMode
 
 # Sustained dense matmul throughput a prefill reaches, FLOP/s (bf16 tensor cores on a
 # recent GPU; float32 on a few CPU cores).

@@ -16,8 +16,8 @@ from kvrelay_worker.engine.outputs import (
     ChoiceDelta,
     CompletionChoice,
     RequestOutput,
+    SampledLogprob,
     StepOutput,
-    TokenLogprob,
 )
 from kvrelay_worker.engine.sequence import Sequence
 
@@ -26,9 +26,9 @@ from kvrelay_worker.engine.sequence import Sequence
 class ChoiceState:
     seq: Sequence
     detok: IncrementalDetokenizer
-    logprobs: list[TokenLogprob] | None
+    logprobs: list[SampledLogprob] | None
     new_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    new_logprobs: list[SampledLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     reported_finish: bool = False
     # Sum of the sampled tokens' logprobs; None when not tracked (not asked for, or the

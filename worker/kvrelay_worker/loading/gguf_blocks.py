@@ -78,8 +78,3 @@ def requantize(weight: torch.Tensor, kind: GGMLQuantizationType) -> QuantizedWei
     if kind.name in FOUR_BIT_TYPES:
         return quantize_int4(weight, BLOCK)
     return quantize_int8(weight)
-
-
-def permute_rows(weight: QuantizedWeight, order: torch.Tensor) -> QuantizedWeight:
-    """The same matrix with its rows (output channels) reordered: lossless."""
-    return weight.rows(order)

@@ -4,7 +4,7 @@ A decode step of a memory-bound GPU costs roughly the time to read the weights o
 (the fixed part) plus a little per sequence (its KV reads and its share of the compute);
 a prompt chunk costs per token. One linear model covers both well enough for a load
 generator; the defaults (KVRELAY_SIMULATED_STEP_MS / _TOKEN_MS) make a 64-sequence decode
-step about 25 ms, as an H200 decoding an 8B model in bf16.
+step last about as long as a data-centre GPU's decoding an 8B model in bf16.
 """
 
 from __future__ import annotations

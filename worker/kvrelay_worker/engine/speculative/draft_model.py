@@ -20,6 +20,7 @@ from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.model_runner import ModelRunner
+from kvrelay_worker.engine.options import QUANTIZATIONS
 from kvrelay_worker.engine.scheduler import ScheduledSequence
 from kvrelay_worker.engine.sequence import Sequence
 from kvrelay_worker.engine.transfer import host_to_device
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 _PLACEHOLDER = -1
 
 # Weight quantizations a draft can be loaded with (``draft:<model>@int4``).
-DRAFT_QUANTIZATIONS = ("int8", "int4", "gguf")
+DRAFT_QUANTIZATIONS = tuple(q for q in QUANTIZATIONS if q != "none")
 
 
 def split_draft_quantization(name: str) -> tuple[str, str]:

@@ -22,10 +22,11 @@ after another never sees its own finished turns as load.
 Placement is advisory: a dead worker's queued jobs are moved to the shared queue by the
 live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
 depend on where a job was queued. It is off unless ``KVRELAY_PLACEMENT=true`` (or
-``AsyncClient(placement=True)``): the placement benchmark shows more cache hits and up to
-1.5x the throughput with it, but no reliably better median TTFT under the engine's
-default settings (a hit saves only the turn's history there); under an inter-token
-latency target (``KVRELAY_TARGET_STEP_MS``) it cuts TTFT p50 by 1.9-3.7x.
+``AsyncClient(placement=True)``): it raises the cache hit rate and throughput, but under
+the engine's default settings a hit saves only the turn's history, which does not reliably
+shorten the median time to first token; under an inter-token latency target
+(``KVRELAY_TARGET_STEP_MS``), where prompt chunks are paced, it does (the placement
+benchmark, ``benchmarks/placement.py``, measures both).
 """
 
 from __future__ import annotations
@@ -46,18 +47,18 @@ from kvrelay.prefix_fingerprints import request_fingerprints
 from kvrelay.protocol import GenerateRequest, WorkerInfo
 from kvrelay.workers import live_workers
 
-__all__ = ["MAX_KV_USAGE", "MAX_LOAD_LEAD", "PLACEMENT_VARIABLE", "Placement", "placement_enabled"]
+__all__ = ["MAX_KV_USAGE", "MAX_LOAD_LEAD", "PLACEMENT_VARIABLE", "PrefixPlacement", "placement_enabled"]
 
-log = logging.getLogger("kvrelay.placement")
+log = logging.getLogger("kvrelay.prefix_placement")
 
 PLACEMENT_VARIABLE: Final = "KVRELAY_PLACEMENT"
 # A worker whose KV cache is fuller than this would have to evict or preempt to take
 # another prompt: its jobs go to the shared queue.
 MAX_KV_USAGE: Final = 0.95
 # How many jobs more than the least loaded worker (of those with a queue of their own)
-# the prefix's holder may carry and still get the job. 0 moved conversations off their cache too often (hit rate 82.5% in
-# the placement benchmark); none at all let a worker's own conversations queue behind
-# each other (TTFT p50 0.33-0.36 s against 0.25-0.30 s with 1).
+# the prefix's holder may carry and still get the job. 0 moves conversations off their
+# cache too often; no bound at all lets a worker's own conversations queue behind each
+# other, which costs more time to first token than the cache saves.
 MAX_LOAD_LEAD: Final = 1
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 # Placed jobs remembered until their stream ends; past this many the oldest are forgotten.
@@ -84,7 +85,7 @@ class _Candidate:
     draining: bool
 
 
-class Placement:
+class PrefixPlacement:
     """Chooses a job's queue from a cached view of the model's workers."""
 
     def __init__(self, redis: Redis, keys: Keyspace, *, load_cap: float = 1.0,

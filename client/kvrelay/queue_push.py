@@ -1,19 +1,19 @@
 """Where a Celery message lands in a model's queue: admitted under a limit, or at the front.
 
 kombu's Redis transport pushes with LPUSH and consumers pop with BRPOP, so the right end
-of the list is the one workers take next. Two placements, each one Redis call:
+of the list is the one workers take next. Two kinds of push, each one Redis call:
 
 - ``admit``: a new job is pushed (LPUSH, the back) only while the model's backlog (its
   shared queue and every worker queue of it) holds fewer jobs than its limit, and its
   tenant is within its quota when it has one, checked, counted and pushed in one Lua
-  script, so clients racing each other can never overfill it. The limit is what the model's workers advertise
-  (``KVRELAY_MAX_QUEUE``, in ``Keyspace.admission(model)``), lowered by a client's own
+  script, so clients racing each other can never overfill it. The limit is what the
+  model's workers advertise (``KVRELAY_MAX_QUEUE``, in ``Keyspace.queue_limit(model)``), lowered by a client's own
   ``max_queue``. A refusal carries the workers' retry hint.
 - ``front``: a job taken over from a dead worker (or handed back by one shutting down)
   is pushed with RPUSH, so it is the next one a worker pops: its caller is waiting.
 
 kombu has no hook for either, so its Redis channel's ``_put`` is wrapped once per process;
-without a placement active on the calling thread the wrapper is kombu's own ``_put``.
+without a push mode active on the calling thread the wrapper is kombu's own ``_put``.
 Priorities would use other lists (``queue<sep>pri``); kvrelay sends none, so a job's list
 is the queue's own.
 """
@@ -40,9 +40,9 @@ __all__ = [
     "DEFAULT_RETRY_AFTER_S",
     "MAX_QUEUE_TIMEOUT_S",
     "AdmissionRefused",
-    "admission_fields",
     "at_front",
     "publish_task",
+    "queue_limit_fields",
     "task_argsrepr",
 ]
 
@@ -74,9 +74,11 @@ class AdmissionRefused(Exception):
 
 
 @dataclass(slots=True)
-class _Placement:
+class _Push:
+    """How this thread's next kombu push lands: at the front, or admitted under a limit."""
+
     front: bool
-    admission_key: str
+    limit_key: str
     cap: int | None
     # The model's shared queue, its worker-queues set and its worker queues' name prefix.
     backlog: tuple[str, str, str] = ("", "", "")
@@ -93,8 +95,8 @@ _local = threading.local()
 _install_lock = threading.Lock()
 
 
-def admission_fields(max_queue: int, retry_after: float) -> dict[str, str]:
-    """The admission hash a worker advertises (``max_queue`` <= 0: no server limit)."""
+def queue_limit_fields(max_queue: int, retry_after: float) -> dict[str, str]:
+    """The queue-limit hash a worker advertises (``max_queue`` <= 0: no server limit)."""
     fields = {"retry_after": repr(float(retry_after))}
     if max_queue > 0:
         fields["max_queue"] = str(int(max_queue))
@@ -123,24 +125,25 @@ def publish_task(
     quota: TenantQuota | None = None,
     counted_until: float = 0.0,
 ) -> None:
-    """``app.send_task`` to ``model``'s queue with a placement (blocking; raises
+    """``app.send_task`` to ``model``'s queue with a push mode (blocking; raises
     ``AdmissionRefused`` when an ``admit`` finds the backlog full or the tenant over
     ``quota``, whose counts of this job last until ``counted_until``, unix s).
 
     ``max_queue`` is the caller's own limit ("refuse while more than this many wait");
-    ``queue`` a worker's own Celery queue instead of the shared one (``kvrelay.placement``).
+    ``queue`` a worker's own Celery queue instead of the shared one
+    (``kvrelay.prefix_placement``).
     """
     _install()
     cap = None if max_queue is None else max_queue + 1
     tenant = quota.tenant if quota is not None else ""
-    placement = _Placement(
-        front=False, admission_key=keys.admission(model), cap=cap,
+    push = _Push(
+        front=False, limit_key=keys.queue_limit(model), cap=cap,
         backlog=(keys.queue(model), keys.worker_queues(model), keys.worker_queue(model, "")),
         model=model, job_id=task_id, quota=quota, counted_until=counted_until,
         tenant_keys=(keys.tenant_jobs(tenant), keys.tenant_queued(tenant),
                      keys.tenant_rate(tenant)),
         running=keys.running_jobs(model), namespace=keys.namespace)
-    with _placed(placement):
+    with _pushing(push):
         app.send_task(
             name,
             args=[payload],
@@ -166,18 +169,18 @@ def _retry_after(raw: object) -> float:
 def at_front() -> Iterator[None]:
     """Within: this thread's kombu pushes go to the front of their queue (RPUSH)."""
     _install()
-    with _placed(_Placement(front=True, admission_key="", cap=None)):
+    with _pushing(_Push(front=True, limit_key="", cap=None)):
         yield
 
 
 @contextlib.contextmanager
-def _placed(placement: _Placement) -> Iterator[None]:
-    previous = getattr(_local, "placement", None)
-    _local.placement = placement
+def _pushing(push: _Push) -> Iterator[None]:
+    previous = getattr(_local, "push", None)
+    _local.push = push
     try:
         yield
     finally:
-        _local.placement = previous
+        _local.push = previous
 
 
 _replica_waits: dict[tuple[int, int], ReplicaWait] = {}
@@ -216,13 +219,13 @@ def _install() -> None:
 
     channel_cls: Any = kombu_redis.Channel
     with _install_lock:
-        if getattr(channel_cls, "_kvrelay_placement", False):
+        if getattr(channel_cls, "_kvrelay_queue_push", False):
             return
         original = channel_cls._put
 
         def _put(channel: Any, queue: str, message: Any, **kwargs: Any) -> Any:
-            placement: _Placement | None = getattr(_local, "placement", None)
-            if placement is None or "_publish_batch" in kwargs:
+            push: _Push | None = getattr(_local, "push", None)
+            if push is None or "_publish_batch" in kwargs:
                 return original(channel, queue, message, **kwargs)
             key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
             replica_wait = _replica_wait(channel.connection.client.transport_options)
@@ -232,30 +235,30 @@ def _install() -> None:
                 # the job is taken as enqueued only once a replica holds it too.
                 for attempt in range(2):
                     pipe = client.pipeline(transaction=False)
-                    if placement.front:
+                    if push.front:
                         pipe.rpush(key, dumps(message))
                     else:
-                        scripts = _scripts(client, placement.namespace)
-                        cap = "" if placement.cap is None else str(placement.cap)
+                        scripts = _scripts(client, push.namespace)
+                        cap = "" if push.cap is None else str(push.cap)
                         # kombu prefixes a namespace's list names (``global_keyprefix``)
                         # in the commands it knows, FCALL not among them: the script gets
                         # the full name.
                         queue_key = (getattr(channel, "global_keyprefix", "") or "") + key
-                        quota = placement.quota
-                        shared, registry, worker_prefix = placement.backlog
+                        quota = push.quota
+                        shared, registry, worker_prefix = push.backlog
                         scripts.queue(
                             pipe, ADMIT,
-                            [queue_key, placement.admission_key, shared, registry,
-                             *placement.tenant_keys, placement.running],
+                            [queue_key, push.limit_key, shared, registry,
+                             *push.tenant_keys, push.running],
                             [dumps(message), cap, worker_prefix,
-                             placement.job_id if quota is not None else "",
-                             repr(placement.counted_until),
+                             push.job_id if quota is not None else "",
+                             repr(push.counted_until),
                              *(quota.script_args() if quota is not None
                                else ["", "", "", "1"])])
                     if wanted > 0:
                         pipe.execute_command("WAIT", wanted, replica_wait.timeout_ms)
                     replies = pipe.execute(raise_on_error=False)
-                    if attempt == 0 and not placement.front and is_missing(replies[0]):
+                    if attempt == 0 and not push.front and is_missing(replies[0]):
                         scripts.load()  # the server lost them (restart): once more
                         continue
                     for reply in replies:
@@ -265,14 +268,14 @@ def _install() -> None:
                 if wanted > 0:
                     replica_wait.observe(replies[-1])
                 result = replies[0]
-            if placement.front:
+            if push.front:
                 return None
             code = int(result[0])
             if code == 1:
                 return None
-            quota = placement.quota
+            quota = push.quota
             reason = _REFUSALS.get(code, _REFUSALS[0]).format(
-                model=placement.model, count=int(result[1]), limit=int(result[2]),
+                model=push.model, count=int(result[1]), limit=int(result[2]),
                 tenant=quota.tenant if quota else "",
                 rate=(quota.requests_per_second or 0.0) if quota else 0.0)
             if code == 4:
@@ -280,4 +283,4 @@ def _install() -> None:
             raise AdmissionRefused(reason, _retry_after(result[3]))
 
         channel_cls._put = _put
-        channel_cls._kvrelay_placement = True
+        channel_cls._kvrelay_queue_push = True
