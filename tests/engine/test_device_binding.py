@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+import kvrelay_worker.engine.engine_model as engine_model_module
 import kvrelay_worker.engine.llm_engine as llm_engine_module
 import kvrelay_worker.loading.model_files as loader_module
 from kvrelay_worker.engine import EngineConfig, LLMEngine
@@ -108,7 +109,7 @@ def test_engine_sets_its_device_before_loading_or_building(
     files = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64),
                             weights=lambda: iter(()), tokenizer=None, name="fake")
     monkeypatch.setattr(loader_module, "load_model_source", _recorder(calls, "load", files))
-    monkeypatch.setattr(llm_engine_module, "build_model", _recorder(calls, "build", stop=True))
+    monkeypatch.setattr(engine_model_module, "build_model", _recorder(calls, "build", stop=True))
     with pytest.raises(Stop):
         LLMEngine(EngineConfig(device="cuda:1"))
     thread = threading.current_thread().name

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -21,8 +21,8 @@ from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.device import bind_device
 from kvrelay_worker.engine.device_errors import is_sticky_device_error
+from kvrelay_worker.engine.engine_model import build_model_for, draft_weights, eos_token_ids_of
 from kvrelay_worker.engine.errors import (
-    EngineConfigError,
     InvalidPromptError,
     RequestFailedError,
     SamplingParamsError,
@@ -31,6 +31,7 @@ from kvrelay_worker.engine.grammar import GrammarCompiler
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks, decide_num_swap_blocks
 from kvrelay_worker.engine.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
+from kvrelay_worker.engine.max_model_len import default_max_len, fit_max_model_len
 from kvrelay_worker.engine.model_runner import ModelRunner, kv_bytes_per_block
 from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
 from kvrelay_worker.engine.preemption import (
@@ -47,27 +48,16 @@ from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder, build_sam
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.speculative.draft_model import DraftModel
 from kvrelay_worker.engine.speculative.speculator import Speculator
 from kvrelay_worker.engine.speculative.verification import accepted_length
 from kvrelay_worker.engine.step_timer import StepTimer
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
-from kvrelay_worker.models.factory import build_model
-from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
-
-if TYPE_CHECKING:
-    from kvrelay_worker.loading import LoadedModelFiles
+from kvrelay_worker.models.quantize_model import weight_bytes
 
 log = logging.getLogger(__name__)
-
-
-def eos_token_ids_of(model: CausalLM, tokenizer: Any) -> tuple[int, ...]:
-    ids = set(model.config.eos_token_ids)
-    tok_eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(tok_eos, int):
-        ids.add(tok_eos)
-    return tuple(sorted(ids))
 
 
 class LLMEngine:
@@ -78,45 +68,9 @@ class LLMEngine:
 
         bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)
-        max_len = self._default_max_len(config, files.config.max_position_embeddings)
-        model = self.build_model_for(config, files, max_len)
+        max_len = default_max_len(config, files.config.max_position_embeddings)
+        model = build_model_for(config, files, max_len)
         self._setup(config, model, files.tokenizer, model_id=files.name)
-
-    @staticmethod
-    def build_model_for(config: EngineConfig, files: LoadedModelFiles, max_len: int
-                        ) -> CausalLM:
-        """The model with float weights, or quantized as ``config.quantization`` says."""
-        method = config.weight_quantization
-        if method == "gguf":
-            return LLMEngine._build_gguf_model(config, files, max_len)
-        model = build_model(files.config, files.weights(), config.torch_dtype,
-                            config.torch_device, max_position=max_len)
-        if method in ("int8", "int4"):
-            quantize_model(model, method, config.quantization_group_size)
-        log.info("model weights: %.1f MiB (%s)", weight_bytes(model) / 2**20,
-                 "float" if method == "none" else method)
-        return model
-
-    @staticmethod
-    def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
-                          max_len: int) -> CausalLM:
-        """Read the GGUF file itself, its quantized blocks kept (``gguf_quantized_model``)."""
-        from kvrelay_worker.loading import GGUFCheckpoint, build_gguf_quantized_model
-
-        if files.source.kind != "gguf":
-            raise EngineConfigError(
-                f"quantization='gguf' keeps a GGUF file's quantized blocks, but "
-                f"{files.name!r} is a Hugging Face folder; use int8 or int4 to quantize it"
-            )
-        model, formats = build_gguf_quantized_model(
-            GGUFCheckpoint(files.source.path), config.torch_dtype, config.torch_device, max_len)
-        counts: dict[str, int] = {}
-        for fmt in formats.values():
-            key = f"{fmt.gguf_type} {fmt.how}"
-            counts[key] = counts.get(key, 0) + 1
-        log.info("model weights: %.1f MiB kept from GGUF (%s)", weight_bytes(model) / 2**20,
-                 ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-        return model
 
     @classmethod
     def from_model(cls, config: EngineConfig, model: CausalLM, tokenizer: Any,
@@ -127,29 +81,6 @@ class LLMEngine:
         engine = cls.__new__(cls)
         engine._setup(config, model, tokenizer, model_id, draft_model)
         return engine
-
-    @staticmethod
-    def _default_max_len(config: EngineConfig, model_max: int) -> int:
-        if config.max_model_len is not None and config.max_model_len > model_max:
-            raise EngineConfigError(
-                f"max_model_len {config.max_model_len} exceeds the model's "
-                f"{model_max} positions"
-            )
-        return config.max_model_len or model_max
-
-    @staticmethod
-    def _tokens_held(config: EngineConfig, max_len: int, window: int | None) -> int:
-        """The most KV slots one sequence can hold at once: the pool must fit that.
-
-        Normally its whole length; when every layer has a window and prompts are
-        chunked, only the window plus one step's chunk (and a block of slack on each
-        side), since blocks behind the window are released as it advances.
-        """
-        if window is None or not config.enable_chunked_prefill:
-            return max_len
-        bs = config.block_size
-        windowed = (-(-(window - 1 + config.max_num_batched_tokens) // bs) + 1) * bs
-        return min(max_len, windowed)
 
     def _setup(self, config: EngineConfig, model: CausalLM, tokenizer: Any,
                model_id: str, draft_model: CausalLM | None = None) -> None:
@@ -166,33 +97,12 @@ class LLMEngine:
                                   config.torch_kv_cache_dtype)
         self.step_timer = StepTimer.for_device(self.device)
         self.weight_bytes = weight_bytes(model)
-        draft_model = self._draft_weights(config, model, draft_model)
+        draft_model = draft_weights(config, model, draft_model)
         draft_per_block = (0 if draft_model is None else kv_bytes_per_block(
             draft_model, config.block_size, config.torch_kv_cache_dtype))
         num_blocks = decide_num_blocks(config, self.runner, draft_per_block)
-        capacity = num_blocks * config.block_size
-        max_len = self._default_max_len(config, model.config.max_position_embeddings)
-        if capacity < self._tokens_held(config, max_len, model.config.kv_window):
-            if config.max_model_len is not None:
-                raise EngineConfigError(
-                    f"the KV pool holds {capacity} tokens ({num_blocks} blocks), fewer than "
-                    f"max_model_len={max_len}; give it more memory or lower max_model_len"
-                )
-            log.warning("max_model_len lowered from %d to the KV pool's %d tokens",
-                        max_len, capacity)
-            max_len = capacity
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_len:
-            # Without chunking a prompt (or a preempted sequence's recompute) runs in one
-            # step; a longer one could never be scheduled and would wait forever.
-            if config.max_model_len is not None:
-                raise EngineConfigError(
-                    f"with chunked prefill off, max_num_batched_tokens "
-                    f"({config.max_num_batched_tokens}) must be at least max_model_len "
-                    f"({max_len}); raise it, lower max_model_len or enable chunked prefill"
-                )
-            log.warning("max_model_len lowered from %d to max_num_batched_tokens=%d "
-                        "(chunked prefill is off)", max_len, config.max_num_batched_tokens)
-            max_len = config.max_num_batched_tokens
+        max_len = fit_max_model_len(config, model.config.max_position_embeddings,
+                                    model.config.kv_window, num_blocks)
         self.max_model_len = max_len
         self.runner.allocate_kv_cache(num_blocks)
         log.info("KV cache: %d blocks of %d tokens, %s (kv_cache_dtype=%s), %.1f MiB",
@@ -220,18 +130,6 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.num_steps = 0
 
-    def _draft_weights(self, config: EngineConfig, model: CausalLM,
-                       draft_model: CausalLM | None) -> CausalLM | None:
-        """The draft model for ``draft:...`` (given, or loaded now: before the KV pools
-        are sized, which must count its weights and its own pool); None otherwise."""
-        if config.speculative_method != "draft" or draft_model is not None:
-            return draft_model
-        from kvrelay_worker.engine.speculative.draft_model import DraftModel
-
-        max_len = self._default_max_len(config, model.config.max_position_embeddings)
-        return DraftModel.load_model(config.speculative_draft_model or "draft", config,
-                                     max_len)
-
     def _speculator(self, config: EngineConfig, max_len: int,
                     draft_model: CausalLM | None) -> Speculator | None:
         method = config.speculative_method
@@ -239,9 +137,7 @@ class LLMEngine:
             return None
         draft = None
         if method == "draft":
-            from kvrelay_worker.engine.speculative.draft_model import DraftModel
-
-            assert draft_model is not None, "loaded by _draft_weights"
+            assert draft_model is not None, "loaded by draft_weights"
             name = config.speculative_draft_model or "draft"
             draft = DraftModel.of_model(draft_model, config, self.vocab_size,
                                         self.kv.num_blocks, name)
