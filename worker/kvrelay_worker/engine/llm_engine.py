@@ -8,7 +8,6 @@ what each touched request produced.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -18,16 +17,11 @@ import torch
 from kvrelay_worker.engine.beam_group import BeamGroup, beam_candidates, beam_config_of
 from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
-from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.device import bind_device
 from kvrelay_worker.engine.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.engine_model import build_model_for, draft_weights, eos_token_ids_of
-from kvrelay_worker.engine.errors import (
-    InvalidPromptError,
-    RequestFailedError,
-    SamplingParamsError,
-)
-from kvrelay_worker.engine.grammar import GrammarCompiler
+from kvrelay_worker.engine.errors import RequestFailedError
+from kvrelay_worker.engine.input_processor import InputProcessor
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv_sizing import decide_num_blocks, decide_num_swap_blocks
 from kvrelay_worker.engine.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
@@ -40,11 +34,10 @@ from kvrelay_worker.engine.preemption import (
     preemption_mode,
 )
 from kvrelay_worker.engine.prefill_pacing import PrefillPacer
-from kvrelay_worker.engine.prior_choices import PriorChoices
-from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
+from kvrelay_worker.engine.prompt import Prompt
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
 from kvrelay_worker.engine.sampler import Sampler, SamplerOutput
-from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder, build_sampling_batch
+from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
@@ -92,7 +85,6 @@ class LLMEngine:
         self.device = config.torch_device
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = eos_token_ids_of(model, tokenizer)
-        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
                                   config.torch_kv_cache_dtype)
         self.step_timer = StepTimer.for_device(self.device)
@@ -114,9 +106,9 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  model_id, sliding_window=model.config.kv_window)
         swap, policy = self._swap_setup(config, model)
+        stop = StopConditions(frozenset(self.eos_token_ids), max_len)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill,
-                                   StopConditions(frozenset(self.eos_token_ids), max_len),
+                                   config.enable_chunked_prefill, stop,
                                    swap=swap, preemption=policy,
                                    pacer=self._pacer(config))
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -124,10 +116,11 @@ class LLMEngine:
         self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
                                                      self.device)
         self.speculator = self._speculator(config, max_len, draft_model)
+        self.inputs = InputProcessor(tokenizer, self.vocab_size, self.eos_token_ids, max_len,
+                                     self.device, stop)
         self.requests: dict[str, RequestState] = {}
         self.beam_groups: dict[str, BeamGroup] = {}
         self._pending: list[StepOutput] = []
-        self._arrivals = itertools.count()
         self.num_steps = 0
 
     def _speculator(self, config: EngineConfig, max_len: int,
@@ -184,74 +177,12 @@ class LLMEngine:
         """
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        prompt_ids = prompt_token_ids(prompt, self.tokenizer, self.vocab_size,
-                                      self.max_model_len)
-        self._check_sampling(params, prompt_ids)
-        prior = PriorChoices.checked(prior_outputs, prior_texts, prior_finish_reasons,
-                                      self.vocab_size)
-        if params.reports_at_end and not prior.is_empty:
-            raise InvalidPromptError("a best_of or beam search request cannot resume from "
-                                     "prior outputs: its candidates were never reported; "
-                                     "restart it")
-        grammar = self.grammars.compile(params.response_format)
-        state = self._new_request(request_id, prompt, prompt_ids, params, priority,
-                                  cache_salt, prior)
-        if grammar is not None:  # a matcher per choice, through what it already sent
-            for choice in state.choices:
-                if choice.finish_reason is None:
-                    choice.seq.grammar = self.grammars.matcher(
-                        grammar, choice.seq.output_token_ids)
+        state = self.inputs.process(request_id, prompt, params, priority=priority,
+                                    cache_salt=cache_salt, prior_outputs=prior_outputs,
+                                    prior_texts=prior_texts,
+                                    prior_finish_reasons=prior_finish_reasons)
         self._queue(state)
-        return prompt_ids
-
-    def _check_sampling(self, params: SamplingParams, prompt_ids: list[int]) -> None:
-        """Refuse options the sampler could not apply, now rather than inside a step.
-
-        The request's sampling row is built once, as a step would build it: a value that
-        passes the type checks but breaks tensor building fails here, alone.
-        """
-        for t in params.stop_token_ids or ():
-            if t >= self.vocab_size:
-                raise InvalidPromptError(f"stop token id {t} is outside the vocabulary")
-        probe = Sequence(request_id="", choice_index=0, token_ids=list(prompt_ids),
-                         num_prompt_tokens=len(prompt_ids), params=params)
-        try:
-            build_sampling_batch([probe], self.vocab_size, self.eos_token_ids, self.device)
-        except Exception as exc:
-            raise SamplingParamsError(f"the sampling options cannot be applied: {exc}") from exc
-
-    def _new_request(self, request_id: str, prompt: Prompt, prompt_ids: list[int],
-                     params: SamplingParams, priority: int, cache_salt: str | None,
-                     prior: PriorChoices) -> RequestState:
-        """The request's state: one sequence, detokenizer and finish per choice (per
-        candidate with best_of; ``RequestState`` reports the winners)."""
-        arrival = next(self._arrivals)
-        choices: list[ChoiceState] = []
-        for index in range(params.num_candidates):
-            tokens = prior.tokens(index)
-            seq = Sequence(request_id=request_id, choice_index=index,
-                           token_ids=prompt_ids + tokens, num_prompt_tokens=len(prompt_ids),
-                           params=params, priority=priority, arrival_order=arrival,
-                           cache_salt=cache_salt)
-            detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop_strings,
-                                           params.skip_special_tokens, params.min_tokens)
-            if tokens:
-                detok.resume(tokens, prior.text(index))
-            choice = ChoiceState(seq=seq, detok=detok,
-                                 logprobs=[] if params.logprobs is not None else None,
-                                 cumulative_logprob=(0.0 if params.needs_token_logprobs
-                                                     and not tokens else None))
-            status = self.scheduler.stop.length_status(seq)
-            reason = prior.finish_reason(index) or (status.value if status else None)
-            if reason is not None:
-                choice.finish_reason = reason
-                choice.reported_finish = True
-                seq.status = SequenceStatus(reason)
-            choices.append(choice)
-        return RequestState(request_id, prompt if isinstance(prompt, str) else None,
-                            prompt_ids, choices, num_returned=params.n)
+        return state.prompt_token_ids
 
     def _queue(self, state: RequestState) -> None:
         """Hand the unfinished choices to the scheduler (or report a request already done).
