@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import kvrelay_worker.engine.engine_model as engine_model_module
-import kvrelay_worker.engine.llm_engine as llm_engine_module
+import kvrelay_worker.engine.engine_parts as engine_parts_module
 import kvrelay_worker.loading.model_files as loader_module
 from kvrelay_worker.engine import EngineConfig, LLMEngine
 from kvrelay_worker.engine.errors import EngineConfigError
@@ -120,7 +120,7 @@ def test_engine_sets_its_device_before_loading_or_building(
 def test_engine_around_a_built_model_sets_its_device_before_the_runner(
         calls: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=8, eos_token_ids=[1]))
-    monkeypatch.setattr(llm_engine_module, "ModelRunner", _recorder(calls, "runner", stop=True))
+    monkeypatch.setattr(engine_parts_module, "ModelRunner", _recorder(calls, "runner", stop=True))
     with pytest.raises(Stop):
         LLMEngine.from_model(EngineConfig(device="cuda:1"), model, None)  # type: ignore[arg-type]
     assert [name for name, _ in calls] == ["set_device", "runner"]

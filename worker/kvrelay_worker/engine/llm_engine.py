@@ -12,43 +12,26 @@ import logging
 from collections.abc import Sequence as Seq
 from typing import Any
 
-import torch
-
 from kvrelay_worker.engine.beam_group import BeamGroup, beam_candidates, beam_config_of
 from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.device import bind_device
 from kvrelay_worker.engine.device_errors import is_sticky_device_error
-from kvrelay_worker.engine.engine_model import build_model_for, draft_weights, eos_token_ids_of
+from kvrelay_worker.engine.engine_model import build_model_for
+from kvrelay_worker.engine.engine_parts import build_engine_parts
+from kvrelay_worker.engine.engine_stats import engine_stats
 from kvrelay_worker.engine.errors import RequestFailedError
-from kvrelay_worker.engine.input_processor import InputProcessor
-from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.kv_sizing import decide_num_blocks, decide_num_swap_blocks
-from kvrelay_worker.engine.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
-from kvrelay_worker.engine.max_model_len import default_max_len, fit_max_model_len
-from kvrelay_worker.engine.model_runner import ModelRunner, kv_bytes_per_block
+from kvrelay_worker.engine.kv_swap import copy_to_device, copy_to_host
+from kvrelay_worker.engine.max_model_len import default_max_len
 from kvrelay_worker.engine.outputs import StepOutput, TokenLogprob
-from kvrelay_worker.engine.preemption import (
-    PreemptionPolicy,
-    SwapCostModel,
-    preemption_mode,
-)
-from kvrelay_worker.engine.prefill_pacing import PrefillPacer
 from kvrelay_worker.engine.prompt import Prompt
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
-from kvrelay_worker.engine.sampler import Sampler, SamplerOutput
-from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder
+from kvrelay_worker.engine.sampler import SamplerOutput
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler
+from kvrelay_worker.engine.scheduler import ScheduledSequence
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
-from kvrelay_worker.engine.speculative.draft_model import DraftModel
-from kvrelay_worker.engine.speculative.speculator import Speculator
 from kvrelay_worker.engine.speculative.verification import accepted_length
-from kvrelay_worker.engine.step_timer import StepTimer
-from kvrelay_worker.engine.stop_conditions import StopConditions
-from kvrelay_worker.engine.swap_space import SwapSpace
 from kvrelay_worker.models.decoder import CausalLM
-from kvrelay_worker.models.quantize_model import weight_bytes
 
 log = logging.getLogger(__name__)
 
@@ -84,82 +67,23 @@ class LLMEngine:
         self.model_id = model_id
         self.device = config.torch_device
         self.vocab_size = model.config.vocab_size
-        self.eos_token_ids = eos_token_ids_of(model, tokenizer)
-        self.runner = ModelRunner(model, config.block_size, self.device, config.torch_dtype,
-                                  config.torch_kv_cache_dtype)
-        self.step_timer = StepTimer.for_device(self.device)
-        self.weight_bytes = weight_bytes(model)
-        draft_model = draft_weights(config, model, draft_model)
-        draft_per_block = (0 if draft_model is None else kv_bytes_per_block(
-            draft_model, config.block_size, config.torch_kv_cache_dtype))
-        num_blocks = decide_num_blocks(config, self.runner, draft_per_block)
-        max_len = fit_max_model_len(config, model.config.max_position_embeddings,
-                                    model.config.kv_window, num_blocks)
-        self.max_model_len = max_len
-        self.runner.allocate_kv_cache(num_blocks)
-        log.info("KV cache: %d blocks of %d tokens, %s (kv_cache_dtype=%s), %.1f MiB",
-                 num_blocks, config.block_size, config.torch_kv_cache_dtype,
-                 config.kv_cache_dtype, num_blocks * kv_bytes_per_block(
-                     model, config.block_size, config.torch_kv_cache_dtype) / 2**20)
-        self.runner.prepare_decode(min(config.max_num_seqs, config.cuda_graph_max_batch),
-                                   max_len, config.enable_cuda_graphs)
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 model_id, sliding_window=model.config.kv_window)
-        swap, policy = self._swap_setup(config, model)
-        stop = StopConditions(frozenset(self.eos_token_ids), max_len)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill, stop,
-                                   swap=swap, preemption=policy,
-                                   pacer=self._pacer(config))
-        generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.sampler = Sampler(generator)
-        self.sampling_batches = SamplingBatchBuilder(self.vocab_size, self.eos_token_ids,
-                                                     self.device)
-        self.speculator = self._speculator(config, max_len, draft_model)
-        self.inputs = InputProcessor(tokenizer, self.vocab_size, self.eos_token_ids, max_len,
-                                     self.device, stop)
+        parts = build_engine_parts(config, model, tokenizer, model_id, draft_model)
+        self.eos_token_ids = parts.eos_token_ids
+        self.runner = parts.runner
+        self.step_timer = parts.step_timer
+        self.weight_bytes = parts.weight_bytes
+        self.max_model_len = parts.max_model_len
+        self.kv = parts.kv
+        self.host_kv_caches = parts.host_kv_caches
+        self.scheduler = parts.scheduler
+        self.sampler = parts.sampler
+        self.sampling_batches = parts.sampling_batches
+        self.speculator = parts.speculator
+        self.inputs = parts.inputs
         self.requests: dict[str, RequestState] = {}
         self.beam_groups: dict[str, BeamGroup] = {}
         self._pending: list[StepOutput] = []
         self.num_steps = 0
-
-    def _speculator(self, config: EngineConfig, max_len: int,
-                    draft_model: CausalLM | None) -> Speculator | None:
-        method = config.speculative_method
-        if method == "off":
-            return None
-        draft = None
-        if method == "draft":
-            assert draft_model is not None, "loaded by draft_weights"
-            name = config.speculative_draft_model or "draft"
-            draft = DraftModel.of_model(draft_model, config, self.vocab_size,
-                                        self.kv.num_blocks, name)
-        return Speculator(max_drafts=config.num_speculative_tokens,
-                          ngram_min=config.speculative_ngram_min,
-                          ngram_max=config.speculative_ngram_max,
-                          max_model_len=max_len, draft=draft,
-                          adaptive=config.speculative_adaptive)
-
-    @staticmethod
-    def _pacer(config: EngineConfig) -> PrefillPacer | None:
-        if config.target_step_ms is None:
-            return None
-        return PrefillPacer(config.target_step_ms,
-                            min(config.min_prefill_chunk, config.max_num_batched_tokens))
-
-    def _swap_setup(self, config: EngineConfig, model: CausalLM
-                    ) -> tuple[SwapSpace | None, PreemptionPolicy]:
-        """The host pool (bookkeeping and tensors) and the preemption policy."""
-        mode = preemption_mode(config.preemption_mode)
-        num_host_blocks = decide_num_swap_blocks(config, self.runner)
-        self.host_kv_caches: list[torch.Tensor] = []
-        if num_host_blocks < 1:
-            return None, PreemptionPolicy("recompute")
-        self.host_kv_caches = allocate_host_kv(self.runner.kv_caches, num_host_blocks)
-        per_block = kv_bytes_per_block(model, config.block_size, config.torch_kv_cache_dtype)
-        num_params = sum(p.numel() for p in model.parameters())
-        cost = SwapCostModel.estimate(num_params, per_block, self.device)
-        return SwapSpace(num_host_blocks), PreemptionPolicy(mode, cost)
 
     # ------------------------------------------------------------------ requests
 
@@ -430,34 +354,7 @@ class LLMEngine:
     # --------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
-        s = self.scheduler.stats
-        swap = self.scheduler.swap
-        total = self.kv.num_blocks
-        free = self.kv.num_free_blocks
-        return {
-            "running": self.scheduler.num_running,
-            "waiting": self.scheduler.num_waiting,
-            "requests": len(self.requests),
-            "free_blocks": free,
-            "total_blocks": total,
-            "kv_usage": (total - free) / total if total else 0.0,
-            "prefix_cache_hits": s.prefix_cache_hits,
-            "prefix_cache_queries": s.prefix_cache_queries,
-            "prefix_cache_hit_rate": (
-                s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
-            ),
-            "prefill_waits": s.prefill_waits,
-            "preemptions": s.preemptions,
-            "swaps_out": s.swaps_out,
-            "swaps_in": s.swaps_in,
-            "recomputes": s.recomputes,
-            "swapped": self.scheduler.num_swapped,
-            "free_swap_blocks": swap.num_free_blocks if swap is not None else 0,
-            "total_swap_blocks": swap.num_blocks if swap is not None else 0,
-            "max_batch_size": s.max_batch_size,
-            "steps": self.num_steps,
-            "weight_bytes": self.weight_bytes,
-            "max_model_len": self.max_model_len,
-            "block_size": self.config.block_size,
-            **(self.speculator.stats.as_dict() if self.speculator is not None else {}),
-        }
+        return engine_stats(self.scheduler, self.kv, self.speculator,
+                            requests=len(self.requests), steps=self.num_steps,
+                            weight_bytes=self.weight_bytes, max_model_len=self.max_model_len,
+                            block_size=self.config.block_size)
