@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-import kvrelay_worker.engine.llm_engine as llm_engine_module
+import kvrelay_worker.engine.engine_model as engine_model_module
+import kvrelay_worker.engine.engine_parts as engine_parts_module
 import kvrelay_worker.loading.model_files as loader_module
 from kvrelay_worker.engine import EngineConfig, LLMEngine
 from kvrelay_worker.engine.errors import EngineConfigError
@@ -108,7 +109,7 @@ def test_engine_sets_its_device_before_loading_or_building(
     files = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64),
                             weights=lambda: iter(()), tokenizer=None, name="fake")
     monkeypatch.setattr(loader_module, "load_model_source", _recorder(calls, "load", files))
-    monkeypatch.setattr(llm_engine_module, "build_model", _recorder(calls, "build", stop=True))
+    monkeypatch.setattr(engine_model_module, "build_model", _recorder(calls, "build", stop=True))
     with pytest.raises(Stop):
         LLMEngine(EngineConfig(device="cuda:1"))
     thread = threading.current_thread().name
@@ -119,7 +120,7 @@ def test_engine_sets_its_device_before_loading_or_building(
 def test_engine_around_a_built_model_sets_its_device_before_the_runner(
         calls: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=8, eos_token_ids=[1]))
-    monkeypatch.setattr(llm_engine_module, "ModelRunner", _recorder(calls, "runner", stop=True))
+    monkeypatch.setattr(engine_parts_module, "ModelRunner", _recorder(calls, "runner", stop=True))
     with pytest.raises(Stop):
         LLMEngine.from_model(EngineConfig(device="cuda:1"), model, None)  # type: ignore[arg-type]
     assert [name for name, _ in calls] == ["set_device", "runner"]

@@ -10,7 +10,6 @@ argmax: one token per position, which ``verification.py`` turns into exact outpu
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence as Seq
 
@@ -58,29 +57,10 @@ class DraftModel:
         self._bases: dict[int, int] = {}  # target length when the shadow last proposed
 
     @classmethod
-    def load(cls, name: str, config: EngineConfig, vocab_size: int, max_len: int,
-             num_blocks: int) -> DraftModel:
-        """Load ``name``; a suffix ``@int8``, ``@int4`` or ``@gguf`` quantizes the draft's
-        weights that way (``draft:<the target>@int4``: a self-draft, no second download)."""
-        model = cls.load_model(name, config, max_len)
-        return cls.of_model(model, config, vocab_size, num_blocks, name)
-
-    @staticmethod
-    def load_model(name: str, config: EngineConfig, max_len: int) -> CausalLM:
-        """The draft's weights alone: loaded before the KV pools are sized, so that the
-        memory they take is counted and the draft's pool is sized with the target's."""
-        from kvrelay_worker.engine.llm_engine import LLMEngine
-        from kvrelay_worker.loading import load_model_source
-
-        model_name, quantization = split_draft_quantization(name)
-        files = load_model_source(model_name)
-        draft_config = dataclasses.replace(config, model=model_name, speculative="off",
-                                           quantization=quantization)
-        return LLMEngine.build_model_for(draft_config, files, max_len)
-
-    @classmethod
     def of_model(cls, model: CausalLM, config: EngineConfig, vocab_size: int,
                  num_blocks: int, name: str = "draft") -> DraftModel:
+        """A draft around ``model`` (built by ``engine_model.load_draft_model`` or given),
+        refused unless it shares the target's vocabulary."""
         if model.config.vocab_size != vocab_size:
             raise EngineConfigError(
                 f"draft model {name!r} has a vocabulary of {model.config.vocab_size} tokens, "
