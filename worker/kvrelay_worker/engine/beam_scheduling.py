@@ -13,13 +13,21 @@ scheduler's queue operations.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.scheduler_output import ScheduledSequence
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 
-if TYPE_CHECKING:
-    from kvrelay_worker.engine.scheduler import Scheduler
+
+class BeamQueues(Protocol):
+    """What reseating needs of the scheduler (``Scheduler`` is one)."""
+
+    kv: KVCacheManager
+
+    def dequeue(self, seq: Sequence) -> None: ...
+
+    def requeue(self, seq: Sequence, running: bool) -> None: ...
 
 
 def shares_blocks(seq: Sequence) -> bool:
@@ -50,7 +58,7 @@ def partial_group(scheduled: Seq[ScheduledSequence], waiting_head: Sequence | No
     return [item for item in scheduled if item.seq.request_id == last.request_id]
 
 
-def reseat_beams(scheduler: Scheduler, beams: list[Sequence], parents: list[int],
+def reseat_beams(scheduler: BeamQueues, beams: list[Sequence], parents: list[int],
                  tokens: list[int]) -> None:
     """Beam ``i`` becomes beam ``parents[i]`` plus ``tokens[i]``: the parent's blocks
     shared (copy-on-write), its computed tokens kept. New beams (not yet scheduled)
