@@ -8,7 +8,8 @@ block table names, after checking that every context slot the model would read h
 exactly the right identity. A wrong prefix hit, a block handed to two writers or a block
 table that misses a token therefore shows up as a wrong identity. Sampling appends a
 random token through the scheduler's ``update_from_output``; sequences finish at random
-(a stop string, as far as the scheduler knows), at ``max_tokens`` or at ``max_model_len``.
+(a stop string, as a stand-in detokenizer tells them), at ``max_tokens`` or at
+``max_model_len``.
 
 Checked after every operation: reference counts equal the number of sequences holding
 each block and are never negative; a block is free exactly when nobody holds it; a block
@@ -41,6 +42,7 @@ shows up as a wrong read later.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING, cast
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -61,6 +63,9 @@ from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.step_cost import StepShape
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
+
+if TYPE_CHECKING:
+    from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 
 BLOCK_SIZE = 4
 # Tokens come from a tiny alphabet so that equal prompts and equal generated tails are
@@ -85,6 +90,17 @@ def victim_key(seq: Sequence) -> tuple[int, int, int]:
     """The order preemption takes victims in: lowest priority, then newest, first."""
     return (seq.priority, -seq.arrival_order, -seq.seq_id)
 
+
+
+class _StopString:
+    """A detokenizer's stand-in: says whether a stop string completed, the same for
+    every token of the step (the test draws it per sequence)."""
+
+    def __init__(self, stopped: bool) -> None:
+        self.stopped = stopped
+
+    def add_token(self, token_id: int) -> bool:
+        return self.stopped
 
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
@@ -268,17 +284,19 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert (item.seq.num_computed_tokens + item.num_new_tokens - len(item.drafts)
                     == item.seq.num_tokens)
         verdicts = [self._verify(rng, item) for item in items]
-        tokens = [token for _, token in verdicts]
-        accepted = [n for n, _ in verdicts]
+        rows: list[int] = []  # the target's samples: n drafts confirmed, then its token
+        for item, (n, token) in zip(items, verdicts, strict=True):
+            rows += [*item.drafts[:n], token, *[0] * (len(item.drafts) - n)]
         stops = {seq.seq_id: rng.random() < stop_chance for seq in sampling}
+        for seq in sampling:
+            seq.detok = cast("IncrementalDetokenizer", _StopString(stops[seq.seq_id]))
         before = [(seq.num_tokens, seq.num_output_tokens) for seq in sampling]
-        grown = self.sched.update_from_output(out.scheduled, tokens,
-                                              lambda seq, _token: stops[seq.seq_id],
-                                              accepted)
+        assert out.layout.sampling == items
+        update = self.sched.update_from_output(out.layout, rows)
         self.sched.observe_step(out, synthetic_step_ms(out.shape))
-        assert grown == sampling
-        for item, (n, token), (num_tokens, num_out) in zip(items, verdicts, before,
-                                                          strict=True):
+        assert update.accepted == [n for n, _ in verdicts]
+        for item, (n, token), (num_tokens, num_out), num_appended in zip(
+                items, verdicts, before, update.appended, strict=True):
             seq = item.seq
             expected: SequenceStatus | None = None
             appended: list[int] = []
@@ -293,6 +311,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if expected is not None:
                     break
             assert seq.token_ids[num_tokens:] == appended
+            assert num_appended == len(appended)
             if expected is None:
                 assert not seq.is_finished
                 assert seq.num_computed_tokens == seq.num_tokens - 1

@@ -11,6 +11,7 @@ from helpers.engine_run import assert_engine_idle, final_outputs
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, SamplingParams, StepOutput
+from kvrelay_worker.engine.beam_scheduling import reseat_beams
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.preemption import PreemptionPolicy
 from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
@@ -33,7 +34,7 @@ def _seq(name: str, prompt_len: int, priority: int, arrival: int,
 
 def _step(sched: Scheduler) -> SchedulerOutput:
     out = sched.schedule()
-    sched.update_from_output(out.scheduled, [SAMPLED for item in out.scheduled if item.samples])
+    sched.update_from_output(out.layout, [SAMPLED] * out.layout.num_rows)
     return out
 
 
@@ -116,12 +117,12 @@ def test_a_batched_low_priority_beam_group_is_preempted_as_a_unit() -> None:
     low, high = _beams("low", priority=0, arrival=0), _beams("high", priority=10, arrival=1)
     sched.add(low[0])
     _step(sched)  # the low-priority request is admitted first: 6 tokens in 2 blocks
-    sched.reseat_beams(low, [0, 0], [7, 8])
+    reseat_beams(sched, low, [0, 0], [7, 8])
     sched.add(high[0])
     _step(sched)  # the high one is admitted: 2 blocks; low's first beam copied on write
     # Beams advance together; low's reseat comes first, so its beams are placed first.
-    sched.reseat_beams(low, [0, 0], [9, 9])  # both low beams share both their blocks
-    sched.reseat_beams(high, [0, 0], [7, 8])  # both high beams share both theirs
+    reseat_beams(sched, low, [0, 0], [9, 9])  # both low beams share both their blocks
+    reseat_beams(sched, high, [0, 0], [7, 8])  # both high beams share both theirs
     assert sched.running == [*low, *high]
     assert kv.num_free_blocks == 1
     shared_high_block = high[0].block_table[1]

@@ -82,8 +82,7 @@ def new_seq(prompt_len: int, max_tokens: int, order: int) -> Sequence:
 def run_step(sched: Scheduler) -> SchedulerOutput:
     """Schedule a step, "run" it (token 0 for every sampling row) and report its cost."""
     out = sched.schedule()
-    sampled = [0] * sum(1 for item in out.scheduled if item.samples)
-    sched.update_from_output(out.scheduled, sampled)
+    sched.update_from_output(out.layout, [0] * out.layout.num_rows)
     sched.observe_step(out, machine_ms(out.shape))
     return out
 

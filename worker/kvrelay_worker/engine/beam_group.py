@@ -11,15 +11,20 @@ hypotheses become the request's choices, reported whole, best first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvrelay_worker.engine.beam_scheduling import reseat_beams
 from kvrelay_worker.engine.beam_search import BeamConfig, BeamSearch, Hypothesis
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
 from kvrelay_worker.engine.scheduler import Scheduler
+from kvrelay_worker.engine.scheduler_output import BatchLayout
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from kvrelay_worker.engine.sampler import SamplerOutput
 
 
 def beam_config_of(seq: Sequence, eos_token_ids: tuple[int, ...], max_model_len: int
@@ -83,7 +88,7 @@ class BeamGroup:
             return
         while len(self.beams) < len(step.parents):
             self._fork()
-        scheduler.reseat_beams(self.beams, step.parents, step.tokens)
+        reseat_beams(scheduler, self.beams, step.parents, step.tokens)
 
     def _fork(self) -> None:
         first = self.beams[0]
@@ -117,3 +122,21 @@ class BeamGroup:
             detok.add_token(token)
         return ChoiceState(seq=seq, detok=detok, logprobs=None, new_ids=list(hyp.tokens),
                            finish_reason=status.value, beam_score=hyp.score)
+
+
+def advance_beams(groups: dict[str, BeamGroup], layout: BatchLayout, result: SamplerOutput,
+                  scheduler: Scheduler, tokenizer: Any) -> list[BeamGroup]:
+    """Hand each beam its row of ``result``; step every beam search whose beams all have
+    one, and return those groups (their requests have news)."""
+    assert result.beam_log_probs is not None
+    assert result.beam_token_ids is not None
+    ready: list[BeamGroup] = []
+    for i, row in enumerate(layout.beam_rows):
+        beam = layout.row_seqs[row]
+        group = groups[beam.request_id]
+        group.add_row(beam, result.beam_log_probs[i], result.beam_token_ids[i])
+        if group.ready and group not in ready:
+            ready.append(group)
+    for group in ready:
+        group.advance(scheduler, tokenizer)
+    return ready

@@ -12,7 +12,12 @@ import logging
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from kvrelay_worker.engine.beam_group import BeamGroup, beam_candidates, beam_config_of
+from kvrelay_worker.engine.beam_group import (
+    BeamGroup,
+    advance_beams,
+    beam_candidates,
+    beam_config_of,
+)
 from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.device import bind_device
@@ -23,14 +28,14 @@ from kvrelay_worker.engine.engine_stats import engine_stats
 from kvrelay_worker.engine.errors import RequestFailedError
 from kvrelay_worker.engine.kv_swap import copy_to_device, copy_to_host
 from kvrelay_worker.engine.max_model_len import default_max_len
-from kvrelay_worker.engine.outputs import SampledLogprob, StepOutput
+from kvrelay_worker.engine.outputs import StepOutput
 from kvrelay_worker.engine.prompt import Prompt
-from kvrelay_worker.engine.request_state import ChoiceState, RequestState
+from kvrelay_worker.engine.request_state import RequestState
 from kvrelay_worker.engine.sampler import SamplerOutput
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.scheduler import ScheduledSequence
+from kvrelay_worker.engine.scheduler_output import BatchLayout
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
-from kvrelay_worker.engine.speculative.verification import accepted_length
 from kvrelay_worker.models.decoder import CausalLM
 
 log = logging.getLogger(__name__)
@@ -161,7 +166,8 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         self.step_timer.start()
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running, self._prefill_estimate())
+            self.speculator.propose(self.scheduler.running,
+                                   self.scheduler.prefill_estimate())
         sched = self.scheduler.schedule()
         # Before the forward pass, which may write the blocks a swap-out just freed.
         copy_to_host(self.runner.kv_caches, self.host_kv_caches, sched.swap_out)
@@ -172,7 +178,7 @@ class LLMEngine:
         self.num_steps += 1
         touched: dict[str, RequestState] = {}
         try:
-            sampled = self._execute_and_sample(sched.scheduled)
+            sampled = self._execute_and_sample(sched.layout)
         except Exception as exc:
             if is_sticky_device_error(exc):
                 raise  # the device is lost for every request: no part of the batch can run
@@ -180,7 +186,7 @@ class LLMEngine:
                         "the request that makes it fail", exc)
             self._isolate_failure(sched.scheduled, touched)
         else:
-            self._update(sched.scheduled, sampled, touched)
+            self._update(sched.layout, sampled, touched)
             # The whole step, as a decoding stream waits for it: its device work done too
             # (a step where no row samples read nothing back).
             ms = self.step_timer.elapsed_ms()
@@ -194,100 +200,52 @@ class LLMEngine:
                 self.beam_groups.pop(request_id, None)
         return outputs
 
-    def _prefill_estimate(self) -> int:
-        """Prompt tokens the next step will likely compute (for the speculation policy)."""
-        pending = sum(s.num_tokens - s.num_computed_tokens for s in self.scheduler.running
-                      if s.num_tokens - s.num_computed_tokens > 1)
-        if self.scheduler.num_waiting:
-            pending += self.config.max_num_batched_tokens
-        return min(pending, self.config.max_num_batched_tokens)
+    def _execute_and_sample(self, layout: BatchLayout) -> SamplerOutput | None:
+        """Run the model on ``layout``'s batch and sample its rows; changes no sequence.
 
-    def _execute_and_sample(self, scheduled: Seq[ScheduledSequence]) -> SamplerOutput | None:
-        """Run the model on ``scheduled`` and sample its sampling rows; changes no sequence.
-
-        A sequence verifying drafts has one row per draft plus one, each sampled as its
-        output position would be without speculation (``speculative/verification.py``).
+        A row after a draft samples as its output position would without speculation
+        (``speculative/verification.py``); a beam's row also gives its best candidates.
         """
-        logits = self.runner.execute(scheduled)
-        sampling: list[Sequence] = []
-        offsets: list[int] = []
-        for item in scheduled:
-            for j in range(item.num_sampling_rows):
-                sampling.append(item.seq)
-                offsets.append(j)
-        if not sampling:
+        logits = self.runner.execute(layout.scheduled, layout=layout)
+        if not layout.num_rows:
             return None
-        result = self.sampler(logits, self.sampling_batches.build(sampling, offsets))
-        beams = [row for row, seq in enumerate(sampling) if seq.params.is_beam_search]
-        if beams:  # what beam search ranks: log_softmax of the raw logits, as transformers
-            per_beam = max(self.beam_groups[sampling[row].request_id].candidates_per_beam
-                           for row in beams)
-            result.beam_log_probs, result.beam_token_ids = beam_candidates(logits[beams],
-                                                                           per_beam)
-            result.beam_rows = beams
+        batch = self.sampling_batches.build(layout.row_seqs, layout.row_offsets)
+        result = self.sampler(logits, batch)
+        if layout.beam_rows:  # what beam search ranks: log_softmax of the raw logits
+            per_beam = max(self.beam_groups[layout.row_seqs[row].request_id]
+                           .candidates_per_beam for row in layout.beam_rows)
+            result.beam_log_probs, result.beam_token_ids = beam_candidates(
+                logits[layout.beam_rows], per_beam)
         return result
 
-    def _update(self, scheduled: Seq[ScheduledSequence], result: SamplerOutput | None,
+    def _update(self, layout: BatchLayout, result: SamplerOutput | None,
                 touched: dict[str, RequestState]) -> None:
-        """Let the scheduler apply the step, then record each new token for its request."""
-        rows = result.token_ids if result is not None else []
-        sampling = [item for item in scheduled if item.samples]
-        tokens: list[int] = []
-        accepted: list[int] = []
-        first_rows: list[int] = []
-        row = 0
-        for item in sampling:  # each item's target token follows its accepted drafts
-            n = accepted_length(rows[row : row + len(item.drafts) + 1], item.drafts)
-            first_rows.append(row)
-            accepted.append(n)
-            tokens.append(rows[row + n])
-            row += len(item.drafts) + 1
-        before = [item.seq.num_tokens for item in sampling]
-        detok_failures: dict[str, Exception] = {}
-
-        def stop_string(seq: Sequence, token: int) -> bool:
-            choice = self.requests[seq.request_id].choices[seq.choice_index]
-            try:
-                return choice.detok.add_token(token)
-            except Exception as exc:  # fails this request alone, below
-                detok_failures.setdefault(seq.request_id, exc)
-                return False
-
-        grown = self.scheduler.update_from_output(scheduled, tokens, stop_string, accepted)
-        if result is not None and result.beam_log_probs is not None:
-            self._advance_beams(grown, first_rows, result, touched)
-        for i, seq in enumerate(grown):
-            if sampling[i].drafts and self.speculator is not None:
-                self.speculator.verified(seq, len(sampling[i].drafts), accepted[i])
-            if seq.params.is_beam_search:
-                continue
+        """Let the scheduler apply the step, then report each sequence's new tokens."""
+        update = self.scheduler.update_from_output(layout, result.token_ids if result else [])
+        if layout.beam_rows:
+            assert result is not None
+            for group in advance_beams(self.beam_groups, layout, result, self.scheduler,
+                                       self.tokenizer):
+                touched[group.state.request_id] = group.state
+        failures: dict[str, Exception] = {}
+        for item, row, n, accepted in zip(layout.sampling, layout.first_rows,
+                                          update.appended, update.accepted, strict=True):
+            seq = item.seq
+            if item.drafts and self.speculator is not None:
+                self.speculator.verified(seq, len(item.drafts), accepted)
+            if not n:
+                continue  # a beam: its group reports the request
             # A scheduled sequence's request is always here: requests leave only once
             # every choice is finished, and a finished sequence is never scheduled.
             state = self.requests[seq.request_id]
             assert result is not None
-            for j in range(seq.num_tokens - before[i]):  # accepted drafts, then its own
-                self._record_token(state.choices[seq.choice_index], result,
-                                   first_rows[i] + j)
+            for j in range(row, row + n):  # accepted drafts, then its own token
+                state.choices[seq.choice_index].record_token(result, j)
             touched[seq.request_id] = state
-        for request_id, exc in detok_failures.items():
+            if seq.detok_error is not None:
+                failures.setdefault(seq.request_id, seq.detok_error)
+        for request_id, exc in failures.items():
             self._fail_request(request_id, exc, touched)
-
-    def _advance_beams(self, grown: list[Sequence], first_rows: list[int],
-                       result: SamplerOutput, touched: dict[str, RequestState]) -> None:
-        """Hand each beam its row; step every beam search whose beams all have one."""
-        assert result.beam_log_probs is not None
-        assert result.beam_token_ids is not None
-        seq_of_row = {row: seq for row, seq in zip(first_rows, grown, strict=True)}
-        ready: list[BeamGroup] = []
-        for i, row in enumerate(result.beam_rows):
-            beam = seq_of_row[row]  # a beam never verifies drafts: its one row
-            group = self.beam_groups[beam.request_id]
-            group.add_row(beam, result.beam_log_probs[i], result.beam_token_ids[i])
-            if group.ready and group not in ready:
-                ready.append(group)
-        for group in ready:
-            group.advance(self.scheduler, self.tokenizer)
-            touched[group.state.request_id] = group.state
 
     def _isolate_failure(self, scheduled: Seq[ScheduledSequence],
                          touched: dict[str, RequestState]) -> None:
@@ -302,8 +260,9 @@ class LLMEngine:
             part = [item for item in parts.pop() if not item.seq.is_finished]
             if not part:
                 continue
+            layout = BatchLayout.of(part)
             try:
-                sampled = self._execute_and_sample(part)
+                sampled = self._execute_and_sample(layout)
             except Exception as exc:
                 if is_sticky_device_error(exc):
                     raise
@@ -313,7 +272,7 @@ class LLMEngine:
                     middle = len(part) // 2
                     parts += [part[middle:], part[:middle]]
                 continue
-            self._update(part, sampled, touched)
+            self._update(layout, sampled, touched)
 
     def _fail_request(self, request_id: str, exc: Exception,
                       touched: dict[str, RequestState]) -> None:
@@ -329,27 +288,6 @@ class LLMEngine:
         error.__cause__ = exc
         state.error = error
         touched[request_id] = state
-
-    def _record_token(self, choice: ChoiceState, result: SamplerOutput, row: int) -> None:
-        """Note a token the scheduler appended: news to report, logprobs, the finish."""
-        seq = choice.seq
-        token = result.token_ids[row]
-        choice.new_ids.append(token)
-        if choice.cumulative_logprob is not None and result.token_logprobs is not None:
-            choice.cumulative_logprob += result.token_logprobs[row]
-        if choice.logprobs is not None and result.token_logprobs is not None:
-            k = seq.params.logprobs or 0
-            assert result.top_ids is not None
-            assert result.top_logprobs is not None
-            entry = SampledLogprob(
-                token_id=token,
-                logprob=result.token_logprobs[row],
-                top=list(zip(result.top_ids[row][:k], result.top_logprobs[row][:k])),
-            )
-            choice.logprobs.append(entry)
-            choice.new_logprobs.append(entry)
-        if seq.is_finished:
-            choice.finish_reason = seq.status.value
 
     # --------------------------------------------------------------------- stats
 

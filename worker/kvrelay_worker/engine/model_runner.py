@@ -3,7 +3,8 @@
 The batch is flattened with no padding: every scheduled sequence contributes its new
 tokens back to back. The runner owns the KV cache tensors (one ``[2, blocks, block_size,
 kv_heads, head_dim]`` tensor per layer) and binds them to the model's attention layers.
-The LM head runs only on the last token of sequences that sample this step.
+The LM head runs only on the batch's sampling rows (``BatchLayout``): the last token of
+each sequence that samples this step, and the positions of the drafts it verifies.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kvrelay_kernels.kv_quant import kv_row_size
 from kvrelay_worker.engine.cuda_graphs import DecodeRunner
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.host_batch import HostBatch
-from kvrelay_worker.engine.scheduler import ScheduledSequence
+from kvrelay_worker.engine.scheduler_output import BatchLayout, ScheduledSequence
 from kvrelay_worker.engine.transfer import host_to_device
 from kvrelay_worker.models.attention import AttentionMetadata
 from kvrelay_worker.models.decoder import CausalLM
@@ -88,19 +89,22 @@ class ModelRunner:
             layer.kv_cache = cache
         self.num_blocks = num_blocks
 
-    def prepare_host(self, scheduled: Seq[ScheduledSequence]) -> HostBatch:
+    def prepare_host(self, scheduled: Seq[ScheduledSequence],
+                     layout: BatchLayout | None = None) -> HostBatch:
         """Flatten the batch: per-sequence work in Python, per-token work in numpy.
 
         numpy rather than torch here: each call costs about a microsecond instead of ten,
-        and this runs on the host between two forward passes, every step.
+        and this runs on the host between two forward passes, every step. ``layout`` is
+        the batch's (the scheduler's), worked out here when the caller has none.
         """
+        if layout is None:
+            layout = BatchLayout.of(list(scheduled))
         num_seqs = len(scheduled)
         starts = np.empty(num_seqs, dtype=np.int64)
         query_lens = np.empty(num_seqs, dtype=np.int64)
         max_blocks = max((len(item.seq.block_table) for item in scheduled), default=0)
         tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
         input_ids: list[int] = []
-        sampling_rows: list[int] = []
         offset = 0
         for i, item in enumerate(scheduled):
             seq, n = item.seq, item.num_new_tokens
@@ -118,8 +122,6 @@ class ModelRunner:
             else:
                 input_ids.extend(seq.token_ids[start : start + n])
             offset += n
-            if item.samples:
-                sampling_rows.extend(range(offset - 1 - len(drafts), offset))
         seq_lens = starts + query_lens
         ends = np.cumsum(query_lens)
         if offset == num_seqs:  # pure decode: one token per sequence
@@ -139,7 +141,7 @@ class ModelRunner:
             block_tables=torch.from_numpy(tables),
             query_start_loc=torch.from_numpy(query_start_loc),
             seq_lens=torch.from_numpy(seq_lens.astype(np.int32)),
-            logits_indices=torch.tensor(sampling_rows, dtype=torch.int64),
+            logits_indices=torch.tensor(layout.token_indices, dtype=torch.int64),
             max_query_len=int(query_lens.max()) if num_seqs else 0,
             max_seq_len=int(seq_lens.max()) if num_seqs else 0,
         )
@@ -165,15 +167,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: Seq[ScheduledSequence],
-                input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the batch; return logits ``[num_sampling_rows, vocab]`` in float32: one row
+                input_ids: torch.Tensor | None = None, *,
+                layout: BatchLayout | None = None) -> torch.Tensor:
+        """Run the batch; return logits ``[layout.num_rows, vocab]`` in float32: one row
         per sampling sequence, plus one per draft token of a sequence verifying drafts.
 
         ``input_ids``, a device tensor of the batch's token count, replaces the ids the
         sequences hold on the host (a draft model feeds its own guesses back without
         reading them: those host ids are then placeholders).
         """
-        host = self.prepare_host(scheduled)
+        host = self.prepare_host(scheduled, layout)
         if self.decode_runner is not None and self.decode_runner.handles(host):
             return self.decode_runner.run(host, input_ids)
         inputs = self.to_device(host)

@@ -8,6 +8,7 @@ best as whole choices, renumbered 0..n-1 in rank order, as if they had been all 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvrelay_worker.engine.best_of import best_candidates
 from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
@@ -20,6 +21,9 @@ from kvrelay_worker.engine.outputs import (
     StepOutput,
 )
 from kvrelay_worker.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from kvrelay_worker.engine.sampler import SamplerOutput
 
 
 @dataclass
@@ -36,6 +40,32 @@ class ChoiceState:
     cumulative_logprob: float | None = None
     # A returned beam's score (beam search; see ``beam_group``).
     beam_score: float | None = None
+
+    def __post_init__(self) -> None:
+        # The sequence feeds its detokenizer each token it appends, so a stop string
+        # ends it at that very token (``Sequence.append_token``).
+        self.seq.detok = self.detok
+
+    def record_token(self, result: SamplerOutput, row: int) -> None:
+        """Note a token the scheduler appended (sampled on ``row``): news to report,
+        its logprobs, the finish."""
+        token = result.token_ids[row]
+        self.new_ids.append(token)
+        if self.cumulative_logprob is not None and result.token_logprobs is not None:
+            self.cumulative_logprob += result.token_logprobs[row]
+        if self.logprobs is not None and result.token_logprobs is not None:
+            k = self.seq.params.logprobs or 0
+            assert result.top_ids is not None
+            assert result.top_logprobs is not None
+            entry = SampledLogprob(
+                token_id=token,
+                logprob=result.token_logprobs[row],
+                top=list(zip(result.top_ids[row][:k], result.top_logprobs[row][:k])),
+            )
+            self.logprobs.append(entry)
+            self.new_logprobs.append(entry)
+        if self.seq.is_finished:
+            self.finish_reason = self.seq.status.value
 
     @property
     def has_news(self) -> bool:

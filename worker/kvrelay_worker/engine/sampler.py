@@ -13,7 +13,7 @@ temperature, before top-k/top-p/min-p filtering).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -65,10 +65,9 @@ class SamplerOutput:
     token_logprobs: list[float] | None = None
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
-    # Beam search rows (indexes into the batch) and each row's best log_softmax values
-    # and their token ids (``[rows, K]``, on the host); set by the engine, which ranks
-    # beams itself (engine/beam_search.py).
-    beam_rows: list[int] = field(default_factory=list)
+    # Each beam search row's (``BatchLayout.beam_rows``) best log_softmax values and
+    # their token ids (``[rows, K]``, on the host); set by the engine, which ranks beams
+    # itself (engine/beam_search.py).
     beam_log_probs: torch.Tensor | None = None
     beam_token_ids: torch.Tensor | None = None
 

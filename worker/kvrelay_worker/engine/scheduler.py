@@ -21,12 +21,8 @@ performs a step's copies before its forward pass, swap-outs first.
 
 The scheduler is the only writer of a sequence's progress: ``schedule`` allocates and
 counts prefix-cache hits, ``update_from_output`` applies what a step computed and
-sampled (computed tokens, newly full blocks to the cache, the new token, the finish).
-Beam search (``reseat_beams``): the beams of a request are one unit for preemption and
-admission. Preempting one beam preempts every beam of its request, always by recompute
-(never swap: sharing would be lost); waiting beams of a request are admitted together or
-not at all. A request's beams thus never wait on each other for room; the price is that
-the pool must hold all of a request's beams after a recompute.
+sampled (computed tokens, newly full blocks to the cache, the new tokens, the finish).
+A beam search's beams are one unit for preemption and admission (``beam_scheduling``).
 
 Prompt chunks fill the fixed token budget (``max_num_batched_tokens``), or, with a
 ``PrefillPacer`` (``EngineConfig.target_step_ms``), only what its measured cost model
@@ -43,63 +39,27 @@ again would not repeat, so a step that fails can be retried, whole or in part.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kvrelay_worker.engine.beam_scheduling import partial_group, preemption_unit, shares_blocks
 from kvrelay_worker.engine.kv_cache import KVCacheManager
 from kvrelay_worker.engine.preemption import PreemptionPolicy
 from kvrelay_worker.engine.prefill_pacing import PrefillPacer, StepPlan
 from kvrelay_worker.engine.prefills_in_flight import PrefillsInFlight
+from kvrelay_worker.engine.scheduler_output import (
+    BatchLayout,
+    ScheduledSequence,
+    SchedulerOutput,
+    StepUpdate,
+)
 from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.speculative.verification import accepted_length
 from kvrelay_worker.engine.step_cost import StepShape
 from kvrelay_worker.engine.stop_conditions import StopConditions
 from kvrelay_worker.engine.swap_space import SwapSpace
 
-# Told each sampled token after it is appended; True when it completed a stop string.
-StopStringCheck = Callable[[Sequence, int], bool]
-
-
-@dataclass
-class ScheduledSequence:
-    """A sequence's share of a step: ``num_new_tokens`` queries, the last ``len(drafts)``
-    of them draft tokens to verify (speculative decoding) after its one real new token."""
-
-    seq: Sequence
-    num_new_tokens: int
-    drafts: tuple[int, ...] = ()
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the end of the sequence, so a token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens >= self.seq.num_tokens
-
-    @property
-    def num_sampling_rows(self) -> int:
-        """Logit rows this item yields: one per draft plus the target's own next token."""
-        return len(self.drafts) + 1 if self.samples else 0
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    # Block copies to make before this step's forward pass: (device id, host id) pairs
-    # out to the host pool, then (host id, device id) pairs back in.
-    swap_out: list[tuple[int, int]] = field(default_factory=list)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # Copy-on-write block copies (source id, destination id), made after the swaps.
-    copies: list[tuple[int, int]] = field(default_factory=list)
-    # What the step computes, for the cost model (set once the batch is final).
-    shape: StepShape = field(default_factory=StepShape)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+__all__ = ["ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
 
 
 @dataclass
@@ -160,14 +120,26 @@ class Scheduler:
         """Mark ``seq`` finished and free its blocks (host ones too), wherever it is."""
         if seq.is_finished:
             return
-        if seq in self.running:
-            self.running.remove(seq)
-        else:
-            self._remove_waiting(seq)
+        self.dequeue(seq)
         seq.status = status
         self.kv.free(seq)
         if self.swap is not None:
             self.swap.free(seq)
+
+    def dequeue(self, seq: Sequence) -> None:
+        """Take ``seq`` out of the running list or the queue; its blocks stay its own."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif not seq.is_finished:
+            self._remove_waiting(seq)
+
+    def requeue(self, seq: Sequence, running: bool) -> None:
+        """Put a ``dequeue``d sequence back: running (last), or waiting in its place."""
+        if running:
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        else:
+            self.add(seq)
 
     def _remove_waiting(self, seq: Sequence) -> None:
         for i, entry in enumerate(self._waiting):
@@ -182,53 +154,55 @@ class Scheduler:
 
     # ------------------------------------------------------------------------ update
 
-    def update_from_output(self, scheduled: Seq[ScheduledSequence], sampled: Seq[int],
-                           stop_string: StopStringCheck | None = None,
-                           accepted: Seq[int] | None = None) -> list[Sequence]:
-        """Apply what a step did for ``scheduled``: the one place sequences advance.
+    def update_from_output(self, layout: BatchLayout, row_tokens: Seq[int]) -> StepUpdate:
+        """Apply what a step did for ``layout.scheduled``: the one place sequences advance.
 
         Every item's computed tokens advance, its newly full blocks go to the prefix
         cache and blocks behind a sliding window go back to the pool; then each item that
-        sampled (``sampled`` holds their tokens, in order) gets its token appended,
-        ``stop_string`` is asked about it, and a sequence that is done is finished and its
-        blocks freed. Returns the sequences that got a token.
+        sampled gets its tokens from its rows of ``row_tokens`` (one token per logit row),
+        each appended and checked (``Sequence.append_token`` reports a stop string), and
+        a sequence that is done is finished and its blocks freed.
 
-        Speculative decoding: ``accepted[i]`` drafts of sampling item ``i`` were verified;
-        they are appended (each checked like any token) before its sampled token, their
-        KV counts as computed, and the slots of the rejected ones are simply not counted
-        (later steps overwrite them; blocks wholly past the sequence go back to the pool).
+        Speculative decoding: the drafts an item's rows confirm (``accepted_length``) are
+        appended before its sampled token, their KV counted as computed; the slots of the
+        rejected ones are simply not counted (later steps overwrite them; blocks wholly
+        past the sequence go back to the pool).
         """
-        sampling = [item for item in scheduled if item.samples]
-        if len(sampling) != len(sampled):
-            raise ValueError(f"{len(sampled)} sampled tokens for {len(sampling)} rows")
-        num_accepted = list(accepted) if accepted is not None else [0] * len(sampling)
-        accepted_of = {id(item): n for item, n in zip(sampling, num_accepted, strict=True)}
-        for item in scheduled:
-            n = accepted_of.get(id(item), 0)
-            if n not in range(len(item.drafts) + 1):
-                raise ValueError(f"{n} accepted drafts of {len(item.drafts)}")
+        if len(row_tokens) != layout.num_rows:
+            raise ValueError(f"{len(row_tokens)} sampled tokens for {layout.num_rows} rows")
+        for item in layout.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens - len(item.drafts)
             self.kv.publish_computed_blocks(item.seq)
             self.kv.release_out_of_window(item.seq)
-        for item, token in zip(sampling, sampled, strict=True):
-            seq = item.seq
+        appended: list[int] = []
+        accepted: list[int] = []
+        for item, row in zip(layout.sampling, layout.first_rows, strict=True):
+            seq, drafts = item.seq, item.drafts
+            n = accepted_length(row_tokens[row : row + len(drafts) + 1], drafts) if drafts else 0
+            accepted.append(n)
             if seq.params.is_beam_search:
-                continue  # beams advance together, by ``reseat_beams``
-            drafts = item.drafts[: accepted_of[id(item)]]
-            for i, t in enumerate((*drafts, token)):
-                seq.append_token(t)
-                if i < len(drafts):  # an accepted draft's KV was computed by this step
-                    seq.num_computed_tokens += 1
-                stopped = stop_string(seq, t) if stop_string is not None else False
-                status = self.stop.finish_status(seq, t, stopped)
-                if status is not None:
-                    self.finish(seq, status)
-                    break
-            if item.drafts and not seq.is_finished:
+                appended.append(0)  # beams advance together, by their beam group
+                continue
+            appended.append(self._append(seq, row_tokens, row, n))
+            if drafts and not seq.is_finished:
                 self.kv.publish_computed_blocks(seq)
                 self.kv.release_out_of_window(seq)
                 self.kv.free_blocks_after(seq, seq.num_tokens)
-        return [item.seq for item in sampling]
+        return StepUpdate(layout, appended, accepted)
+
+    def _append(self, seq: Sequence, row_tokens: Seq[int], row: int, num_drafts: int) -> int:
+        """Append ``num_drafts`` accepted drafts (rows ``row`` on) then the sampled token,
+        stopping at the one that finishes ``seq``; returns how many were appended."""
+        for i in range(num_drafts + 1):
+            token = row_tokens[row + i]
+            stopped = seq.append_token(token)
+            if i < num_drafts:  # an accepted draft's KV was computed by this step
+                seq.num_computed_tokens += 1
+            status = self.stop.finish_status(seq, token, stopped)
+            if status is not None:
+                self.finish(seq, status)
+                return i + 1
+        return num_drafts + 1
 
     # ---------------------------------------------------------------------- schedule
 
@@ -268,6 +242,7 @@ class Scheduler:
         out.copies = self.kv.take_copies()
         out.shape = StepShape.of((item.seq.num_computed_tokens, item.num_new_tokens,
                                   len(item.drafts)) for item in out.scheduled)
+        out.layout = BatchLayout.of(out.scheduled)
         return out
 
     def _drafts_that_fit(self, seq: Sequence, remaining: int, budget: int) -> tuple[int, ...]:
@@ -281,6 +256,14 @@ class Scheduler:
         if not self.kv.allocate_slots(seq, 1 + len(drafts)):
             return ()
         return drafts
+
+    def prefill_estimate(self) -> int:
+        """Prompt tokens the next step will likely compute (for the speculation policy)."""
+        pending = sum(s.num_tokens - s.num_computed_tokens for s in self.running
+                      if s.num_tokens - s.num_computed_tokens > 1)
+        if self._waiting:
+            pending += self.max_num_batched_tokens
+        return min(pending, self.max_num_batched_tokens)
 
     def observe_step(self, out: SchedulerOutput, ms: float) -> None:
         """The engine ran ``out`` in ``ms`` milliseconds: teach the pacer's cost model."""
@@ -311,36 +294,6 @@ class Scheduler:
             return 1
         return plan.prefill_chunk(context, remaining, budget)
 
-    def reseat_beams(self, beams: list[Sequence], parents: list[int], tokens: list[int]) -> None:
-        """Beam ``i`` becomes beam ``parents[i]`` plus ``tokens[i]``: the parent's blocks
-        shared (copy-on-write), its computed tokens kept. New beams (not yet scheduled)
-        may be among ``beams``; every parent must be among the first ones."""
-        sources = [beams[p] for p in parents]
-        snapshot = [(list(s.token_ids), s.num_computed_tokens, list(s.block_hashes),
-                     s.status) for s in sources]
-        for beam in beams:
-            if beam in self.running:
-                self.running.remove(beam)
-            elif not beam.is_finished:
-                self._remove_waiting(beam)
-        self.kv.share_blocks(beams, sources)
-        for beam, (ids, computed, hashes, status), token in zip(beams, snapshot, tokens,
-                                                               strict=True):
-            beam.token_ids = [*ids, token]
-            beam.num_computed_tokens = computed
-            beam.block_hashes = hashes
-            if status is SequenceStatus.RUNNING:
-                beam.status = status
-                self.running.append(beam)
-            else:
-                self.add(beam)
-
-    def _siblings(self, seq: Sequence) -> list[Sequence]:
-        """The running beams of ``seq``'s request, ``seq`` included (just ``seq`` otherwise)."""
-        if not seq.params.is_beam_search:
-            return [seq]
-        return [s for s in self.running if s.request_id == seq.request_id] or [seq]
-
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput,
                    scheduled_ids: set[int]) -> tuple[bool, int]:
         """Allocate for ``seq``, preempting others (or ``seq`` itself) until it fits.
@@ -351,17 +304,17 @@ class Scheduler:
         given_back = 0
         while not self.kv.allocate_slots(seq, num_new):
             victim = self._pick_victim()
-            if victim is seq or victim in self._siblings(seq):
+            if victim is seq or victim in preemption_unit(seq, self.running):
                 return False, given_back + self._preempt_group(seq, out, scheduled_ids)
             given_back += self._preempt_group(victim, out, scheduled_ids)
         return True, given_back
 
     def _preempt_group(self, seq: Sequence, out: SchedulerOutput,
                        scheduled_ids: set[int]) -> int:
-        """Preempt ``seq``, or all of its request's beams; returns the batched tokens the
-        members already in this step's batch gave back."""
+        """Preempt ``seq`` with its unit (``beam_scheduling``); returns the batched tokens
+        the members already in this step's batch gave back."""
         given_back = 0
-        for member in self._siblings(seq):
+        for member in preemption_unit(seq, self.running):
             if member.seq_id in scheduled_ids:
                 given_back += self._unschedule(member, out, scheduled_ids)
             self._preempt(member, out)
@@ -371,13 +324,13 @@ class Scheduler:
         """Take ``seq`` out of this step's batch; returns its tokens, for the budget.
 
         The blocks this step gave it (room past its computed tokens, drafts' slots
-        included) go back to the pool, so a swap-out copies only computed KV. Beams keep
-        theirs until ``_preempt`` frees them all, with any copy-on-write copy into them.
+        included) go back to the pool, so a swap-out copies only computed KV. Shared
+        blocks stay until ``_preempt`` frees them all, with any copy-on-write copy into them.
         """
         scheduled_ids.discard(seq.seq_id)
         (item,) = [i for i in out.scheduled if i.seq is seq]
         out.scheduled.remove(item)
-        if not seq.params.is_beam_search:
+        if not shares_blocks(seq):
             self.kv.free_blocks_after(seq, seq.num_computed_tokens)
         return item.num_new_tokens
 
@@ -407,7 +360,7 @@ class Scheduler:
     def _should_swap(self, seq: Sequence) -> bool:
         """Swap when the policy prefers it and the host pool has room; else recompute."""
         if (self.swap is None or self.preemption.mode == "recompute"
-                or seq.params.is_beam_search or seq.num_computed_tokens == 0):
+                or shares_blocks(seq) or seq.num_computed_tokens == 0):
             return False
         live = self.kv.num_blocks_held(seq)
         if not self.swap.can_hold(live):
@@ -486,18 +439,9 @@ class Scheduler:
         self._undo_partial_group(out)
 
     def _undo_partial_group(self, out: SchedulerOutput) -> None:
-        """Put back beams just admitted whose siblings must still wait: all or none.
-
-        Siblings share an arrival order, so they sit side by side in the queue: only the
-        last request admitted can be cut short.
-        """
-        if not out.scheduled or not self._waiting:
-            return
-        last = out.scheduled[-1].seq
-        head = self._waiting[0][3]
-        if not last.params.is_beam_search or head.request_id != last.request_id:
-            return
-        for item in [i for i in out.scheduled if i.seq.request_id == last.request_id]:
+        """Put back what was just admitted of a group whose rest must still wait."""
+        head = self._waiting[0][3] if self._waiting else None
+        for item in partial_group(out.scheduled, head):
             out.scheduled.remove(item)
             self.running.remove(item.seq)
             self.kv.free(item.seq)

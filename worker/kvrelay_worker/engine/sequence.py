@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from kvrelay_worker.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
     from kvrelay_worker.engine.grammar import SequenceGrammar
 
 _seq_counter = itertools.count()
@@ -75,6 +76,11 @@ class Sequence:
     # Speculative decoding: tokens a proposer guessed to follow ``token_ids``, set before a
     # step schedules; never part of ``token_ids`` until the target model verified them.
     draft_token_ids: list[int] = field(default_factory=list)
+    # The choice's text: told each token as it is appended, it says when a stop string
+    # completes (``ChoiceState`` sets it). What it raises is kept in ``detok_error``: the
+    # engine fails this request alone once the step's update is done.
+    detok: IncrementalDetokenizer | None = None
+    detok_error: Exception | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -97,7 +103,16 @@ class Sequence:
         """True once every prompt token's K/V is in the cache."""
         return self.num_computed_tokens >= self.num_prompt_tokens
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int) -> bool:
+        """Append ``token_id``; True when it completed one of the request's stop strings."""
         self.token_ids.append(token_id)
         if self.grammar is not None:  # its next mask must follow the new token
             self.grammar.accept(token_id)
+        if self.detok is None:
+            return False
+        try:
+            return self.detok.add_token(token_id)
+        except Exception as exc:  # fails this request alone (the engine reads it)
+            if self.detok_error is None:
+                self.detok_error = exc
+            return False

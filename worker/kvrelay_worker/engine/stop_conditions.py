@@ -1,8 +1,9 @@
 """When a sequence is done: the token-level stop rules the scheduler applies after a step.
 
-Stop strings are text, so the detokenizer finds them; the scheduler is told whether one
-matched and decides the finish with the other rules, in one order: a stop (end of
-sequence, a stop token, a stop string) once ``min_tokens`` are out, else a length limit.
+Stop strings are text, so the detokenizer finds them as each token is appended
+(``Sequence.append_token`` says whether one matched); the scheduler decides the finish
+with the other rules, in one order: a stop (end of sequence, a stop token, a stop string)
+once ``min_tokens`` are out, else a length limit.
 """
 
 from __future__ import annotations
