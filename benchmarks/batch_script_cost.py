@@ -26,8 +26,8 @@ from harness import write_result
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, Started, Tokens, encode_event
-from kvrelay_worker.job_store import JobEvents, JobStore
-from kvrelay_worker.publisher import LOG_MOVE_BATCHES
+from kvrelay_worker.jobs.job_store import JobEvents, JobStore
+from kvrelay_worker.jobs.publisher import LOG_MOVE_BATCHES
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()

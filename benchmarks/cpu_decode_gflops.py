@@ -248,7 +248,7 @@ def format_gemm_table(rows: Sequence[dict[str, Any]]) -> str:
 def environment() -> dict[str, Any]:
     import torch
 
-    from kvrelay_worker.engine.cpu_threads import cpu_thread_settings
+    from kvrelay_worker.cpu_threads import cpu_thread_settings
 
     return {"torch": torch.__version__, "cpu_count": os.cpu_count(),
             "threads": cpu_thread_settings(),

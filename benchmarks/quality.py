@@ -31,7 +31,7 @@ from harness import write_result
 from harness.quant_configs import CONFIGS, MODEL, make_llm
 
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.teacher_forcing import sequence_logits
+from kvrelay_worker.teacher_forcing import sequence_logits
 
 OUT = Path(__file__).parent / "measured" / "cpu-quality.json"
 WINDOW = 256

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from harness import write_result
 
-from kvrelay_worker.engine import sampling_batch
+from kvrelay_worker.engine.sample import sampling_batch
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sequence import Sequence as EngineSequence
+from kvrelay_worker.engine.sched.sequence import Sequence as EngineSequence
 
 VOCAB = 49152  # SmolLM2's
 EOS = (0, 2)

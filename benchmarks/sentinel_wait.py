@@ -27,7 +27,7 @@ import redis
 from harness import private_redis, write_result
 
 from kvrelay.protocol import Tokens
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
 
 RESULTS = Path(__file__).parent / "results"

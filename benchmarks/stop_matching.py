@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from harness import write_result
 
-from kvrelay_worker.engine.stop_matcher import ROOT, StopMatcher
+from kvrelay_worker.engine.sample.stop_matcher import ROOT, StopMatcher
 
 Step = Callable[[str], tuple[bool, int]]
 

@@ -105,6 +105,13 @@ def test_the_walk_sees_lazy_and_type_only_imports() -> None:
     assert set(_imported(tree, "a.x", False, {"a.b", "a.d", "a.x"})) == {"a.b", "a.d"}
 
 
+def test_the_graph_is_read_from_every_folder() -> None:
+    graph = _graph()
+    assert "kvrelay_worker.engine.runner.host_batch" in graph[
+        "kvrelay_worker.engine.runner.cuda_graphs"]
+    assert "kvrelay.queue_push" in graph["kvrelay.enqueue"]
+
+
 def test_a_circle_is_found() -> None:
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

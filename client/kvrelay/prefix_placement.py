@@ -20,7 +20,7 @@ only the exact part moves between reads: a client sending a conversation's turns
 after another never sees its own finished turns as load.
 
 Placement is advisory: a dead worker's queued jobs are moved to the shared queue by the
-live workers (``kvrelay_worker.orphan_queues``), and leases, fencing and failover do not
+live workers (``kvrelay_worker.jobs.orphan_queues``), and leases, fencing and failover do not
 depend on where a job was queued. It is off unless ``KVRELAY_PLACEMENT=true`` (or
 ``AsyncClient(placement=True)``): it raises the cache hit rate and throughput, but under
 the engine's default settings a hit saves only the turn's history, which does not reliably

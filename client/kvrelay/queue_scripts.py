@@ -1,6 +1,6 @@
 """Lua scripts that place jobs on a model's queues: admission under a limit
 (``kvrelay.queue_push``) and moving a dead worker's own queue to the shared one
-(``kvrelay_worker.orphan_queues``)."""
+(``kvrelay_worker.jobs.orphan_queues``)."""
 
 from __future__ import annotations
 

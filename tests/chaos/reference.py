@@ -13,7 +13,7 @@ from typing import Any
 from chaos.schedule import PRESSURE, JobPlan, Schedule
 from kvrelay.protocol import GenerateRequest
 from kvrelay.request_builder import build_request
-from kvrelay_worker.job_request import prompt_ids_for, sampling_params_from
+from kvrelay_worker.intake.job_request import prompt_ids_for, sampling_params_from
 
 # Tokens per choice, per job index.
 Reference = dict[int, list[list[int]]]

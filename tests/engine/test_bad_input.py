@@ -27,7 +27,7 @@ from kvrelay_worker.engine import (
     SamplingParams,
     SamplingParamsError,
 )
-from kvrelay_worker.job_request import JobRejected, prompt_ids_for
+from kvrelay_worker.intake.job_request import JobRejected, prompt_ids_for
 from kvrelay_worker.models.errors import UnknownModelError
 
 VOCAB = 49152

@@ -9,8 +9,8 @@ import pytest
 from helpers.engine_run import assert_engine_idle
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.sequence import Sequence
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
+from kvrelay_worker.engine.sched.sequence import Sequence
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from kvrelay_worker.engine import LLM, SamplingParams, llm_engine
-from kvrelay_worker.engine.beam_group import BeamGroup, beam_candidates
-from kvrelay_worker.engine.beam_search import BeamSearch, beam_config
+from kvrelay_worker.engine.beam.beam_group import BeamGroup, beam_candidates
+from kvrelay_worker.engine.beam.beam_search import BeamSearch, beam_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvrelay_worker.engine.block_pool import BlockPool, FreeBlockQueue, KVBlock
-from kvrelay_worker.engine.kv_cache import KVCacheManager, root_hash
+from kvrelay_worker.engine.kv.block_pool import BlockPool, FreeBlockQueue, KVBlock
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager, root_hash
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sequence import Sequence
+from kvrelay_worker.engine.sched.sequence import Sequence
 
 BLOCK_SIZE = 4
 HASHES = [bytes([i]) * 16 for i in range(6)]

@@ -12,7 +12,7 @@ from pathlib import Path
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.cuda_graphs import DecodeRunner, batch_buckets
+from kvrelay_worker.engine.runner.cuda_graphs import DecodeRunner, batch_buckets
 
 
 def test_batch_buckets() -> None:

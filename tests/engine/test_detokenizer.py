@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
+from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 TEXTS = [

@@ -70,7 +70,7 @@ def test_torch_itself_refuses_a_cuda_device_without_an_index(
 def test_every_cuda_spelling_reaches_set_device_with_an_index_torch_accepts(
         device: str, current: int, index: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The configuration's device goes through ``bind_device`` as the engine passes it."""
-    from kvrelay_worker.engine.device import bind_device
+    from kvrelay_worker.engine.runner.device import bind_device
 
     calls = stand_in_for_two_gpus(monkeypatch, current)
     config = EngineConfig(device=device)
@@ -152,7 +152,7 @@ def test_engine_start_refuses_a_device_without_room_for_the_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Checked when the runner is built, not at the first step's kernel launch."""
     from kvrelay_kernels.triton_kernels import launch_config
-    from kvrelay_worker.engine.model_runner import ModelRunner
+    from kvrelay_worker.engine.runner.model_runner import ModelRunner
 
     monkeypatch.setattr(launch_config, "_shared_memory_optin", lambda index: 16 * 1024)
     monkeypatch.setattr(launch_config, "_sm_count", lambda index: 132)

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvrelay_worker.engine import EngineConfig, device_capability
-from kvrelay_worker.engine.device_capability import grouped_mm_supported
+from kvrelay_worker.engine import EngineConfig
 from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine.runner import device_capability
+from kvrelay_worker.engine.runner.device_capability import grouped_mm_supported
 
 
 @pytest.fixture

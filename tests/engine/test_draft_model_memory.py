@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.model_runner import kv_bytes_per_block
+from kvrelay_worker.engine.runner.model_runner import kv_bytes_per_block
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.sequence import Sequence
-from kvrelay_worker.engine.speculative import draft_model
-from kvrelay_worker.engine.speculative.draft_model import DraftModel
+from kvrelay_worker.engine.sched.sequence import Sequence
+from kvrelay_worker.engine.spec import draft_model
+from kvrelay_worker.engine.spec.draft_model import DraftModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

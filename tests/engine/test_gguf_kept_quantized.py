@@ -16,12 +16,12 @@ from helpers.tiny_models import build_tiny_model
 from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
 from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.teacher_forcing import sequence_logits
 from kvrelay_worker.loading import cache_layout
 from kvrelay_worker.loading.gguf_blocks import repack_blocks
 from kvrelay_worker.loading.gguf_storage import gguf_storage
 from kvrelay_worker.models.quantize_model import weight_bytes
 from kvrelay_worker.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from kvrelay_worker.teacher_forcing import sequence_logits
 
 Q = gguf.GGMLQuantizationType
 PROMPT = [(29 * i + 5) % (TINY_VOCAB_SIZE - 10) + 3 for i in range(30)]

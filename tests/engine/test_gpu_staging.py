@@ -18,7 +18,7 @@ import torch
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.staging import StagingBuffer
+from kvrelay_worker.engine.runner.staging import StagingBuffer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,7 +79,7 @@ def test_host_to_device_copies_survive_the_next_one() -> None:
     """``host_to_device`` stages through a fresh pinned tensor per call; torch's pinned
     allocator keeps it reserved until the queued copy has run, so a second call while the
     first copy waits cannot overwrite the first one's source."""
-    from kvrelay_worker.engine.transfer import host_to_device
+    from kvrelay_worker.engine.runner.transfer import host_to_device
 
     cuda = torch.device("cuda")
     torch.cuda.synchronize()

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from kvrelay_worker.engine import block_copy, kv_swap
-from kvrelay_worker.engine.sampler import Sampler
-from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder
+from kvrelay_worker.engine.kv import block_copy, kv_swap
+from kvrelay_worker.engine.sample.sampler import Sampler
+from kvrelay_worker.engine.sample.sampling_batch import SamplingBatchBuilder
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sequence import Sequence
+from kvrelay_worker.engine.sched.sequence import Sequence
 
 VOCAB = 50
 

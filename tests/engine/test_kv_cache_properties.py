@@ -54,18 +54,18 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.preemption import PreemptionPolicy, SwapCostModel
-from kvrelay_worker.engine.prefill_pacing import PrefillPacer
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
+from kvrelay_worker.engine.kv.swap_space import SwapSpace
+from kvrelay_worker.engine.sample.stop_conditions import StopConditions
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
-from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
-from kvrelay_worker.engine.step_cost import StepShape
-from kvrelay_worker.engine.stop_conditions import StopConditions
-from kvrelay_worker.engine.swap_space import SwapSpace
+from kvrelay_worker.engine.sched.preemption import PreemptionPolicy, SwapCostModel
+from kvrelay_worker.engine.sched.prefill_pacing import PrefillPacer
+from kvrelay_worker.engine.sched.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.sched.step_cost import StepShape
 
 if TYPE_CHECKING:
-    from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
+    from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
 
 BLOCK_SIZE = 4
 # Tokens come from a tiny alphabet so that equal prompts and equal generated tails are

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kvrelay_kernels import store_kv_cache
-from kvrelay_worker.engine.block_copy import copy_blocks
-from kvrelay_worker.engine.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
+from kvrelay_worker.engine.kv.block_copy import copy_blocks
+from kvrelay_worker.engine.kv.kv_swap import allocate_host_kv, copy_to_device, copy_to_host
 
 BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD = 6, 4, 2, 8
 

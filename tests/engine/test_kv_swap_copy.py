@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvrelay_worker.engine.kv_swap import (
+from kvrelay_worker.engine.kv.kv_swap import (
     allocate_host_kv,
     contiguous_runs,
     copy_to_device,

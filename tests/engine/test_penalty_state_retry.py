@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvrelay_worker.engine.penalty_state import PenaltyState
+from kvrelay_worker.engine.sample.penalty_state import PenaltyState
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sequence import Sequence
+from kvrelay_worker.engine.sched.sequence import Sequence
 
 VOCAB = 50
 

@@ -11,12 +11,12 @@ from helpers.engine_run import assert_engine_idle, final_outputs
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, SamplingParams, StepOutput
-from kvrelay_worker.engine.beam_scheduling import reseat_beams
-from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.preemption import PreemptionPolicy
-from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
-from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
-from kvrelay_worker.engine.swap_space import SwapSpace
+from kvrelay_worker.engine.beam.beam_scheduling import reseat_beams
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
+from kvrelay_worker.engine.kv.swap_space import SwapSpace
+from kvrelay_worker.engine.sched.preemption import PreemptionPolicy
+from kvrelay_worker.engine.sched.scheduler import Scheduler, SchedulerOutput
+from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.prefill_pacing import PrefillPacer
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.scheduler import Scheduler, SchedulerOutput
-from kvrelay_worker.engine.sequence import Sequence
-from kvrelay_worker.engine.step_cost import StepCostModel, StepShape
+from kvrelay_worker.engine.sched.prefill_pacing import PrefillPacer
+from kvrelay_worker.engine.sched.scheduler import Scheduler, SchedulerOutput
+from kvrelay_worker.engine.sched.sequence import Sequence
+from kvrelay_worker.engine.sched.step_cost import StepCostModel, StepShape
 
 # ms = 5 + 1 per decode row + 0.1 per prompt token + 2 per million attention pairs
 COEF = np.array([5.0, 1.0, 0.0, 0.1, 2.0])

@@ -5,8 +5,8 @@ at a time), while requests of the same tenant keep sharing it."""
 from __future__ import annotations
 
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
-from kvrelay_worker.engine.speculative.speculator import Speculator
+from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.spec.speculator import Speculator
 
 SECRET = [501, 502, 503, 504, 505, 506, 507, 508]
 

@@ -19,14 +19,14 @@ from helpers.engine_run import assert_engine_idle, final_outputs, run_engine
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.sampler import (
+from kvrelay_worker.engine.sample.sampler import (
     Sampler,
     SamplingBatch,
     apply_penalties,
     apply_top_k_top_p_min_p,
 )
-from kvrelay_worker.engine.sampling_batch import build_sampling_batch
-from kvrelay_worker.engine.sequence import Sequence as Seq
+from kvrelay_worker.engine.sample.sampling_batch import build_sampling_batch
+from kvrelay_worker.engine.sched.sequence import Sequence as Seq
 
 V = 50
 EOS = 2

@@ -16,15 +16,15 @@ import torch
 from helpers.engine_run import assert_engine_idle, final_outputs, run_engine
 from helpers.hf_reference import random_prompts
 
-import kvrelay_worker.engine.sampling_batch as sampling_batch_module
+import kvrelay_worker.engine.sample.sampling_batch as sampling_batch_module
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.sampler import SamplingBatch
-from kvrelay_worker.engine.sampling_batch import (
+from kvrelay_worker.engine.sample.sampler import SamplingBatch
+from kvrelay_worker.engine.sample.sampling_batch import (
     RequestTokenTables,
     SamplingBatchBuilder,
     build_sampling_batch,
 )
-from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 
 V = 40
 EOS = (2, 3)

@@ -17,8 +17,8 @@ from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.teacher_forcing import sequence_logits
 from kvrelay_worker.models.quantize_model import weight_bytes
+from kvrelay_worker.teacher_forcing import sequence_logits
 
 PROMPT_LENGTHS = [5, 40, 120]  # a subset of test_hf_parity's lengths: each costs seconds
 NEW_TOKENS = 16

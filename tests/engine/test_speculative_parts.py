@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from kvrelay_worker.engine.speculative.acceptance import Acceptance
-from kvrelay_worker.engine.speculative.ngram_index import NgramIndex
-from kvrelay_worker.engine.speculative.policy import Candidate, choose_depths
-from kvrelay_worker.engine.speculative.recent_outputs import RecentOutputs
-from kvrelay_worker.engine.speculative.step_time_curve import StepTimeCurve
-from kvrelay_worker.engine.speculative.verification import accepted_length
+from kvrelay_worker.engine.spec.acceptance import Acceptance
+from kvrelay_worker.engine.spec.ngram_index import NgramIndex
+from kvrelay_worker.engine.spec.policy import Candidate, choose_depths
+from kvrelay_worker.engine.spec.recent_outputs import RecentOutputs
+from kvrelay_worker.engine.spec.step_time_curve import StepTimeCurve
+from kvrelay_worker.engine.spec.verification import accepted_length
 
 
 def test_lookup_proposes_what_followed_the_latest_longest_match() -> None:
@@ -112,7 +112,7 @@ def test_the_curve_interpolates_and_never_falls() -> None:
 
 
 def test_a_draft_name_may_carry_its_quantization() -> None:
-    from kvrelay_worker.engine.speculative.draft_model import split_draft_quantization
+    from kvrelay_worker.engine.spec.draft_model import split_draft_quantization
 
     assert split_draft_quantization("smollm2-135m-instruct@int4") == (
         "smollm2-135m-instruct", "int4")

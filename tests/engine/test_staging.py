@@ -13,8 +13,8 @@ import torch
 from helpers.hf_reference import random_prompts
 
 from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine.cuda_graphs import DecodeRunner
-from kvrelay_worker.engine.staging import Fence, StagingBuffer
+from kvrelay_worker.engine.runner.cuda_graphs import DecodeRunner
+from kvrelay_worker.engine.runner.staging import Fence, StagingBuffer
 
 
 class FakeFence:

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from kvrelay_worker.engine.step_cost import StepCostModel, StepShape, attention_pairs
+from kvrelay_worker.engine.sched.step_cost import StepCostModel, StepShape, attention_pairs
 
 # a, b, c, d, e of the module docstring: ms, per decode row, per 1000 KV tokens read,
 # per prompt token, per million attention pairs.

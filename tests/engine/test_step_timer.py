@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvrelay_worker.engine import LLM, LLMEngine, SamplingParams
-from kvrelay_worker.engine.step_timer import StepTimer, wait_for_cuda_stream
+from kvrelay_worker.engine.sched.step_timer import StepTimer, wait_for_cuda_stream
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from kvrelay_worker.engine.kv_cache import KVCacheManager
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.scheduler import Scheduler
-from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.sched.scheduler import Scheduler
+from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
-    from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
+    from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
 
 
 class _StopOn:

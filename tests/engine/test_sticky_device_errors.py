@@ -17,7 +17,7 @@ import torch
 from helpers.engine_run import one_torch_thread
 
 from kvrelay_worker.engine import LLM, LLMEngine, SamplingParams
-from kvrelay_worker.engine.device_errors import STICKY_CUDA_ERRORS, is_sticky_device_error
+from kvrelay_worker.engine.runner.device_errors import STICKY_CUDA_ERRORS, is_sticky_device_error
 
 ILLEGAL_ADDRESS = ("CUDA error: an illegal memory access was encountered\n"
                    "CUDA kernel errors might be asynchronously reported at some other API "

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
-from kvrelay_worker.engine.stop_matcher import ROOT, StopMatcher
+from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
+from kvrelay_worker.engine.sample.stop_matcher import ROOT, StopMatcher
 
 LETTERS = "abé日"
 

@@ -21,7 +21,7 @@ import torch
 from kvrelay.protocol import ResponseFormat
 from kvrelay_worker.engine import LLM, SamplingParams
 from kvrelay_worker.engine.errors import SamplingParamsError
-from kvrelay_worker.engine.grammar import GrammarCompiler, GrammarMask, apply_grammar_mask
+from kvrelay_worker.engine.sample.grammar import GrammarCompiler, GrammarMask, apply_grammar_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,7 +16,7 @@ from helpers.hf_reference import hf_greedy, load_hf_model, random_prompts
 
 from kvrelay_worker.engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from kvrelay_worker.engine.errors import EngineConfigError
-from kvrelay_worker.engine.preemption import PreemptionPolicy, SwapCostModel
+from kvrelay_worker.engine.sched.preemption import PreemptionPolicy, SwapCostModel
 from kvrelay_worker.loading import load_model_source
 from kvrelay_worker.models.factory import build_model
 

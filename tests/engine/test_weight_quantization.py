@@ -20,9 +20,9 @@ from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
 from kvrelay_worker.engine import EngineConfigError
 from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.teacher_forcing import sequence_logits
 from kvrelay_worker.models.quantize_model import weight_bytes
 from kvrelay_worker.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from kvrelay_worker.teacher_forcing import sequence_logits
 
 PROMPT = [(37 * i + 11) % 900 + 50 for i in range(40)]
 

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from kvrelay.protocol import Failed, Finished
-from kvrelay_worker.publisher import EventItem, Item
+from kvrelay_worker.jobs.publisher import EventItem, Item
 
 
 class RecordingPublisher:

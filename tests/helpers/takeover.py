@@ -8,7 +8,7 @@ import redis
 from kvrelay.job_lifecycle import WATCH_TTL_S
 from kvrelay.job_scripts import FENCE_FLAG_TTL_S
 from kvrelay.keys import Keyspace
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.jobs.job_store import JobStore
 
 KEYS = Keyspace()  # the default namespace
 

@@ -21,7 +21,7 @@ from helpers.worker_process import WorkerProcess
 from kvrelay import Client
 from kvrelay.protocol import Failed, Started, Tokens
 from kvrelay_worker.device_loss import DEVICE_LOST_EXIT_CODE
-from kvrelay_worker.engine.device_errors import is_sticky_device_error
+from kvrelay_worker.engine.runner.device_errors import is_sticky_device_error
 
 pytestmark = pytest.mark.integration
 

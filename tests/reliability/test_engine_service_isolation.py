@@ -17,12 +17,12 @@ from helpers.engine_run import one_torch_thread
 from helpers.recording_publisher import RecordingPublisher
 
 from kvrelay.protocol import ErrorCode, Failed, Finished, GenerateRequest, Tokens
-from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine import LLM, SamplingParams
 from kvrelay_worker.engine_service import EngineService
-from kvrelay_worker.job_store import PriorProgress
+from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
+from kvrelay_worker.jobs.job_store import PriorProgress
+from kvrelay_worker.jobs.publisher import EventItem, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Publisher
 
 
 def make_job(job_id: str, prompt: list[int], params: SamplingParams) -> ActiveJob:

@@ -59,7 +59,7 @@ def test_unsafe_namespaces_are_refused(bad: str) -> None:
 
 
 def test_prefix_cache_salt_differs_per_namespace() -> None:
-    from kvrelay_worker.engine.kv_cache import root_hash
+    from kvrelay_worker.engine.kv.kv_cache import root_hash
 
     roots = {root_hash("m", Keyspace(ns).cache_salt(salt))
              for ns in ("", "alpha", "beta") for salt in (None, "s")}

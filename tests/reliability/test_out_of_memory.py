@@ -18,11 +18,11 @@ from helpers.redis_server import RedisServer
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, Usage
-from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_store import JobStore, PriorProgress
+from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
+from kvrelay_worker.jobs.job_store import JobStore, PriorProgress
+from kvrelay_worker.jobs.publisher import EventItem, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace

@@ -19,7 +19,7 @@ from kvrelay.enqueue import CeleryEnqueuer
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import GenerateRequest, SamplingOptions, encode_request
 from kvrelay_worker.app import make_celery
-from kvrelay_worker.job_copy import send_job_copy
+from kvrelay_worker.jobs.job_copy import send_job_copy
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace

@@ -16,8 +16,8 @@ from kvrelay.client import ABORT_FLAG_TTL_S
 from kvrelay.protocol import ErrorCode, GenerateRequest
 from kvrelay.queue_push import MAX_QUEUE_TIMEOUT_S
 from kvrelay.request_builder import build_request
-from kvrelay_worker.job_request import JobRejected
-from kvrelay_worker.pickup_checks import check_queue_wait
+from kvrelay_worker.intake.job_request import JobRejected
+from kvrelay_worker.intake.pickup_checks import check_queue_wait
 from kvrelay_worker.settings import SettingsError, WorkerSettings
 
 

@@ -16,12 +16,12 @@ from kvrelay import event_log
 from kvrelay.event_frames import unpack_events
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import GenerateRequest, Tokens, decode_event
-from kvrelay_worker.active_job import ActiveJob
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_store import JobStore, PriorProgress
-from kvrelay_worker.log_window import LogWindow
+from kvrelay_worker.jobs.active_job import ActiveJob
+from kvrelay_worker.jobs.job_store import JobStore, PriorProgress
+from kvrelay_worker.jobs.log_window import LogWindow
+from kvrelay_worker.jobs.publisher import LOG_MOVE_BATCHES, EventItem, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import LOG_MOVE_BATCHES, EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace

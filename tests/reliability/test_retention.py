@@ -18,7 +18,7 @@ from helpers.worker_process import WorkerProcess
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, SamplingOptions
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace

@@ -18,7 +18,7 @@ from helpers.sentinel_cluster import SentinelCluster
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Failed
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.redis_client import worker_redis
 from kvrelay_worker.settings import WorkerSettings
 

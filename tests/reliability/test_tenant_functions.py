@@ -17,7 +17,7 @@ from kvrelay.cli.main import main as kvrelay_main
 from kvrelay.keys import Keyspace
 from kvrelay.lua_library import LIBRARY
 from kvrelay.redis_functions import LOAD_COMMAND, FunctionsMissing
-from kvrelay_worker.job_store import JobEvents, JobStore
+from kvrelay_worker.jobs.job_store import JobEvents, JobStore
 from kvrelay_worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration

@@ -5,8 +5,8 @@ tokens a dead worker published, and beams already published whole are not sent a
 from __future__ import annotations
 
 from kvrelay_worker.engine import SamplingParams
-from kvrelay_worker.job_store import PriorProgress
-from kvrelay_worker.prior_replay import ReplayPlan
+from kvrelay_worker.jobs.job_store import PriorProgress
+from kvrelay_worker.jobs.prior_replay import ReplayPlan
 
 
 def test_beam_job_restarts_from_its_prompt() -> None:

@@ -21,12 +21,12 @@ from helpers.worker_process import WorkerProcess
 from kvrelay import Client, InvalidRequest
 from kvrelay.completion import Choice
 from kvrelay.protocol import Finished, GenerateRequest, Tokens
-from kvrelay_worker.active_job import ActiveJob
 from kvrelay_worker.engine import LLM, SamplingParams
 from kvrelay_worker.engine_service import EngineService
-from kvrelay_worker.job_store import PriorProgress
+from kvrelay_worker.jobs.active_job import ActiveJob
+from kvrelay_worker.jobs.job_store import PriorProgress
+from kvrelay_worker.jobs.publisher import Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import Publisher
 
 PROMPT = [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47]
 SAMPLED: dict[str, Any] = {"prompt_token_ids": PROMPT, "max_tokens": 8, "temperature": 1.0,

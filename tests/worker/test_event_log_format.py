@@ -19,7 +19,7 @@ from kvrelay.event_frames import unpack_events
 from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, Started, Tokens, decode_event
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from helpers.fake_worker import KEYS, announce
 
 from kvrelay import AsyncClient, QueueFull
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(60)

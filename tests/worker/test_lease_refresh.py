@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from kvrelay.keys import Keyspace
-from kvrelay_worker.job_store import JobStore
+from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace

@@ -13,7 +13,7 @@ from kombu.transport.redis import Channel
 from kvrelay.prefix_filter import MAX_ADVERTISED, PrefixFilter
 from kvrelay.prefix_fingerprints import CHUNK_TOKENS, request_fingerprints
 from kvrelay.protocol import GenerateRequest
-from kvrelay_worker.orphan_queues import OrphanQueues
+from kvrelay_worker.jobs.orphan_queues import OrphanQueues
 from kvrelay_worker.recent_prefixes import RecentPrefixes, prefix_capacity
 from kvrelay_worker.settings import WorkerSettings
 

@@ -21,11 +21,10 @@ from kvrelay.event_frames import unpack_events, unpack_message
 from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, Started, Tokens, Usage, decode_event
-from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_store import TAIL_MAX_LEN, JobEvents, JobStore, PriorProgress
-from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import (
+from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
+from kvrelay_worker.jobs.job_store import TAIL_MAX_LEN, JobEvents, JobStore, PriorProgress
+from kvrelay_worker.jobs.publisher import (
     LOG_MOVE_BATCHES,
     DoneItem,
     EventItem,
@@ -33,6 +32,7 @@ from kvrelay_worker.publisher import (
     Publisher,
     coalesce,
 )
+from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()  # the default namespace

@@ -25,7 +25,7 @@ from helpers.worker_process import WorkerProcess
 
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, SamplingOptions, Tokens
-from kvrelay_worker.publisher import LOG_MOVE_BATCHES
+from kvrelay_worker.jobs.publisher import LOG_MOVE_BATCHES
 
 pytestmark = pytest.mark.integration
 

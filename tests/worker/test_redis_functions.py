@@ -16,8 +16,8 @@ from kvrelay import AsyncClient, redis_functions
 from kvrelay.keys import Keyspace
 from kvrelay.lua_library import LIBRARY
 from kvrelay.redis_functions import NoFunctions
-from kvrelay_worker.job_store import JobEvents, JobStore
-from kvrelay_worker.orphan_queues import OrphanQueues
+from kvrelay_worker.jobs.job_store import JobEvents, JobStore
+from kvrelay_worker.jobs.orphan_queues import OrphanQueues
 from kvrelay_worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration

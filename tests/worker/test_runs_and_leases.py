@@ -22,8 +22,8 @@ import redis
 from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, Tokens, encode_event
-from kvrelay_worker.failover import Failover
-from kvrelay_worker.job_store import JobEvents, JobStore
+from kvrelay_worker.jobs.failover import Failover
+from kvrelay_worker.jobs.job_store import JobEvents, JobStore
 from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.settings import WorkerSettings
 

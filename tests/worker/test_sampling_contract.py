@@ -23,7 +23,7 @@ from kvrelay import InvalidRequest
 from kvrelay.protocol import GenerateRequest, request_to_payload
 from kvrelay.request_builder import build_request
 from kvrelay_worker.engine import SamplingParams, SamplingParamsError
-from kvrelay_worker.job_request import JobRejected, decode_payload, sampling_params_from
+from kvrelay_worker.intake.job_request import JobRejected, decode_payload, sampling_params_from
 
 NAN, INF = math.nan, math.inf
 BIG = 2**63  # one past int64: the value that once crashed a whole engine step

@@ -14,7 +14,7 @@ import pytest
 from kvrelay_worker.engine.errors import InvalidPromptError
 from kvrelay_worker.engine.outputs import StepOutput
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_request import prompt_ids_for
+from kvrelay_worker.intake.job_request import prompt_ids_for
 from kvrelay_worker.simulated.engine import SimulatedEngine
 from kvrelay_worker.simulated.step_time import StepTimeModel
 from kvrelay_worker.simulated.tokenizer import SimulatedTokenizer

@@ -13,7 +13,7 @@ from kvrelay.gateway.requests import ChatRequest, CompletionRequest
 from kvrelay.protocol import SamplingOptions, request_to_payload
 from kvrelay.request_builder import build_request
 from kvrelay_worker.engine import SamplingParams
-from kvrelay_worker.job_request import decode_payload, sampling_params_from
+from kvrelay_worker.intake.job_request import decode_payload, sampling_params_from
 
 MODEL = "m"
 

@@ -9,12 +9,12 @@ import time
 from typing import cast
 
 from kvrelay.protocol import GenerateRequest, Started, Tokens
-from kvrelay_worker.active_job import ActiveJob
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine_service import _ANNOUNCE_WITH_STEPS_UNDER_S, EngineService
-from kvrelay_worker.job_store import PriorProgress
+from kvrelay_worker.jobs.active_job import ActiveJob
+from kvrelay_worker.jobs.job_store import PriorProgress
+from kvrelay_worker.jobs.publisher import EventItem, Item, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Item, Publisher
 from kvrelay_worker.simulated.engine import SimulatedEngine
 from kvrelay_worker.simulated.step_time import StepTimeModel
 

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from kvrelay import event_log
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, Tokens, decode_event
-from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.job_store import TAIL_MAX_LEN, JobStore, PriorProgress
+from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
+from kvrelay_worker.jobs.job_store import TAIL_MAX_LEN, JobStore, PriorProgress
+from kvrelay_worker.jobs.publisher import EventItem, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.settings import WorkerSettings
 
 KEYS = Keyspace()

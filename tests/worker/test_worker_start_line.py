@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.worker_process import WorkerProcess
 
-from kvrelay_worker.engine.cpu_threads import (
+from kvrelay_worker.cpu_threads import (
     THREAD_ENV_VARS,
     cpu_thread_settings,
     describe_cpu_threads,

@@ -20,8 +20,8 @@ from kvrelay.protocol import TASK_NAME
 from kvrelay.sentinel_url import is_sentinel_url
 from kvrelay.tls import celery_ssl_options
 from kvrelay_worker import fast_exit, sentinel_transport
-from kvrelay_worker.job_copy import send_job_copy
-from kvrelay_worker.payload_gate import size_gated
+from kvrelay_worker.intake.payload_gate import size_gated
+from kvrelay_worker.jobs.job_copy import send_job_copy
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
 
@@ -82,7 +82,7 @@ def make_celery(s: WorkerSettings) -> Celery:
         # allow: a namespaced worker goes without it (its registry is kvrelay's own).
         worker_enable_remote_control=not s.namespace,
         # Fails (and counts) messages that are not JSON instead of only logging them.
-        worker_consumer="kvrelay_worker.undecodable_messages:KvrelayConsumer",
+        worker_consumer="kvrelay_worker.intake.undecodable_messages:KvrelayConsumer",
         task_default_queue=queue_name,
         task_queues=(_queue(queue_name),),
     )

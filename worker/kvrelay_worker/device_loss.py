@@ -1,6 +1,6 @@
 """A worker whose GPU hit a sticky error leaves, so that its jobs move to healthy workers.
 
-After such an error (``engine/device_errors.py``) every step fails, so the worker could
+After such an error (``engine/runner/device_errors.py``) every step fails, so the worker could
 only fail each job it holds and every job it picks up later. Exiting at once instead
 leaves the jobs' leases to expire: live workers then take them over and continue them
 from their logs, as after a crash, and the supervisor (Compose's restart policy, systemd,

@@ -26,13 +26,13 @@ from kvrelay.protocol import (
     TopLogprob,
     Usage,
 )
-from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.device_loss import exit_for_device_loss
-from kvrelay_worker.engine.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
 from kvrelay_worker.engine.outputs import ChoiceDelta, SampledLogprob, StepOutput
+from kvrelay_worker.engine.runner.device_errors import is_sticky_device_error
+from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
+from kvrelay_worker.jobs.publisher import DoneItem, EventItem, HandbackItem, Item, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.publisher import DoneItem, EventItem, HandbackItem, Item, Publisher
 from kvrelay_worker.served_engine import ServedEngine
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class EngineService:
             # An engine built elsewhere (passed in) steps here: this thread needs its device.
             # A simulated engine's device is a plain name, and its process has no torch.
             if not isinstance(self._engine.device, str):
-                from kvrelay_worker.engine.device import bind_device
+                from kvrelay_worker.engine.runner.device import bind_device
 
                 bind_device(self._engine.device)
             self._refresh_stats()

@@ -22,26 +22,26 @@ from kvrelay.protocol import (
     WorkerInfo,
     request_digest,
 )
-from kvrelay_worker.active_job import ActiveJob, Outcome
 from kvrelay_worker.control_listener import ControlListener
 from kvrelay_worker.engine_service import EngineService
-from kvrelay_worker.failover import Failover, Requeue
 from kvrelay_worker.heartbeat import Heartbeat
-from kvrelay_worker.held_writes import until_written
-from kvrelay_worker.job_request import (
+from kvrelay_worker.intake.job_request import (
     JobRejected,
     decode_payload,
     prompt_ids_for,
     reply_to_of,
     sampling_params_from,
 )
-from kvrelay_worker.job_store import JobStore, PriorProgress, run_id
-from kvrelay_worker.lease_keeper import LeaseKeeper
+from kvrelay_worker.intake.pickup_checks import check_queue_wait
+from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
+from kvrelay_worker.jobs.failover import Failover, Requeue
+from kvrelay_worker.jobs.held_writes import until_written
+from kvrelay_worker.jobs.job_store import JobStore, PriorProgress, run_id
+from kvrelay_worker.jobs.lease_keeper import LeaseKeeper
+from kvrelay_worker.jobs.orphan_queues import OrphanQueues
+from kvrelay_worker.jobs.owned_jobs import OwnedJobs
+from kvrelay_worker.jobs.publisher import EventItem, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
-from kvrelay_worker.orphan_queues import OrphanQueues
-from kvrelay_worker.owned_jobs import OwnedJobs
-from kvrelay_worker.pickup_checks import check_queue_wait
-from kvrelay_worker.publisher import EventItem, Publisher
 from kvrelay_worker.recent_prefixes import RecentPrefixes, prefix_capacity
 from kvrelay_worker.redis_client import worker_redis
 from kvrelay_worker.redis_health import RedisHealth
@@ -148,7 +148,7 @@ class WorkerRuntime:
         """The torch thread settings for the ready line (a simulated worker has no torch)."""
         if self.settings.simulated:
             return "none (simulated engine)"
-        from kvrelay_worker.engine.cpu_threads import describe_cpu_threads  # imports torch
+        from kvrelay_worker.cpu_threads import describe_cpu_threads  # imports torch
 
         return describe_cpu_threads()
 

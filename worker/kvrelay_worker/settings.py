@@ -28,7 +28,7 @@ from kvrelay_worker.engine.options import (  # torch-free
     QUANTIZATION_GROUP_SIZES,
     QUANTIZATIONS,
 )
-from kvrelay_worker.engine.speculative_config import (  # torch-free
+from kvrelay_worker.engine.spec.speculative_config import (  # torch-free
     DEFAULT_NGRAM_MAX,
     DEFAULT_NGRAM_MIN,
     DEFAULT_NUM_SPECULATIVE_TOKENS,

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvrelay_worker.engine.device import indexed_device
-from kvrelay_worker.engine.device_capability import check_kv_cache_dtype
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.options import (
     BLOCK_SIZES,
@@ -17,7 +15,9 @@ from kvrelay_worker.engine.options import (
     QUANTIZATIONS,
     QUANTIZED_KV_CACHE_DTYPES,
 )
-from kvrelay_worker.engine.speculative_config import (
+from kvrelay_worker.engine.runner.device import indexed_device
+from kvrelay_worker.engine.runner.device_capability import check_kv_cache_dtype
+from kvrelay_worker.engine.spec.speculative_config import (
     DEFAULT_NGRAM_MAX,
     DEFAULT_NGRAM_MIN,
     DEFAULT_NUM_SPECULATIVE_TOKENS,
@@ -58,7 +58,7 @@ class EngineConfig:
     full: ``"recompute"`` frees its blocks and prefills it again later (what the prefix
     cache still holds is not recomputed); ``"swap"`` copies its blocks to a host pool and
     back, keeping its computed tokens; ``"auto"`` (the default) picks per sequence by an
-    estimate of recompute time against copy time (``engine/preemption.py``). Swapping
+    estimate of recompute time against copy time (``engine/sched/preemption.py``). Swapping
     falls back to recompute whenever the host pool is full. ``swap_space_gib`` sizes that
     host pool, on the GPU (pinned memory) as on the CPU (a second set of CPU tensors);
     ``num_swap_blocks`` overrides it, in blocks. The recompute mode allocates no host pool.
@@ -75,7 +75,7 @@ class EngineConfig:
     a step's first prompt chunk still gets at least ``min_prefill_chunk`` tokens, so long
     prompts keep progressing, and ``max_num_batched_tokens`` stays the upper bound. None
     (the default) keeps the fixed budget: every step takes as many prompt tokens as
-    ``max_num_batched_tokens`` allows (``engine/prefill_pacing.py``).
+    ``max_num_batched_tokens`` allows (``engine/sched/prefill_pacing.py``).
 
     ``speculative`` turns on speculative decoding: ``"ngram"`` matches a request's last n
     tokens (n from ``speculative_ngram_min`` to ``speculative_ngram_max``) against its own
@@ -83,7 +83,7 @@ class EngineConfig:
     with the same vocabulary propose. At most ``num_speculative_tokens`` are proposed per
     sequence per step and the target verifies them in one pass; requests whose
     ``SamplingParams.speculative`` is False decode without it. ``"off"`` (the default):
-    never (``engine/speculative_config.py`` holds the forms and limits).
+    never (``engine/spec/speculative_config.py`` holds the forms and limits).
     ``speculative_adaptive`` (default True) lets each step verify only the drafts that its
     measured step costs and each request's acceptance say will pay; False verifies every
     proposal (tests and measurements).
@@ -126,7 +126,7 @@ class EngineConfig:
     speculative_ngram_min: int = DEFAULT_NGRAM_MIN
     speculative_ngram_max: int = DEFAULT_NGRAM_MAX
     # True: each step verifies only the drafts its measured cost and acceptance pay for
-    # (engine/speculative/policy.py); False: every proposed draft, every step.
+    # (engine/spec/policy.py); False: every proposed draft, every step.
     speculative_adaptive: bool = True
     # Weight-only quantization (``QUANTIZATIONS``): "int8" (per output channel), "int4"
     # (groups of ``quantization_group_size`` with scale and minimum), "gguf" (a GGUF
@@ -230,7 +230,7 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
-        """The engine's device; a CUDA one always carries its index (``engine/device.py``)."""
+        """The engine's device; a CUDA one always carries its index (``engine/runner/device.py``)."""
         if self.device == "auto":
             return indexed_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         return indexed_device(torch.device(self.device))

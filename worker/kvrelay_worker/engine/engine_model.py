@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.errors import EngineConfigError
-from kvrelay_worker.engine.max_model_len import default_max_len
-from kvrelay_worker.engine.speculative.draft_model import split_draft_quantization
+from kvrelay_worker.engine.kv.max_model_len import default_max_len
+from kvrelay_worker.engine.spec.draft_model import split_draft_quantization
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes

@@ -16,21 +16,21 @@ import torch
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.engine_model import draft_weights, eos_token_ids_of
 from kvrelay_worker.engine.input_processor import InputProcessor
-from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.kv_sizing import decide_num_blocks, decide_num_swap_blocks
-from kvrelay_worker.engine.kv_swap import allocate_host_kv
-from kvrelay_worker.engine.max_model_len import fit_max_model_len
-from kvrelay_worker.engine.model_runner import ModelRunner, kv_bytes_per_block
-from kvrelay_worker.engine.preemption import PreemptionPolicy, SwapCostModel, preemption_mode
-from kvrelay_worker.engine.prefill_pacing import PrefillPacer
-from kvrelay_worker.engine.sampler import Sampler
-from kvrelay_worker.engine.sampling_batch import SamplingBatchBuilder
-from kvrelay_worker.engine.scheduler import Scheduler
-from kvrelay_worker.engine.speculative.draft_model import DraftModel
-from kvrelay_worker.engine.speculative.speculator import Speculator
-from kvrelay_worker.engine.step_timer import StepTimer
-from kvrelay_worker.engine.stop_conditions import StopConditions
-from kvrelay_worker.engine.swap_space import SwapSpace
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
+from kvrelay_worker.engine.kv.kv_sizing import decide_num_blocks, decide_num_swap_blocks
+from kvrelay_worker.engine.kv.kv_swap import allocate_host_kv
+from kvrelay_worker.engine.kv.max_model_len import fit_max_model_len
+from kvrelay_worker.engine.kv.swap_space import SwapSpace
+from kvrelay_worker.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
+from kvrelay_worker.engine.sample.sampler import Sampler
+from kvrelay_worker.engine.sample.sampling_batch import SamplingBatchBuilder
+from kvrelay_worker.engine.sample.stop_conditions import StopConditions
+from kvrelay_worker.engine.sched.preemption import PreemptionPolicy, SwapCostModel, preemption_mode
+from kvrelay_worker.engine.sched.prefill_pacing import PrefillPacer
+from kvrelay_worker.engine.sched.scheduler import Scheduler
+from kvrelay_worker.engine.sched.step_timer import StepTimer
+from kvrelay_worker.engine.spec.draft_model import DraftModel
+from kvrelay_worker.engine.spec.speculator import Speculator
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.quantize_model import weight_bytes
 

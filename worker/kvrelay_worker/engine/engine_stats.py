@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvrelay_worker.engine.kv_cache import KVCacheManager
-from kvrelay_worker.engine.scheduler import Scheduler
-from kvrelay_worker.engine.speculative.speculator import Speculator
+from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
+from kvrelay_worker.engine.sched.scheduler import Scheduler
+from kvrelay_worker.engine.spec.speculator import Speculator
 
 
 def engine_stats(scheduler: Scheduler, kv: KVCacheManager, speculator: Speculator | None,

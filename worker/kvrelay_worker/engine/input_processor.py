@@ -12,16 +12,16 @@ from typing import Any
 
 import torch
 
-from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.errors import InvalidPromptError, SamplingParamsError
-from kvrelay_worker.engine.grammar import GrammarCompiler
 from kvrelay_worker.engine.prior_choices import PriorChoices
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
-from kvrelay_worker.engine.sampling_batch import build_sampling_batch
+from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
+from kvrelay_worker.engine.sample.grammar import GrammarCompiler
+from kvrelay_worker.engine.sample.sampling_batch import build_sampling_batch
+from kvrelay_worker.engine.sample.stop_conditions import StopConditions
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
-from kvrelay_worker.engine.stop_conditions import StopConditions
+from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 
 
 class InputProcessor:

@@ -12,30 +12,30 @@ import logging
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from kvrelay_worker.engine.beam_group import (
+from kvrelay_worker.engine.beam.beam_group import (
     BeamGroup,
     advance_beams,
     beam_candidates,
     beam_config_of,
 )
-from kvrelay_worker.engine.block_copy import copy_blocks
 from kvrelay_worker.engine.config import EngineConfig
-from kvrelay_worker.engine.device import bind_device
-from kvrelay_worker.engine.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.engine_model import build_model_for
 from kvrelay_worker.engine.engine_parts import build_engine_parts
 from kvrelay_worker.engine.engine_stats import engine_stats
 from kvrelay_worker.engine.errors import RequestFailedError
-from kvrelay_worker.engine.kv_swap import copy_to_device, copy_to_host
-from kvrelay_worker.engine.max_model_len import default_max_len
+from kvrelay_worker.engine.kv.block_copy import copy_blocks
+from kvrelay_worker.engine.kv.kv_swap import copy_to_device, copy_to_host
+from kvrelay_worker.engine.kv.max_model_len import default_max_len
 from kvrelay_worker.engine.outputs import StepOutput
 from kvrelay_worker.engine.prompt import Prompt
 from kvrelay_worker.engine.request_state import RequestState
-from kvrelay_worker.engine.sampler import SamplerOutput
+from kvrelay_worker.engine.runner.device import bind_device
+from kvrelay_worker.engine.runner.device_errors import is_sticky_device_error
+from kvrelay_worker.engine.sample.sampler import SamplerOutput
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.scheduler import ScheduledSequence
-from kvrelay_worker.engine.scheduler_output import BatchLayout
-from kvrelay_worker.engine.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.sched.scheduler import ScheduledSequence
+from kvrelay_worker.engine.sched.scheduler_output import BatchLayout
+from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 from kvrelay_worker.models.decoder import CausalLM
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ QUANTIZATIONS: Final = ("none", "int8", "int4", "gguf")
 # Inputs per int4 group (one scale and minimum each).
 QUANTIZATION_GROUP_SIZES: Final = (32, 64, 128)
 
-# What a sequence preempted because the KV pool is full does (``engine/preemption.py``).
+# What a sequence preempted because the KV pool is full does (``engine/sched/preemption.py``).
 PreemptionMode = Literal["recompute", "swap", "auto"]
 PREEMPTION_MODES: Final[tuple[PreemptionMode, ...]] = ("recompute", "swap", "auto")
 

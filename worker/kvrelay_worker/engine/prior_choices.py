@@ -6,7 +6,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from kvrelay_worker.engine.errors import InvalidPromptError
-from kvrelay_worker.engine.sequence import SequenceStatus
+from kvrelay_worker.engine.sched.sequence import SequenceStatus
 
 # What a prior finish reason may say: the finished statuses' values.
 _FINISH_REASONS = frozenset(s.value for s in SequenceStatus if s.finished)

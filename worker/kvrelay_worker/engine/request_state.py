@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvrelay_worker.engine.best_of import best_candidates
-from kvrelay_worker.engine.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.errors import RequestFailedError
 from kvrelay_worker.engine.outputs import (
     ChoiceDelta,
@@ -20,10 +18,12 @@ from kvrelay_worker.engine.outputs import (
     SampledLogprob,
     StepOutput,
 )
-from kvrelay_worker.engine.sequence import Sequence
+from kvrelay_worker.engine.sample.best_of import best_candidates
+from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
+from kvrelay_worker.engine.sched.sequence import Sequence
 
 if TYPE_CHECKING:
-    from kvrelay_worker.engine.sampler import SamplerOutput
+    from kvrelay_worker.engine.sample.sampler import SamplerOutput
 
 
 @dataclass

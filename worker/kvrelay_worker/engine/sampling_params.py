@@ -60,9 +60,9 @@ class SamplingParams:
     ignore_eos: bool = _WIRE.ignore_eos
     skip_special_tokens: bool = True
     best_of: int | None = _WIRE.best_of
-    # A JSON schema, JSON object, regex or choice the output must match (engine/grammar.py).
+    # A JSON schema, JSON object, regex or choice the output must match (engine/sample/grammar.py).
     response_format: ResponseFormat | None = _WIRE.response_format
-    # Beam search (engine/beam_search.py); 1 is off.
+    # Beam search (engine/beam/beam_search.py); 1 is off.
     beam_width: int = _WIRE.beam_width
     length_penalty: float = _WIRE.length_penalty
     early_stopping: bool | str = _WIRE.early_stopping

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvrelay_worker.engine.device_capability import grouped_mm_supported
+from kvrelay_worker.engine.runner.device_capability import grouped_mm_supported
 from kvrelay_worker.models.layers import activation
 from kvrelay_worker.models.model_config import ModelConfig
 

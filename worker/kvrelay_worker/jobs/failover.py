@@ -1,0 +1,89 @@
+"""Taking over the jobs of dead workers, once per ``watchdog_interval``.
+
+Looks for jobs of this model whose owner stopped refreshing its lease and requeues each
+(exactly one live worker wins each job), so a worker death costs about one lease period,
+not Celery's visibility timeout. A job that lost too many workers fails ``worker_lost``.
+The same watch moves the jobs waiting in dead workers' own queues (``orphan_queues``)
+onto the shared queue.
+
+A lease is judged on time Redis was reachable: after any failed write of this worker
+(Redis refusing writes or failing over) the watch takes nothing over until its writes have
+gone through for a whole lease period, in which live owners refresh or take back leases
+that ran out during the outage. So an outage shorter than that takes over nothing, and
+a real death still costs about one lease period.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kvrelay.protocol import ErrorCode, Failed
+from kvrelay_worker.intake.job_request import reply_to_of
+from kvrelay_worker.jobs.held_writes import until_written
+from kvrelay_worker.jobs.job_store import JobStore
+from kvrelay_worker.jobs.orphan_queues import OrphanQueues
+from kvrelay_worker.periodic import Periodic
+from kvrelay_worker.redis_health import RedisHealth
+from kvrelay_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+# Puts a copy of a job (id, payload JSON) back on its model's queue.
+Requeue = Callable[[str, str], None]
+
+
+class Failover:
+    def __init__(self, store: JobStore, settings: WorkerSettings, requeue: Requeue,
+                 orphans: OrphanQueues | None = None, health: RedisHealth | None = None
+                 ) -> None:
+        self.store = store
+        self.orphans = orphans
+        self.requeue = requeue
+        self.max_attempts = settings.max_attempts
+        self.lease_ttl = settings.lease_ttl
+        self.health = health or RedisHealth()
+        self._thread = Periodic("kvrelay-failover", settings.watchdog_interval,
+                                self.take_over_expired, self.health)
+
+    def start(self) -> None:
+        # Before this worker's consumer starts: jobs of dead workers go to the queue's front.
+        try:
+            self.take_over_expired()
+        except Exception as exc:
+            log.warning("could not look for jobs of dead workers at start (%s)", exc)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
+
+    def take_over_expired(self) -> None:
+        """Requeue jobs of dead workers (each claimed atomically, so only one requeues it)
+        and move the jobs waiting in their own queues to the shared queue."""
+        if self.orphans is not None:
+            try:
+                self.orphans.sweep()
+            except Exception as exc:  # the lease takeover below must still run
+                log.warning("could not move dead workers' queued jobs (%s)", exc)
+        if self.health.writable_for() < self.lease_ttl:
+            return  # just back from an outage: owners are still taking their leases back
+        for job_id in self.store.expired_candidates():
+            self._take_over(job_id)
+
+    def _take_over(self, job_id: str) -> None:
+        status, payload, lost_run = self.store.check_expired(job_id)
+        if status == "requeue" and payload is not None:
+            log.warning("job %s lost its worker; requeueing it", job_id)
+            until_written(lambda: self.requeue(job_id, payload), f"the copy of job {job_id}",
+                          self.health)
+            until_written(lambda: self.store.commit_requeue(job_id, lost_run),
+                          f"the requeue of job {job_id}", self.health)
+        elif status == "exhausted":
+            log.warning("job %s lost %d workers; failing it", job_id, self.max_attempts)
+            failed = Failed(
+                seq=0, code=ErrorCode.WORKER_LOST,
+                message=f"workers died {self.max_attempts} times while running this job")
+            reply_to = reply_to_of(payload) if payload is not None else ""
+            # Its record already says done: this is the job's only chance of an end.
+            until_written(lambda: self.store.append_unowned(job_id, failed, reply_to=reply_to),
+                          f"the end of job {job_id}", self.health)
