@@ -16,7 +16,7 @@ from helpers.engine_run import assert_engine_idle, final_outputs, run_engine
 from kvrelay_worker.engine import LLM, LLMEngine, SamplingParams
 from kvrelay_worker.engine.errors import InvalidPromptError, SamplingParamsError
 from kvrelay_worker.engine.outputs import CompletionChoice
-from kvrelay_worker.engine.sample.best_of import best_candidates
+from kvrelay_worker.engine.request_state import best_candidates
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,6 +7,8 @@ best as whole choices, renumbered 0..n-1 in rank order, as if they had been all 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,7 +20,6 @@ from kvrelay_worker.engine.outputs import (
     SampledLogprob,
     StepOutput,
 )
-from kvrelay_worker.engine.sample.best_of import best_candidates
 from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.sched.sequence import Sequence
 
@@ -182,3 +183,15 @@ class RequestState:
             prompt=self.prompt,
             num_generated_tokens=sum(c.seq.num_output_tokens for c in self.choices),
         )
+
+
+def best_candidates(cumulative_logprobs: Seq[float | None], n: int) -> list[int]:
+    """Indexes of the ``n`` candidates (``best_of``) with the highest cumulative
+    log-probability, best first; ties keep candidate order (so a seeded request picks the
+    same winners every time), and an unknown score ranks last."""
+    def score(index: int) -> float:
+        value = cumulative_logprobs[index]
+        return -math.inf if value is None or math.isnan(value) else value
+
+    ranked = sorted(range(len(cumulative_logprobs)), key=lambda i: -score(i))
+    return ranked[:n]

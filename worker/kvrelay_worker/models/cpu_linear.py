@@ -2,11 +2,10 @@
 
 A decode step multiplies a handful of rows (one per sequence, a few more when it verifies
 speculative drafts) by every weight matrix. On CPU, ``F.linear`` sends such products to a
-matrix-vector routine that streams the weights on one core: measured on SmolLM2 (float32,
-2 threads) a one-token step took 38-41 ms and a two-token step 54-70 ms. The same product
-written as ``W @ x.T`` (a matrix times a few columns) is split across the cores; with one
-row duplicated into two columns, the one-token step took 24-31 ms and a five-token step
-(four drafts verified) 38-44 ms. ``benchmarks/cpu_decode_gflops.py`` measures the step.
+matrix-vector routine that streams the weights on one core. The same product written
+as ``W @ x.T`` (a matrix times a few columns) is split across the cores, so a one-row
+step is computed with that row duplicated into two columns; the speed-up (and the cost of
+the extra column) is measured by ``benchmarks/cpu_decode_gflops.py``.
 Float32 only (what was measured); other devices, dtypes and larger batches keep
 ``F.linear``.
 """
