@@ -9,8 +9,9 @@ STAMP := $(VENV)/.kvrelay-installed
 # The CPU build of torch for machines without CUDA (the GPU build is the default wheel).
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
-# Test processes: each takes whole files (module fixtures stay shared); 0 runs in one.
-PYTEST_WORKERS ?= 2
+# Test processes (pytest-xdist, whole files each); 0: one process, the default until
+# every async test tears down its loop cleanly under load (see docs/development.md).
+PYTEST_WORKERS ?= 0
 
 # `make demo PROMPT="..."` (PROMPT reaches the recipe as an environment variable, so
 # quotes inside it are safe).
@@ -47,7 +48,7 @@ serve: install
 	$(BIN)/kvrelay up --serve
 
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -133,3 +133,20 @@ def redis_server_factory(tmp_path: Path) -> Iterator[Callable[[], RedisServer]]:
     yield make
     for server in servers:
         server.stop()
+
+
+def _file_weight(items: list[pytest.Item]) -> int:
+    """How long a file is likely to take: files with slow tests first, then files that
+    start real Redis servers and workers, then the rest."""
+    marks = {mark.name for item in items for mark in item.iter_markers()}
+    return 2 * ("slow" in marks) + ("integration" in marks)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long files first, so that ``make test``'s two processes (pytest-xdist, whole files
+    each, in this order) do not end with one of them alone on a long file."""
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(by_file.values(), key=_file_weight, reverse=True)
+    items[:] = [item for group in ordered for item in group]
