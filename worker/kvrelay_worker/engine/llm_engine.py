@@ -160,7 +160,7 @@ class LLMEngine:
 
         When the step raises, it is retried on halves of the batch until the requests
         that make it fail are alone; those fail (``StepOutput.error``), the rest go on.
-        A sticky device error (``device_errors.py``) is raised instead: it is no
+        A sticky device error (``runner/device_errors.py``) is raised instead: it is no
         request's fault, and every later call on the device would fail the same way.
         """
         outputs, self._pending = self._pending, []
@@ -204,7 +204,7 @@ class LLMEngine:
         """Run the model on ``layout``'s batch and sample its rows; changes no sequence.
 
         A row after a draft samples as its output position would without speculation
-        (``speculative/verification.py``); a beam's row also gives its best candidates.
+        (``spec/verification.py``); a beam's row also gives its best candidates.
         """
         logits = self.runner.execute(layout.scheduled, layout=layout)
         if not layout.num_rows:
