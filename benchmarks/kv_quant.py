@@ -96,7 +96,7 @@ def window_logits(engine: Any, window: Sequence[int]) -> torch.Tensor:
     engine's runner: K/V stored into and read from its cache (blocks 0, 1, ...), as the
     engine would for a prompt; the engine must be idle."""
     from kvrelay_worker.engine.sampling_params import SamplingParams
-    from kvrelay_worker.engine.sched.scheduler import ScheduledSequence
+    from kvrelay_worker.engine.sched.scheduler_output import ScheduledSequence
     from kvrelay_worker.engine.sched.sequence import Sequence as EngineSequence
 
     runner = engine.runner

@@ -142,7 +142,7 @@ def _synthetic_decode_batch(batch: int, context: int, block_size: int, num_block
     """``batch`` sequences, each about to decode its token at position ``context - 1``, over
     distinct blocks drawn at random from the whole cache (as a long-running engine's are)."""
     from kvrelay_worker.engine.sampling_params import SamplingParams
-    from kvrelay_worker.engine.sched.scheduler import ScheduledSequence
+    from kvrelay_worker.engine.sched.scheduler_output import ScheduledSequence
     from kvrelay_worker.engine.sched.sequence import Sequence as EngineSequence
 
     per_seq = -(-context // block_size)

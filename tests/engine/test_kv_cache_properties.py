@@ -60,7 +60,8 @@ from kvrelay_worker.engine.sample.stop_conditions import StopConditions
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.sched.preemption import PreemptionPolicy, SwapCostModel
 from kvrelay_worker.engine.sched.prefill_pacing import PrefillPacer
-from kvrelay_worker.engine.sched.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from kvrelay_worker.engine.sched.scheduler import Scheduler
+from kvrelay_worker.engine.sched.scheduler_output import ScheduledSequence, SchedulerOutput
 from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.sched.step_cost import StepShape
 

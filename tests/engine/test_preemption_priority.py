@@ -15,7 +15,8 @@ from kvrelay_worker.engine.beam.beam_scheduling import reseat_beams
 from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv.swap_space import SwapSpace
 from kvrelay_worker.engine.sched.preemption import PreemptionPolicy
-from kvrelay_worker.engine.sched.scheduler import Scheduler, SchedulerOutput
+from kvrelay_worker.engine.sched.scheduler import Scheduler
+from kvrelay_worker.engine.sched.scheduler_output import SchedulerOutput
 from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 
 pytestmark = pytest.mark.usefixtures("one_thread")

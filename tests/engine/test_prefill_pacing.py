@@ -13,7 +13,8 @@ import pytest
 from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.sched.prefill_pacing import PrefillPacer
-from kvrelay_worker.engine.sched.scheduler import Scheduler, SchedulerOutput
+from kvrelay_worker.engine.sched.scheduler import Scheduler
+from kvrelay_worker.engine.sched.scheduler_output import SchedulerOutput
 from kvrelay_worker.engine.sched.sequence import Sequence
 from kvrelay_worker.engine.sched.step_cost import StepCostModel, StepShape
 

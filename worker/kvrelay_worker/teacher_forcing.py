@@ -14,7 +14,7 @@ import torch
 
 from kvrelay_worker.engine.llm_engine import LLMEngine
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sched.scheduler import ScheduledSequence
+from kvrelay_worker.engine.sched.scheduler_output import ScheduledSequence
 from kvrelay_worker.engine.sched.sequence import Sequence
 
 

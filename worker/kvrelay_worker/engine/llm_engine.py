@@ -33,8 +33,7 @@ from kvrelay_worker.engine.runner.device import bind_device
 from kvrelay_worker.engine.runner.device_errors import is_sticky_device_error
 from kvrelay_worker.engine.sample.sampler import SamplerOutput
 from kvrelay_worker.engine.sampling_params import SamplingParams
-from kvrelay_worker.engine.sched.scheduler import ScheduledSequence
-from kvrelay_worker.engine.sched.scheduler_output import BatchLayout
+from kvrelay_worker.engine.sched.scheduler_output import BatchLayout, ScheduledSequence
 from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 from kvrelay_worker.models.decoder import CausalLM
 

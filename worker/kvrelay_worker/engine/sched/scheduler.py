@@ -59,7 +59,7 @@ from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
 from kvrelay_worker.engine.sched.step_cost import StepShape
 from kvrelay_worker.engine.spec.verification import accepted_length
 
-__all__ = ["ScheduledSequence", "Scheduler", "SchedulerOutput", "SchedulerStats"]
+__all__ = ["Scheduler", "SchedulerStats"]
 
 
 @dataclass
@@ -188,7 +188,7 @@ class Scheduler:
                 self.kv.publish_computed_blocks(seq)
                 self.kv.release_out_of_window(seq)
                 self.kv.free_blocks_after(seq, seq.num_tokens)
-        return StepUpdate(layout, appended, accepted)
+        return StepUpdate(appended, accepted)
 
     def _append(self, seq: Sequence, row_tokens: Seq[int], row: int, num_drafts: int) -> int:
         """Append ``num_drafts`` accepted drafts (rows ``row`` on) then the sampled token,

@@ -88,7 +88,6 @@ class StepUpdate:
     that finished it; 0 for a beam, which its beam group advances) after verifying
     ``accepted[i]`` of its drafts. Their tokens are the rows from ``first_rows[i]`` on."""
 
-    layout: BatchLayout
     appended: list[int]
     accepted: list[int]
 

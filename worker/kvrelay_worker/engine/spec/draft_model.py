@@ -21,7 +21,7 @@ from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
 from kvrelay_worker.engine.options import QUANTIZATIONS
 from kvrelay_worker.engine.runner.model_runner import ModelRunner
 from kvrelay_worker.engine.runner.transfer import host_to_device
-from kvrelay_worker.engine.sched.scheduler import ScheduledSequence
+from kvrelay_worker.engine.sched.scheduler_output import ScheduledSequence
 from kvrelay_worker.engine.sched.sequence import Sequence
 from kvrelay_worker.models.decoder import CausalLM
 
