@@ -30,6 +30,7 @@ from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
 from kvrelay.job_lookup import job_exists
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.prefix_placement import PrefixPlacement, placement_enabled
+from kvrelay.primary_watch import PrimaryWatchedTransport
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.request_builder import (
@@ -155,11 +156,16 @@ class AsyncClient(AsyncResource):
             resolve_endpoint = _endpoint_resolver(url, sentinel, connect_timeout)
             self._resolver = resolve_endpoint
 
+            watch_primary = sentinel is not None
+
             async def open_resp() -> Transport:
-                return await RespConnection.open(
-                    await resolve_endpoint(), connect_timeout=connect_timeout,
-                    client_name="kvrelay-client-sub"
+                endpoint = await resolve_endpoint()
+                connection = await RespConnection.open(
+                    endpoint, connect_timeout=connect_timeout, client_name="kvrelay-client-sub"
                 )
+                if watch_primary:  # leave a primary the sentinels replaced
+                    return PrimaryWatchedTransport(connection, endpoint, resolve_endpoint)
+                return connection
 
             transport_factory = open_resp
         else:

@@ -360,8 +360,8 @@ class JobLifecycle:
         if wanted > 0:
             pipe.execute_command("WAIT", wanted, self._replica_wait.timeout_ms)
         replies = list(await pipe.execute())
-        if wanted > 0:
-            self._replica_wait.observe(replies.pop())
+        acknowledged = replies.pop() if wanted > 0 else None
+        await self._replica_wait.asettle(acknowledged, self.redis.connection_pool)
         return replies
 
     def connection_error(self, exc: BaseException, doing: str) -> KvrelayError:

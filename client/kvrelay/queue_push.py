@@ -265,8 +265,8 @@ def _install() -> None:
                         if isinstance(reply, Exception):
                             raise reply
                     break
-                if wanted > 0:
-                    replica_wait.observe(replies[-1])
+                replica_wait.settle(replies[-1] if wanted > 0 else None,
+                                    client.connection_pool)
                 result = replies[0]
             if push.front:
                 return None

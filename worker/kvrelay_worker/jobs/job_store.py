@@ -406,12 +406,14 @@ class JobStore:
         """Send a pipeline of writes; behind sentinels closed by a ``WAIT`` (its reply
         left out). Error replies come back in place."""
         wanted = self._replica_wait.wanted()
+        acknowledged: object = None
         if wanted > 0:
             pipe.execute_command("WAIT", wanted, self._replica_wait.timeout_ms)
             *results, acknowledged = pipe.execute(raise_on_error=False)
-            self._replica_wait.observe(acknowledged)
-            return results
-        return list(pipe.execute(raise_on_error=False))
+        else:
+            results = list(pipe.execute(raise_on_error=False))
+        self._replica_wait.settle(acknowledged, self.redis.connection_pool)
+        return results
 
     def append_unowned(self, job_id: str, event: AnyEvent, *, reply_to: str = "") -> int:
         """Append ``event`` after the job's last event, for a job no worker holds (what
