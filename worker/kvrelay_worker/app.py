@@ -19,7 +19,7 @@ from kvrelay.enqueue import celery_broker_settings
 from kvrelay.protocol import TASK_NAME
 from kvrelay.sentinel_url import is_sentinel_url
 from kvrelay.tls import celery_ssl_options
-from kvrelay_worker import fast_exit, sentinel_transport
+from kvrelay_worker import broker_transport, fast_exit
 from kvrelay_worker.intake.payload_gate import size_gated
 from kvrelay_worker.jobs.job_copy import send_job_copy
 from kvrelay_worker.runtime import WorkerRuntime
@@ -42,9 +42,10 @@ def make_celery(s: WorkerSettings) -> Celery:
     broker_url, broker_options = celery_broker_settings(s.redis_url)
     celery_app.conf.update(
         broker_url=broker_url,
-        # Behind sentinels, kombu's transport with a channel that can restore unacked
-        # messages after its connection closed (``sentinel_transport``).
-        broker_transport=sentinel_transport.TRANSPORT if is_sentinel_url(s.redis_url) else None,
+        # kombu's transport with a channel that can restore unacked messages after its
+        # connection closed (``broker_transport``).
+        broker_transport=(broker_transport.SENTINEL_TRANSPORT if is_sentinel_url(s.redis_url)
+                          else broker_transport.REDIS_TRANSPORT),
         # rediss://: verify the broker's certificate as every other connection does.
         broker_use_ssl=celery_ssl_options(s.redis_url),
         broker_connection_retry_on_startup=True,
