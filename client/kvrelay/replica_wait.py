@@ -1,15 +1,15 @@
 """``ReplicaWait``: how many replicas a write waits for (``WAIT``), now.
 
 Behind sentinels a write counts once a replica holds it (see ``kvrelay.sentinel_url``).
-But right after a failover the new primary often has no replica at all (the old primary,
-its only one, is dead), and a ``WAIT`` that cannot be satisfied costs its whole timeout on
-every write: a stream would crawl at one event per timeout. So once a ``WAIT`` comes back
-short, writes stop waiting for ``retry_after_s`` and then try again; the writes made in
-between are as safe as a primary without replicas can make them.
-
-A short ``WAIT`` may also mean the replica was just promoted while this primary still
-takes writes (``kvrelay.primary_doubt``): ``settle`` asks the sentinels before taking a
-write as done, and while writes go unwaited it asks them again every ``probe_every_s``.
+When a ``WAIT`` comes back short, ``settle`` asks the sentinels why
+(``kvrelay.primary_doubt``): a primary being replaced, or a replica that is up but
+behind, makes the caller send the write again. With no replica up (right after a
+failover the new primary often has none: the old primary, its only one, is dead), a
+``WAIT`` that cannot be satisfied would cost its whole timeout on every write and a
+stream would crawl at one event per timeout, so writes stop waiting for
+``retry_after_s`` and then try again; the writes made in between are as safe as a
+primary without replicas can make them, and one of them every ``probe_every_s`` asks the
+sentinels again (a failover starting then is still noticed).
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ import logging
 import time
 from typing import Any
 
-from kvrelay.primary_doubt import PrimaryInDoubt, async_primary_doubt, sync_primary_doubt
+import redis
+
+from kvrelay.primary_doubt import (
+    PrimaryInDoubt,
+    ReplicaLagging,
+    Verdict,
+    async_verdict,
+    sync_verdict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +37,13 @@ class ReplicaWait:
     """The ``WAIT`` arguments for the next write, and what to do with its answer."""
 
     def __init__(self, replicas: int, timeout_ms: int, *, retry_after_s: float = 5.0,
-                 probe_every_s: float = 0.5) -> None:
+                 probe_every_s: float = 0.5, lag_retries: int = 3) -> None:
         self.replicas = replicas
         self.timeout_ms = timeout_ms
         self.retry_after_s = retry_after_s
         self.probe_every_s = probe_every_s
+        self.lag_retries = lag_retries
+        self._lagging = 0
         self._off_until = 0.0
         self._degraded = False
         self._next_probe = 0.0
@@ -49,6 +59,7 @@ class ReplicaWait:
         if not isinstance(acknowledged, int):
             return
         if acknowledged >= self.replicas:
+            self._lagging = 0
             if self._degraded:
                 log.warning("%d replicas acknowledge writes again", acknowledged)
             self._degraded = False
@@ -73,22 +84,41 @@ class ReplicaWait:
         self._next_probe = now + self.probe_every_s
         return True
 
+    def _judge(self, found: Verdict, acknowledged: object) -> type[redis.ConnectionError] | None:
+        """What the sentinels' verdict on this write means: the error that makes the
+        caller send it again, or None (it counts, as far as it can)."""
+        if found is Verdict.IN_DOUBT:
+            return PrimaryInDoubt
+        if found is Verdict.LAGGING:
+            if acknowledged is None:  # a replica is back up: wait again from now on
+                self._off_until = 0.0
+            elif self._lagging < self.lag_retries:
+                self._lagging += 1
+                return ReplicaLagging
+        self._lagging = 0
+        return None
+
     def settle(self, acknowledged: object, pool: Any) -> None:
         """After a write on ``pool`` (``acknowledged``: its ``WAIT``'s reply, None when it
-        sent none): raise ``PrimaryInDoubt``, with the pool's connections dropped, when
-        the write may sit on a primary being replaced; else take the reply into account."""
+        sent none): raise ``PrimaryInDoubt`` (the pool's connections dropped) or
+        ``ReplicaLagging`` when the write must be sent again; else take the reply into
+        account."""
         if self._needs_probe(acknowledged):
-            doubt = sync_primary_doubt(pool)
-            if doubt is not None:
+            found, why = sync_verdict(pool)
+            error = self._judge(found, acknowledged)
+            if error is PrimaryInDoubt:
                 pool.disconnect()
-                raise PrimaryInDoubt(f"{doubt}; the write is sent again")
+            if error is not None:
+                raise error(f"{why}; the write is sent again")
         self.observe(acknowledged)
 
     async def asettle(self, acknowledged: object, pool: Any) -> None:
         """``settle`` for a ``redis.asyncio`` pool."""
         if self._needs_probe(acknowledged):
-            doubt = await async_primary_doubt(pool)
-            if doubt is not None:
+            found, why = await async_verdict(pool)
+            error = self._judge(found, acknowledged)
+            if error is PrimaryInDoubt:
                 await pool.disconnect()
-                raise PrimaryInDoubt(f"{doubt}; the write is sent again")
+            if error is not None:
+                raise error(f"{why}; the write is sent again")
         self.observe(acknowledged)

@@ -8,7 +8,13 @@ import time
 import pytest
 from redis._parsers.helpers import parse_sentinel_master
 
-from kvrelay.primary_doubt import PrimaryInDoubt, doubt_in
+from kvrelay.primary_doubt import (
+    PrimaryInDoubt,
+    ReplicaLagging,
+    SentinelView,
+    Verdict,
+    verdict,
+)
 from kvrelay.replica_wait import ReplicaWait
 
 
@@ -42,33 +48,53 @@ def test_off_and_odd_replies() -> None:
     assert wait.wanted() == 0
 
 
-def _sentinel_view(flags: str, port: int = 6380) -> dict[str, object]:
-    """A ``SENTINEL MASTER`` reply as redis-py parses it (its own parser, on the raw pairs
-    a sentinel sends)."""
+def _parsed(flags: str, port: int, link: str = "ok") -> dict[str, object]:
+    """A sentinel's reply on one server as redis-py parses it (its own parser, on the
+    raw pairs a sentinel sends)."""
     raw = ["name", "kvrelay-ha", "ip", "127.0.0.1", "port", str(port), "flags", flags,
-           "num-slaves", "1", "num-other-sentinels", "2"]
+           "num-slaves", "1", "num-other-sentinels", "2", "master-link-status", link]
     return parse_sentinel_master(raw)
 
 
-def test_a_primary_is_in_doubt_while_any_sentinel_flags_it_or_names_another() -> None:
-    healthy = _sentinel_view("master")
-    assert doubt_in([healthy, healthy], ("127.0.0.1", 6380)) is None
-    assert doubt_in([], ("127.0.0.1", 6380)) is None  # no sentinel answered: no evidence
-    assert "failover_in_progress" in (doubt_in(
-        [healthy, _sentinel_view("master,failover_in_progress")], ("127.0.0.1", 6380)) or "")
-    assert "s_down" in (doubt_in([_sentinel_view("master,s_down")], None) or "")
-    assert "127.0.0.1:6390" in (doubt_in([healthy, _sentinel_view("master", 6390)],
-                                         ("127.0.0.1", 6380)) or "")
+def _view(master_flags: str = "master", port: int = 6380,
+          replica_flags: tuple[str, ...] = ("slave",)) -> SentinelView:
+    return _parsed(master_flags, port), [_parsed(f, 6381) for f in replica_flags]
+
+
+OURS = ("127.0.0.1", 6380)
+
+
+def test_a_short_wait_is_judged_from_every_sentinels_view() -> None:
+    healthy = _view()
+    assert verdict([healthy, healthy], OURS)[0] is Verdict.LAGGING  # up, behind
+    assert verdict([], OURS)[0] is Verdict.REPLICA_DOWN  # nobody answered
+    down = _view(replica_flags=("slave,s_down", "slave,disconnected"))
+    assert verdict([down, down], OURS)[0] is Verdict.REPLICA_DOWN
+    assert verdict([down, healthy], OURS)[0] is Verdict.LAGGING  # one sentinel sees it up
+    # A demoted primary that still says it is one: listed as a replica, its link down.
+    unlinked = (_parsed("master", 6380), [_parsed("slave", 6381, link="err")])
+    assert verdict([unlinked], OURS)[0] is Verdict.REPLICA_DOWN
+    found, why = verdict([healthy, _view("master,failover_in_progress")], OURS)
+    assert found is Verdict.IN_DOUBT
+    assert "failover_in_progress" in why
+    assert verdict([_view("master,s_down")], None)[0] is Verdict.IN_DOUBT
+    found, why = verdict([healthy, _view(port=6390)], OURS)
+    assert found is Verdict.IN_DOUBT
+    assert "127.0.0.1:6390" in why
 
 
 class _Sentinel:
-    def __init__(self, flags: str) -> None:
-        self.flags = flags
+    def __init__(self, master_flags: str, replica_flags: str = "slave") -> None:
+        self.master_flags = master_flags
+        self.replica_flags = replica_flags
         self.asked = 0
 
     def sentinel_master(self, name: str) -> dict[str, object]:
         self.asked += 1
-        return _sentinel_view(self.flags)
+        return _parsed(self.master_flags, 6380)
+
+    def sentinel_slaves(self, name: str) -> list[dict[str, object]]:
+        return [_parsed(self.replica_flags, 6381)]
 
 
 class _Pool:
@@ -77,14 +103,14 @@ class _Pool:
     def __init__(self, sentinel: _Sentinel) -> None:
         self.sentinel_manager = type("Manager", (), {"sentinels": [sentinel]})()
         self.service_name = "kvrelay-ha"
-        self.master_address = ("127.0.0.1", 6380)
+        self.master_address = OURS
         self.disconnects = 0
 
     def disconnect(self) -> None:
         self.disconnects += 1
 
 
-def test_a_short_wait_asks_the_sentinels_and_a_doubt_means_send_again() -> None:
+def test_a_primary_in_doubt_means_send_again_on_new_connections() -> None:
     sentinel = _Sentinel("master,failover_in_progress")
     pool = _Pool(sentinel)
     wait = ReplicaWait(1, 200)
@@ -94,14 +120,25 @@ def test_a_short_wait_asks_the_sentinels_and_a_doubt_means_send_again() -> None:
         wait.settle(0, pool)
     assert (sentinel.asked, pool.disconnects) == (1, 1)
     assert wait.wanted() == 1  # still waiting: the write goes again, and waits again
-    sentinel.flags = "master"  # the replica is just down: stop waiting for a while
-    wait.settle(0, pool)
+    sentinel.master_flags, sentinel.replica_flags = "master", "slave,s_down"
+    wait.settle(0, pool)  # the replica is down: stop waiting for a while
     assert wait.wanted() == 0
     assert pool.disconnects == 1
 
 
+def test_a_lagging_replica_is_waited_for_again_a_few_times() -> None:
+    pool = _Pool(_Sentinel("master"))
+    wait = ReplicaWait(1, 200, lag_retries=2)
+    for _ in range(2):
+        with pytest.raises(ReplicaLagging):
+            wait.settle(0, pool)
+        assert wait.wanted() == 1
+    wait.settle(0, pool)  # a third short answer in a row: as if it were down
+    assert wait.wanted() == 0
+
+
 def test_unwaited_writes_ask_the_sentinels_at_most_every_probe_period() -> None:
-    sentinel = _Sentinel("master")
+    sentinel = _Sentinel("master", "slave,s_down")
     pool = _Pool(sentinel)
     wait = ReplicaWait(1, 200, probe_every_s=0.2)
     wait.settle(None, pool)  # not degraded: no WAIT was wanted, nothing to ask
@@ -110,9 +147,14 @@ def test_unwaited_writes_ask_the_sentinels_at_most_every_probe_period() -> None:
     for _ in range(5):
         wait.settle(None, pool)
     assert sentinel.asked == 2  # the short WAIT's question, then one for the period
+    assert wait.wanted() == 0
     time.sleep(0.25)
-    sentinel.flags = "master,o_down"
+    sentinel.master_flags = "master,o_down"
     with pytest.raises(PrimaryInDoubt):
         wait.settle(None, pool)
+    time.sleep(0.25)
+    sentinel.master_flags, sentinel.replica_flags = "master", "slave"
+    wait.settle(None, pool)  # the replica is back: the next write waits again
+    assert wait.wanted() == 1
     assert ReplicaWait(0, 200).settle(None, pool) is None  # plain mode never asks
-    assert sentinel.asked == 3
+    assert sentinel.asked == 4
