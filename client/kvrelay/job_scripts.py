@@ -321,7 +321,8 @@ return results
 # for a job the publisher is not batching: one its worker cannot run, or one no worker
 # holds (an unfenced write first settles what the last owner left in its tail).
 # KEYS: event log, lease, job record
-# ARGV: reply channel ('' = none), job channel, run id ('' = unfenced), seq, events
+# ARGV: reply channel ('' = none), job channel ('' = none: behind sentinels the caller
+#       publishes once a replica holds the event), run id ('' = unfenced), seq, events
 #       array (the one event), message (``pack_message`` of its pair), max log length,
 #       terminal (0/1), log ttl s (after a terminal event), live log ttl s (before it),
 #       oldest seq to keep (0: keep all; the byte cap, see ``log_window``), tail key
@@ -349,7 +350,7 @@ if type(added) == 'table' and added.err then return added end
 if terminal then redis.call('EXPIRE', KEYS[1], ARGV[9]) else redis.call('EXPIRE', KEYS[1], ARGV[10]) end
 if tonumber(ARGV[11]) > 0 then redis.call('XTRIM', KEYS[1], 'MINID', ARGV[11]) end
 if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], ARGV[6]) end
-redis.call('PUBLISH', ARGV[2], ARGV[6])
+if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[6]) end
 return seq
 """), helpers=True)
 
@@ -374,7 +375,9 @@ return seq
 #       its lease
 # ARGV: worker id, max log length, max tail length, the tail's expiry s (0: leave it),
 #       job count (0: the fast path), message count, move count, job channel's name
-#       before and after the job id, the tail entry ('' when no job has events),
+#       before and after the job id ('' before: publish on no job's channel; behind
+#       sentinels the caller publishes, messages too, once a replica holds the batch),
+#       the tail entry ('' when no job has events),
 #       release count, ended record ttl s, then per job checked: job id, pair
 #       (``pack_pair``; '' for a job with nothing new, only a move), run id; per
 #       message: channel, message (``pack_message``); per move: its last seq, its events
@@ -418,7 +421,7 @@ else
   if #fenced > 0 then return fenced end
   for j = 1, jobs do
     local watchers, pair = flags[2 * j], ARGV[a + 3 * j - 2]
-    if pair ~= '' and watchers and (tonumber(watchers) or 0) > 0 then
+    if pair ~= '' and ARGV[8] ~= '' and watchers and (tonumber(watchers) or 0) > 0 then
       redis.call('PUBLISH', ARGV[8] .. ARGV[a + 3 * j - 3] .. ARGV[9],
                  array_header(1) .. pair)
     end

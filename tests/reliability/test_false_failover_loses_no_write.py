@@ -1,5 +1,5 @@
 """A failover the primary survives (it only paused) loses no write the worker counted,
-and no subscriber stays deaf on the old primary.
+shows no reader an event it then loses, and leaves no subscriber deaf on the old primary.
 
 ``CLIENT PAUSE WRITE`` on a watched primary also holds the sentinels' hello ``PUBLISH``,
 so their pings go unanswered and they promote the replica. The old primary wakes up
@@ -21,16 +21,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from helpers.sentinel_cluster import SentinelCluster
 
 from kvrelay import event_log
+from kvrelay.event_frames import unpack_events, unpack_message
 from kvrelay.event_log import AppendResult
 from kvrelay.keys import Keyspace
+from kvrelay.primary_doubt import PrimaryInDoubt
 from kvrelay.primary_watch import PrimaryWatchedTransport
-from kvrelay.protocol import Started, Tokens
+from kvrelay.protocol import Started, Tokens, decode_event
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.resp import RespConnection, TransportLost
 from kvrelay.sentinel_connect import SentinelEndpoints, sentinel_redis
@@ -45,8 +48,8 @@ KEYS = Keyspace()
 JOB = "paused-primary-job"
 RUN = "w1#run"
 PAUSE_MS = 5000
-# Writes go on this long after the sentinels name the new primary.
-AFTER_SWITCH_S = 3.0
+# Writes go on until this many more are counted after the sentinels name the new primary.
+WRITES_AFTER_SWITCH = 20
 
 
 @pytest.fixture
@@ -64,6 +67,18 @@ def _logged_seqs(cluster: SentinelCluster) -> set[int]:
     with redis.Redis(host="127.0.0.1", port=cluster.primary_port()) as primary:
         entries = primary.xrange(KEYS.event_log(JOB))
     return {event_log.seq_of_entry_id(entry_id) for entry_id, _ in entries}
+
+
+def _heard_seqs(listener: Any) -> set[int]:
+    """The seqs a pub/sub listener received (then closed)."""
+    seqs: set[int] = set()
+    while (message := listener.get_message(timeout=0.5)) is not None:
+        if message["type"] != "message":
+            continue
+        for _, events in unpack_message(message["data"]):
+            seqs.update(decode_event(bytes(e)).seq for e in unpack_events(events))
+    listener.close()
+    return seqs
 
 
 def test_writes_taken_by_a_primary_being_replaced_are_sent_again(
@@ -92,6 +107,9 @@ def test_writes_taken_by_a_primary_being_replaced_are_sent_again(
 
     writer = threading.Thread(target=write, daemon=True)
     first_primary = cluster.primary_port()
+    # A reader that stays on the first primary: what it hears must all be logged.
+    listener = redis.Redis(host="127.0.0.1", port=first_primary).pubsub()
+    listener.subscribe(KEYS.events_channel(JOB))
     writer.start()
     try:
         time.sleep(0.5)
@@ -102,7 +120,9 @@ def test_writes_taken_by_a_primary_being_replaced_are_sent_again(
             assert time.monotonic() < deadline, "the sentinels never failed over"
             time.sleep(0.1)
         counted_before_switch = len(written)
-        time.sleep(AFTER_SWITCH_S)
+        while len(written) < counted_before_switch + WRITES_AFTER_SWITCH:
+            assert time.monotonic() < deadline, "the writes never went on after the switch"
+            time.sleep(0.1)
     finally:
         stop.set()
         writer.join(timeout=60)
@@ -111,9 +131,13 @@ def test_writes_taken_by_a_primary_being_replaced_are_sent_again(
     with redis.Redis(host="127.0.0.1", port=first_primary) as old:
         # The old primary took writes after the promotion: the case under test happened.
         assert old.info("replication")["role"] == "master"
-    missing = sorted(set(written) - _logged_seqs(cluster))
-    assert len(written) - counted_before_switch >= 5  # writes went on after the switch
+    heard = _heard_seqs(listener)
+    logged = _logged_seqs(cluster)
+    missing = sorted(set(written) - logged)
     assert not missing, f"{len(missing)} counted writes are not on the new primary: {missing}"
+    assert heard, "the listener heard nothing"
+    unlogged = sorted(heard - logged)
+    assert not unlogged, f"a reader saw {len(unlogged)} events the new primary lacks: {unlogged}"
 
 
 async def test_the_sdks_writes_are_sent_again_too(cluster: SentinelCluster) -> None:
@@ -150,8 +174,8 @@ async def test_the_sdks_writes_are_sent_again_too(cluster: SentinelCluster) -> N
         deadline = time.monotonic() + 30
         switched_at: float | None = None
         counted_before_switch = 0
-        while switched_at is None or time.monotonic() < switched_at + AFTER_SWITCH_S:
-            assert time.monotonic() < deadline, "the sentinels never failed over"
+        while switched_at is None or len(written) < counted_before_switch + WRITES_AFTER_SWITCH:
+            assert time.monotonic() < deadline, "no failover, or no writes after it"
             member += 1
             await add(member)
             written.append(member)
@@ -164,7 +188,6 @@ async def test_the_sdks_writes_are_sent_again_too(cluster: SentinelCluster) -> N
     with redis.Redis(host="127.0.0.1", port=cluster.primary_port()) as primary:
         counted = {int(m) for m in primary.smembers("counted")}
     missing = sorted(set(written) - counted)
-    assert len(written) - counted_before_switch >= 5  # writes went on after the switch
     assert not missing, f"{len(missing)} counted writes are not on the new primary: {missing}"
 
 
@@ -194,3 +217,52 @@ async def test_a_subscriber_leaves_the_replaced_primary(cluster: SentinelCluster
         await transport.aclose()
     finally:
         await named.aclose()
+
+
+def test_a_reader_never_sees_an_event_a_failover_loses(cluster: SentinelCluster) -> None:
+    """A worker that dies at its first refused write (SIGKILL right then): behind
+    sentinels its events are published only once a replica holds them, so nothing a
+    reader heard is missing from the new primary (where a successor would otherwise write
+    another event under the same seq: a duplicated token at the seam)."""
+    settings = WorkerSettings(redis_url=f"{cluster.url}?wait_timeout_ms=500", model_name="m",
+                              worker_id="w1", lease_ttl=120.0, redis_socket_timeout=10.0)
+    client = worker_redis(settings)
+    store = JobStore(client, settings)
+    assert store.claim(JOB, "{}", "d", RUN).status == "claimed"
+    first_primary = cluster.primary_port()
+    listener = redis.Redis(host="127.0.0.1", port=first_primary).pubsub()
+    listener.subscribe(KEYS.events_channel(JOB))
+    stopped_by: list[BaseException] = []
+
+    def write_until_refused() -> None:
+        seq = 0
+        while True:
+            event = (Started(seq=0, worker="w1") if seq == 0
+                     else Tokens(seq=seq, token_ids=[seq], text=""))
+            try:
+                store.append_event(JOB, event, fenced=RUN)
+            except redis.ConnectionError as exc:
+                stopped_by.append(exc)  # the worker dies here
+                return
+            seq += 1
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=write_until_refused, daemon=True)
+    writer.start()
+    try:
+        time.sleep(0.5)
+        with redis.Redis(host="127.0.0.1", port=first_primary) as primary:
+            primary.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        writer.join(timeout=60)
+        assert not writer.is_alive()
+        deadline = time.monotonic() + 30
+        while cluster.primary_port() == first_primary:
+            assert time.monotonic() < deadline, "the sentinels never failed over"
+            time.sleep(0.1)
+    finally:
+        client.close()
+    assert isinstance(stopped_by[0], PrimaryInDoubt), stopped_by
+    heard, logged = _heard_seqs(listener), _logged_seqs(cluster)
+    assert heard, "the listener heard nothing"
+    unlogged = sorted(heard - logged)
+    assert not unlogged, f"a reader saw {len(unlogged)} events the new primary lacks: {unlogged}"

@@ -40,6 +40,14 @@ CHECK_EACH_JOB_FOR_S = 1.0
 
 # A script, its keys and its arguments.
 _ScriptCall = tuple[LuaScript, list[str], list[Any]]
+# A pub/sub message and its channel.
+_Message = tuple[str, bytes]
+
+
+def _written(result: object) -> bool:
+    """An append's answer that says its event is in the log (now, or by an earlier try
+    whose reply was lost)."""
+    return isinstance(result, int) and (result >= 0 or result == AppendResult.ALREADY_WRITTEN)
 
 
 @dataclass
@@ -243,17 +251,23 @@ class JobStore:
     # -------------------------------------------------------------------- events
 
     def _append_call(self, job_id: str, event: AnyEvent, fenced: bool | str, reply_to: str,
-                     keep_from: int = 0, data: bytes | None = None) -> _ScriptCall:
+                     keep_from: int = 0, data: bytes | None = None, *, defer: bool = False
+                     ) -> tuple[_ScriptCall, list[_Message]]:
+        """``APPEND_EVENT``'s call, and (``defer``) the messages to publish once it is
+        written and acknowledged, which the script then leaves out."""
         terminal = isinstance(event, TERMINAL_EVENTS)
         events = pack_events([encode_event(event) if data is None else data])
-        return (
+        message = pack_message([pack_pair(job_id, events)])
+        channels = [c for c in (reply_to, self.keys.events_channel(job_id)) if c]
+        call = (
             self._append,
             [self.keys.event_log(job_id), self.keys.lease(job_id), self.keys.job_record(job_id)],
-            [reply_to, self.keys.events_channel(job_id), _fence_run(fenced, self.worker_id),
-             event.seq, events, pack_message([pack_pair(job_id, events)]),
+            ["" if defer else reply_to, "" if defer else self.keys.events_channel(job_id),
+             _fence_run(fenced, self.worker_id), event.seq, events, message,
              self.settings.log_max_len, 1 if terminal else 0, self.ended_ttl_s,
              self.live_ttl_s, keep_from, self.tail_prefix, job_id],
         )
+        return call, [(c, message) for c in channels] if defer else []
 
     def append_event(self, job_id: str, event: AnyEvent, *, fenced: bool | str,
                      reply_to: str = "") -> Any:
@@ -266,7 +280,12 @@ class JobStore:
         events with its successor; without, it first moves into the log what the job's
         last owner left in its tail. Waits for the replicas like every state write.
         """
-        return self._one(*self._append_call(job_id, event, fenced, reply_to))
+        defer = self._defer_publish()
+        call, messages = self._append_call(job_id, event, fenced, reply_to, defer=defer)
+        result = self._one(*call)
+        if _written(result):
+            self._publish(messages)
+        return result
 
     def append_events(self, events: Sequence[tuple[str, AnyEvent]], *, fenced: bool | str,
                       keep_from: Sequence[int] | None = None,
@@ -277,9 +296,13 @@ class JobStore:
         encoded (``encode_event``), so a caller that needed the bytes encodes only once."""
         starts = keep_from or [0] * len(events)
         datas: Sequence[bytes | None] = encoded or [None] * len(events)
-        return self._pipelined([
-            self._append_call(job_id, e, fenced, "", start, data)
-            for (job_id, e), start, data in zip(events, starts, datas, strict=True)])
+        defer = self._defer_publish()
+        calls = [self._append_call(job_id, e, fenced, "", start, data, defer=defer)
+                 for (job_id, e), start, data in zip(events, starts, datas, strict=True)]
+        results = self._pipelined([call for call, _ in calls])
+        self._publish([m for (_, messages), result in zip(calls, results, strict=True)
+                       if _written(result) for m in messages])
+        return results
 
     def append_batch(self, jobs: Sequence[JobEvents], *, tail_expiry_s: int = 0) -> list[Any]:
         """Write and publish every job's events in one script call
@@ -297,8 +320,10 @@ class JobStore:
         results: list[Any] = [1] * len(jobs)
         live = [i for i, job in enumerate(jobs) if job.events or job.moved]
         check_each = time.monotonic() < self._check_each_until
+        defer = self._defer_publish()
         while live:
-            call = self._batch_call([jobs[i] for i in live], tail_expiry_s, check_each)
+            call, messages = self._batch_call([jobs[i] for i in live], tail_expiry_s,
+                                              check_each, defer)
             reply = self._pipelined([call])[0]
             if isinstance(reply, Exception):
                 return [reply] * len(jobs)
@@ -310,16 +335,20 @@ class JobStore:
                 continue
             fenced = {live[int(position) - 1] for position in reply}
             if not fenced:
+                self._publish(messages)
                 break
             for i in fenced:
                 results[i] = AppendResult.FENCED
             live = [i for i in live if i not in fenced]
         return results
 
-    def _batch_call(self, jobs: Sequence[JobEvents], tail_expiry_s: int,
-                    check_each: bool) -> _ScriptCall:
+    def _batch_call(self, jobs: Sequence[JobEvents], tail_expiry_s: int, check_each: bool,
+                    defer: bool = False) -> tuple[_ScriptCall, list[_Message]]:
         """``APPEND_BATCH``'s keys and arguments: everything packed here, Lua only fences
-        (and, on its fast path, not even that: no per-job key or argument at all)."""
+        (and, on its fast path, not even that: no per-job key or argument at all); and
+        (``defer``) the messages to publish once the batch is written and acknowledged,
+        which the script then leaves out (each job with events on its own channel too,
+        when jobs are checked: the script's watcher counts stay in Redis)."""
         head, _, tail = self.keys.events_channel("\0").partition("\0")
         key_list = [self.tail_key, self.fence_key, self.keys.watching]
         per_job: list[Any] = []
@@ -345,9 +374,17 @@ class JobStore:
                 move_keys.append(self.keys.event_log(job_id))
                 moves += [job.moved_last, pack_events(job.moved), 1 if job.terminal else 0,
                           job.keep_from, job.expiry_s]
-        per_message: list[Any] = []
-        for channel, pairs in messages.items():
-            per_message += [channel, pack_message(pairs)]
+        packed = [(channel, pack_message(pairs)) for channel, pairs in messages.items()]
+        deferred: list[_Message] = []
+        if defer:
+            deferred = packed
+            if check_each:
+                deferred += [(self.keys.events_channel(job_id), pack_message([pair]))
+                             for job_id, pair in zip(per_job[0::3], per_job[1::3], strict=True)
+                             if pair]
+            packed, head = [], ""
+        per_message: list[Any] = [part for channel_message in packed
+                                  for part in channel_message]
         released = [job for job in jobs if job.release]
         release_keys = [self.running_key] if released else []
         release_args: list[Any] = []
@@ -355,10 +392,10 @@ class JobStore:
             release_keys += [self.keys.job_record(job.job_id), self.keys.lease(job.job_id)]
             release_args += [job.job_id, job.run or self.worker_id]
         args: list[Any] = [self.worker_id, self.settings.log_max_len, TAIL_MAX_LEN,
-                           tail_expiry_s, len(per_job) // 3, len(messages), len(move_keys),
+                           tail_expiry_s, len(per_job) // 3, len(packed), len(move_keys),
                            head, tail, b"".join(records), len(released), self.ended_ttl_s,
                            *per_job, *per_message, *moves, *release_args]
-        return self._append_batch, key_list + move_keys + release_keys, args
+        return (self._append_batch, key_list + move_keys + release_keys, args), deferred
 
     def move_to_log(self, job_id: str, events: Sequence[bytes], last_seq: int,
                     run: str = "") -> bool:
@@ -401,6 +438,22 @@ class JobStore:
         for script, key_list, args in calls:
             self.scripts.queue(pipe, script, key_list, args)
         return self._execute(pipe)
+
+    def _defer_publish(self) -> bool:
+        """Whether the next write's events are published only after its ``WAIT``: behind
+        sentinels a client never sees an event that a failover could still lose (at a
+        takeover the next run would write another event under its seq)."""
+        return self._replica_wait.wanted() > 0
+
+    def _publish(self, messages: Sequence[_Message]) -> None:
+        """Publish what a deferred write left out, in one round trip (a lost connection
+        raises: the write is sent again, and readers drop the seqs they already have)."""
+        if not messages:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for channel, message in messages:
+            pipe.publish(channel, message)
+        pipe.execute()
 
     def _execute(self, pipe: Any) -> list[Any]:
         """Send a pipeline of writes; behind sentinels closed by a ``WAIT`` (its reply
