@@ -164,7 +164,7 @@ class AsyncClient(AsyncResource):
                     endpoint, connect_timeout=connect_timeout, client_name="kvrelay-client-sub"
                 )
                 if watch_primary:  # leave a primary the sentinels replaced
-                    return PrimaryWatchedTransport(connection, endpoint, resolve_endpoint)
+                    return PrimaryWatchedTransport(connection, endpoint, self._named_primary)
                 return connection
 
             transport_factory = open_resp
@@ -217,6 +217,13 @@ class AsyncClient(AsyncResource):
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
+
+    async def _named_primary(self) -> Endpoint:
+        """The primary the sentinels name now, asked through the command pool: a pool
+        that finds it replaced drops its idle connections to the old one, so the log
+        reads that fill a stream's gap go to the new primary too."""
+        host, port = await self._redis.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        return Endpoint(host=str(host), port=int(port))
 
     async def _open(self) -> None:
         await self.connect()

@@ -132,8 +132,13 @@ class Workload:
         terminal event); a read Redis refuses leaves what was read last."""
         assert self._store is not None
         give_up = time.monotonic() + SNAPSHOT_WAIT_S
+        pool: Any = self._store.connection_pool
         while True:
             with contextlib.suppress(*_RETRYABLE):
+                if hasattr(pool, "get_master_address"):
+                    # Behind sentinels, read the primary they name now: a pool's idle
+                    # connections to a replaced one would read its stale copy.
+                    await pool.get_master_address()
                 entries: list[Any] = await self._store.xrange(KEYS.event_log(run.job_id)) or []
                 run.log = [decode_event(bytes(raw)) for _, fields in entries
                            if (data := entry_events(fields)) is not None

@@ -13,7 +13,11 @@ back on its queue.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
+import redis
 from helpers.sentinel_cluster import MASTER_NAME, SentinelCluster
 from kombu import Connection, Exchange, Queue
 
@@ -72,3 +76,59 @@ def test_kombus_own_redis_channel_cannot_restore_after_close(clean_redis_url: st
 def test_the_workers_redis_channel_restores_after_close(clean_redis_url: str) -> None:
     assert _restore_after_close(Connection(clean_redis_url, transport=REDIS_TRANSPORT),
                                 "q-kvrelay-plain") == 1
+
+
+def _consume_across_a_false_failover(tmp_path: Path, transport: str) -> list[int]:
+    """A consumer on the primary, which pauses long enough for the sentinels to promote
+    its replica; a job pushed to the new primary afterwards: what the consumer gets
+    within a few seconds, reconnecting whenever its connection is lost (as Celery's
+    consumer restarts)."""
+    cluster = SentinelCluster(tmp_path).start()
+    try:
+        first = cluster.primary_port()
+        queue = Queue("q-moved", Exchange("q-moved", type="direct"), routing_key="q-moved")
+        got: list[int] = []
+        with _sentinel_connection(cluster, transport) as conn:
+            consumer_conn = conn.clone()
+            consumer = consumer_conn.Consumer([queue], accept=["json"],
+                                              callbacks=[lambda body, m: (got.append(body["job"]),
+                                                                          m.ack())])
+            consumer.consume()
+            with redis.Redis(host="127.0.0.1", port=first) as primary:
+                primary.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+            deadline = time.monotonic() + 30
+            while cluster.primary_port() == first:
+                assert time.monotonic() < deadline, "the sentinels never failed over"
+                time.sleep(0.1)
+            time.sleep(3.0)  # the old primary answers again, still a primary
+            with redis.Redis(host="127.0.0.1", port=first) as old:
+                assert old.info("replication")["role"] == "master"
+            producer_conn = _sentinel_connection(cluster, "sentinel")
+            with producer_conn:
+                producer_conn.Producer(serializer="json").publish(
+                    {"job": 7}, exchange=queue.exchange, routing_key="q-moved",
+                    declare=[queue])
+            until = time.monotonic() + 4.0
+            while not got and time.monotonic() < until:
+                try:
+                    consumer_conn.drain_events(timeout=0.5)
+                except TimeoutError:
+                    continue
+                except consumer_conn.connection_errors:
+                    consumer_conn = consumer_conn.clone()
+                    consumer = consumer_conn.Consumer(
+                        [queue], accept=["json"],
+                        callbacks=[lambda body, m: (got.append(body["job"]), m.ack())])
+                    consumer.consume()
+            consumer_conn.release()
+        return got
+    finally:
+        cluster.stop()
+
+
+def test_kombus_sentinel_consumer_stays_on_a_replaced_primary(tmp_path: Path) -> None:
+    assert _consume_across_a_false_failover(tmp_path, "sentinel") == []
+
+
+def test_the_workers_sentinel_consumer_follows_the_new_primary(tmp_path: Path) -> None:
+    assert _consume_across_a_false_failover(tmp_path, SENTINEL_TRANSPORT) == [7]

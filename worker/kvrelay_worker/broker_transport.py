@@ -20,12 +20,16 @@ producer never restores messages and keeps kombu's own.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 
 REDIS_TRANSPORT = "kvrelay_worker.broker_transport:RedisTransport"
 SENTINEL_TRANSPORT = "kvrelay_worker.broker_transport:SentinelTransport"
+# How often a consumer behind sentinels asks them which primary they name.
+PRIMARY_CHECK_S = 1.0
 
 
 class _KeepsParams:
@@ -53,13 +57,42 @@ class RedisChannel(_KeepsParams, kombu_redis.Channel):
 
 
 class SentinelChannel(_KeepsParams, kombu_redis.SentinelChannel):
+    """Also leaves a primary the sentinels replaced: a primary that survived its failover
+    (it paused, or was cut off from the sentinels) keeps answering the consumer's
+    ``BRPOP`` on its old connection, so jobs pushed to the new primary would wait until
+    it is demoted. Before each ``BRPOP`` (at most every ``PRIMARY_CHECK_S``) the channel
+    asks the sentinels, and a primary they no longer name is a lost connection: Celery
+    restarts the consumer, which connects to the new one."""
+
     def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
         self._remember(connection)
+        self._next_primary_check = 0.0
         super().__init__(connection, *args, **kwargs)
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         self._relink()
         return super()._connparams(asynchronous)
+
+    def _brpop_start(self, timeout: Any = None) -> Any:
+        self._leave_a_replaced_primary()
+        return super()._brpop_start(timeout)
+
+    def _leave_a_replaced_primary(self) -> None:
+        now = time.monotonic()
+        if now < self._next_primary_check:
+            return
+        self._next_primary_check = now + PRIMARY_CHECK_S
+        connection = getattr(self.client, "connection", None)
+        if connection is None or getattr(connection, "host", None) is None:
+            return
+        try:
+            host, port = self.async_pool.get_master_address()
+        except redis.RedisError:  # no sentinel answered: no evidence it moved
+            return
+        if (str(host), int(port)) != (str(connection.host), int(connection.port)):
+            raise redis.ConnectionError(
+                f"the sentinels name {host}:{port} as the primary, not "
+                f"{connection.host}:{connection.port}")
 
 
 class RedisTransport(kombu_redis.Transport):
