@@ -7,8 +7,8 @@ A ``WAIT`` that comes back short has three causes, and each wants its own answer
   (``CLIENT PAUSE WRITE`` also holds the ``PUBLISH`` of their hello messages, so their
   pings go unanswered) or in a partition. The old primary keeps every connection it had
   and answers until the sentinels demote it, many seconds later, and everything written
-  to it meanwhile vanishes then. The write must not count: the caller drops its
-  connections (the next ones ask the sentinels) and sends it again.
+  to it meanwhile vanishes then. The write must not count: the caller sends it again,
+  on a connection to the primary the sentinels name by then.
 - **no replica is up** (``REPLICA_DOWN``: every sentinel that answers sees each replica
   down or not linked to its primary, or none answers): nothing can acknowledge, and waiting would only slow every
   write by the timeout, so writes stop waiting for a while (``kvrelay.replica_wait``).

@@ -14,6 +14,7 @@ sentinels again (a failover starting then is still noticed).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -100,14 +101,16 @@ class ReplicaWait:
 
     def settle(self, acknowledged: object, pool: Any) -> None:
         """After a write on ``pool`` (``acknowledged``: its ``WAIT``'s reply, None when it
-        sent none): raise ``PrimaryInDoubt`` (the pool's connections dropped) or
-        ``ReplicaLagging`` when the write must be sent again; else take the reply into
-        account."""
+        sent none): raise ``PrimaryInDoubt`` or ``ReplicaLagging`` when the write must be
+        sent again; else take the reply into account. On a primary in doubt the pool
+        asks the sentinels for the primary: once they name another, it drops its idle
+        connections to the old one at once and the busy ones when they come back (never
+        a connection another thread is reading from)."""
         if self._needs_probe(acknowledged):
             found, why = sync_verdict(pool)
             error = self._judge(found, acknowledged)
             if error is PrimaryInDoubt:
-                pool.disconnect()
+                _follow_primary(pool)
             if error is not None:
                 raise error(f"{why}; the write is sent again")
         self.observe(acknowledged)
@@ -118,7 +121,14 @@ class ReplicaWait:
             found, why = await async_verdict(pool)
             error = self._judge(found, acknowledged)
             if error is PrimaryInDoubt:
-                await pool.disconnect()
+                with contextlib.suppress(redis.RedisError):
+                    await pool.get_master_address()
             if error is not None:
                 raise error(f"{why}; the write is sent again")
         self.observe(acknowledged)
+
+
+def _follow_primary(pool: Any) -> None:
+    """Make a Sentinel-managed pool look the primary up now (see ``settle``)."""
+    with contextlib.suppress(redis.RedisError):
+        pool.get_master_address()

@@ -45,6 +45,9 @@ class ControlListener:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("control channel lost (%s); reconnecting", exc)
                 self._stop.wait(0.5)
+            except Exception:  # a socket closed under it, a reply it cannot parse, ...
+                log.exception("control channel failed; reconnecting")
+                self._stop.wait(0.5)
             finally:
                 try:
                     pubsub.close()
