@@ -186,6 +186,13 @@ class EngineService:
                 return
 
     def _add(self, job: ActiveJob, announce: list[Item]) -> None:
+        earlier = self._jobs.pop(job.job_id, None)
+        if earlier is not None:
+            # A run of this job that this worker claimed again (it stalled past its lease):
+            # the earlier run was fenced and is done, but its request may still be in the
+            # engine under the same id. Drop it unreported, or its ``abort`` would end the
+            # new run's stream.
+            self.engine.abort_request(job.job_id, report=False)
         if self._last_step_s >= _ANNOUNCE_WITH_STEPS_UNDER_S:
             self._send(announce)  # a long step must not hold back the news of a pickup
             announce = []

@@ -136,8 +136,9 @@ class LLMEngine:
                 config = beam_config_of(first, self.eos_token_ids, self.max_model_len)
                 self.beam_groups[state.request_id] = BeamGroup(state, config)
 
-    def abort_request(self, request_id: str) -> bool:
-        """Stop a request now and free its blocks; reported as ``abort`` by the next step."""
+    def abort_request(self, request_id: str, *, report: bool = True) -> bool:
+        """Stop a request now and free its blocks; reported as ``abort`` by the next step
+        (``report=False``: never reported, for a caller that reuses the id at once)."""
         state = self.requests.pop(request_id, None)
         if state is None:
             return False
@@ -146,7 +147,8 @@ class LLMEngine:
             if choice.finish_reason is None:
                 self.scheduler.finish(choice.seq, SequenceStatus.FINISHED_ABORTED)
                 choice.finish_reason = "abort"
-        self._pending.append(state.step_output())
+        if report:
+            self._pending.append(state.step_output())
         return True
 
     def has_unfinished_requests(self) -> bool:

@@ -150,8 +150,9 @@ class SimulatedEngine:
         if params.n > self.max_num_seqs:
             raise InvalidPromptError(f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}")
 
-    def abort_request(self, request_id: str) -> bool:
-        """Stop a request now; reported as ``abort`` by the next step."""
+    def abort_request(self, request_id: str, *, report: bool = True) -> bool:
+        """Stop a request now; reported as ``abort`` by the next step (``report=False``:
+        never reported)."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return False
@@ -164,7 +165,8 @@ class SimulatedEngine:
             choice.finish_reason = "abort"
             deltas.append(ChoiceDelta(choice.index, [], "", finish_reason="abort"))
         request.deltas = deltas
-        self._pending.append(self._output(request))
+        if report:
+            self._pending.append(self._output(request))
         return True
 
     def has_unfinished_requests(self) -> bool:
