@@ -15,18 +15,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
-from helpers.engine_run import one_torch_thread
 from helpers.recording_publisher import RecordingPublisher
+from helpers.tiny_service import tiny_service
 
 from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens
-from kvrelay_worker.engine import LLM, SamplingParams
-from kvrelay_worker.engine_service import EngineService
+from kvrelay_worker.engine import SamplingParams
 from kvrelay_worker.jobs.active_job import ActiveJob
 from kvrelay_worker.jobs.job_store import PriorProgress
-from kvrelay_worker.jobs.publisher import EventItem, Publisher
-from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.jobs.publisher import EventItem
 
 PROMPT = [5, 6, 7, 8]
 
@@ -47,25 +44,17 @@ def test_a_job_claimed_again_runs_whole_beside_its_earlier_request(
         tiny_model: Callable[[str], Path]) -> None:
     folder = str(tiny_model("llama-mqa"))
     publisher = RecordingPublisher()
-    with one_torch_thread():
-        service = EngineService(
-            lambda: LLM(folder, device="cpu", dtype="float32", num_kv_blocks=64,
-                        max_model_len=256).engine,
-            cast(Publisher, publisher), WorkerMetrics("tiny"))
-        service.start()
-        try:
-            earlier, again = _run("w#1", 200), _run("w#2", 40)
-            service.submit(earlier, [])
-            deadline = time.monotonic() + 60
-            while not any(isinstance(e, Tokens) for e in _events_of(publisher, earlier)):
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
-            service.submit(again, [])  # the earlier run's request is still in the engine
-            while not any(isinstance(e, (Finished, Failed)) for e in _events_of(publisher, again)):
-                assert time.monotonic() < deadline, _events_of(publisher, again)
-                time.sleep(0.005)
-        finally:
-            service.stop()
+    with tiny_service(folder, publisher) as service:
+        earlier, again = _run("w#1", 200), _run("w#2", 40)
+        service.submit(earlier, [])
+        deadline = time.monotonic() + 60
+        while not any(isinstance(e, Tokens) for e in _events_of(publisher, earlier)):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        service.submit(again, [])  # the earlier run's request is still in the engine
+        while not any(isinstance(e, (Finished, Failed)) for e in _events_of(publisher, again)):
+            assert time.monotonic() < deadline, _events_of(publisher, again)
+            time.sleep(0.005)
     events = _events_of(publisher, again)
     end = events[-1]
     assert not isinstance(end, Failed), end

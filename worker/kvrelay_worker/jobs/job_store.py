@@ -377,7 +377,7 @@ class JobStore:
         packed = [(channel, pack_message(pairs)) for channel, pairs in messages.items()]
         deferred: list[_Message] = []
         if defer:
-            deferred = packed
+            deferred = list(packed)
             if check_each:
                 deferred += [(self.keys.events_channel(job_id), pack_message([pair]))
                              for job_id, pair in zip(per_job[0::3], per_job[1::3], strict=True)
