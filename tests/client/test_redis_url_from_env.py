@@ -35,7 +35,7 @@ async def test_an_explicit_url_wins_and_unset_means_localhost(
 
 def test_sync_client_reads_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVRELAY_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens
-    client = Client(connect_timeout=0.5)
+    client = Client(connect_timeout=0.5, reconnect_timeout=1)
     try:
         with pytest.raises(ConnectionError, match=r"127\.0\.0\.1:1"):
             client.workers()

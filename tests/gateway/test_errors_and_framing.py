@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -102,10 +103,15 @@ def test_404_unknown_model_and_503_no_worker(start_worker: Callable[..., WorkerP
 
 def test_503_redis_unreachable(tmp_path: Path,
                                start_gateway: Callable[..., GatewayProcess]) -> None:
-    gateway = start_gateway(f"redis://127.0.0.1:{free_port()}/0")
+    # Requests wait out an unreachable Redis for the gateway's reconnect timeout (30 s by
+    # default), then answer 503: with 1 s set, the answer comes long before 30 s.
+    gateway = start_gateway(f"redis://127.0.0.1:{free_port()}/0",
+                            KVRELAY_GATEWAY_RECONNECT_TIMEOUT="1")
+    started = time.monotonic()
     response = httpx.post(f"{gateway.url}/v1/completions",
                           json={"model": MODEL, "prompt": "hi"}, timeout=60)
     assert error_of(response, 503)["code"] == "broker_unavailable"
+    assert time.monotonic() - started < 20, "the gateway ignored its reconnect timeout"
     assert httpx.get(f"{gateway.url}/health").status_code == 503
 
 

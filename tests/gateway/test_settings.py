@@ -8,7 +8,8 @@ import pytest
 from kvrelay.gateway.settings import GatewaySettings
 
 
-@pytest.mark.parametrize("name", ["KVRELAY_GATEWAY_JOB_TIMEOUT", "KVRELAY_GATEWAY_STREAM_TIMEOUT"])
+@pytest.mark.parametrize("name", ["KVRELAY_GATEWAY_JOB_TIMEOUT", "KVRELAY_GATEWAY_STREAM_TIMEOUT",
+                                  "KVRELAY_GATEWAY_RECONNECT_TIMEOUT"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-3", "soon"])
 def test_bad_timeouts_are_refused_by_name(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -17,10 +18,12 @@ def test_bad_timeouts_are_refused_by_name(name: str, value: str) -> None:
 
 def test_unset_timeouts_keep_their_defaults_and_set_ones_are_read() -> None:
     default = GatewaySettings.from_env({})
-    assert (default.job_timeout, default.stream_timeout) == (600.0, 60.0)
+    assert (default.job_timeout, default.stream_timeout, default.reconnect_timeout) == \
+        (600.0, 60.0, 30.0)
     read = GatewaySettings.from_env({"KVRELAY_GATEWAY_JOB_TIMEOUT": "12.5",
-                                     "KVRELAY_GATEWAY_STREAM_TIMEOUT": "7"})
-    assert (read.job_timeout, read.stream_timeout) == (12.5, 7.0)
+                                     "KVRELAY_GATEWAY_STREAM_TIMEOUT": "7",
+                                     "KVRELAY_GATEWAY_RECONNECT_TIMEOUT": "1.5"})
+    assert (read.job_timeout, read.stream_timeout, read.reconnect_timeout) == (12.5, 7.0, 1.5)
 
 
 def test_tenant_namespaces_are_read_and_unsafe_ones_refused() -> None:

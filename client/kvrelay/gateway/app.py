@@ -26,6 +26,7 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
     settings = settings or GatewaySettings.from_env()
     clients = {namespace: AsyncClient(settings.redis_url, namespace=namespace,
                                       stream_timeout=settings.stream_timeout,
+                                      reconnect_timeout=settings.reconnect_timeout,
                                       max_queue=settings.max_queue,
                                       stream_buffer_bytes=settings.limits.stream_buffer_bytes)
                for namespace in settings.namespaces}

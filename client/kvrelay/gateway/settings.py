@@ -36,6 +36,8 @@ class GatewaySettings:
     retry_after: seconds a 429 tells the caller to wait (``Retry-After``).
     job_timeout: a job still unfinished after this many seconds answers 504.
     stream_timeout: seconds without any event of a job before it is given up.
+    reconnect_timeout: seconds a request waits out an unreachable or refusing Redis
+        before it answers 503 (a load balancer in front may rather try another gateway).
     limits: what one HTTP request may cost (``kvrelay.gateway.limits``).
     policies: each tenant's priority ceiling and quotas (``kvrelay.gateway.tenant_policy``).
     """
@@ -48,12 +50,14 @@ class GatewaySettings:
     retry_after: int = 1
     job_timeout: float | None = 600.0
     stream_timeout: float = 60.0
+    reconnect_timeout: float = 30.0
     limits: RequestLimits = field(default_factory=RequestLimits)
     policies: TenantPolicies = field(default_factory=TenantPolicies)
 
     def __post_init__(self) -> None:
         _positive("job_timeout", self.job_timeout)
         _positive("stream_timeout", self.stream_timeout)
+        _positive("reconnect_timeout", self.reconnect_timeout)
         if self.max_queue is not None and self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.retry_after < 0:
@@ -75,7 +79,8 @@ class GatewaySettings:
         ``KVRELAY_GATEWAY_API_KEYS_FILE``, ``KVRELAY_NAMESPACE``,
         ``KVRELAY_GATEWAY_TENANT_NAMESPACES`` (``tenant=namespace,...``),
         ``KVRELAY_GATEWAY_MAX_QUEUE``,
-        ``KVRELAY_GATEWAY_JOB_TIMEOUT`` and ``KVRELAY_GATEWAY_STREAM_TIMEOUT``."""
+        ``KVRELAY_GATEWAY_JOB_TIMEOUT``, ``KVRELAY_GATEWAY_STREAM_TIMEOUT`` and
+        ``KVRELAY_GATEWAY_RECONNECT_TIMEOUT``."""
         environ = os.environ if env is None else env
         keys: dict[str, str] = {}
         path = environ.get("KVRELAY_GATEWAY_API_KEYS_FILE")
@@ -99,6 +104,9 @@ class GatewaySettings:
             stream_timeout=_seconds("KVRELAY_GATEWAY_STREAM_TIMEOUT",
                                     environ.get("KVRELAY_GATEWAY_STREAM_TIMEOUT"))
             or cls.stream_timeout,
+            reconnect_timeout=_seconds("KVRELAY_GATEWAY_RECONNECT_TIMEOUT",
+                                       environ.get("KVRELAY_GATEWAY_RECONNECT_TIMEOUT"))
+            or cls.reconnect_timeout,
         )
 
 
