@@ -21,7 +21,7 @@ from helpers.tiny_service import tiny_service
 
 from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens
 from kvrelay_worker.engine import SamplingParams
-from kvrelay_worker.jobs.active_job import ActiveJob
+from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
 from kvrelay_worker.jobs.job_store import PriorProgress
 from kvrelay_worker.jobs.publisher import EventItem
 
@@ -61,3 +61,24 @@ def test_a_job_claimed_again_runs_whole_beside_its_earlier_request(
     assert isinstance(end, Finished)
     assert end.finish_reasons == ["length"]
     assert sum(len(e.token_ids) for e in events if isinstance(e, Tokens)) == 40
+
+
+def test_an_earlier_run_that_never_stopped_ends_fenced_when_the_new_one_starts(
+        tiny_model: Callable[[str], Path]) -> None:
+    # The new run waits a bounded time for the earlier one to stop; if the engine was too
+    # slow, it starts anyway. Its request replaces the earlier one's, which then reports
+    # nothing more: unless it ends here, the earlier task thread waits for it forever
+    # (a Celery slot lost until shutdown; chaos seed 20 under load).
+    folder = str(tiny_model("llama-mqa"))
+    publisher = RecordingPublisher()
+    with tiny_service(folder, publisher) as service:
+        earlier, again = _run("w#1", 200), _run("w#2", 4)
+        service.submit(earlier, [])
+        deadline = time.monotonic() + 60
+        while not any(isinstance(e, Tokens) for e in _events_of(publisher, earlier)):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        service.submit(again, [])  # no abort of the earlier run came first
+        assert earlier.done.wait(30), "the earlier run's task would wait forever"
+        assert earlier.outcome == Outcome.FENCED
+        publisher.wait_terminal("again", timeout=60)

@@ -191,8 +191,11 @@ class EngineService:
             # A run of this job that this worker claimed again (it stalled past its lease):
             # the earlier run was fenced and is done, but its request may still be in the
             # engine under the same id. Drop it unreported, or its ``abort`` would end the
-            # new run's stream.
+            # new run's stream; a run that did not stop in time ends as fenced here, or
+            # its task thread would wait for it forever.
             self.engine.abort_request(job.job_id, report=False)
+            if not earlier.done.is_set():
+                earlier.finish(Outcome.FENCED)
         if self._last_step_s >= _ANNOUNCE_WITH_STEPS_UNDER_S:
             self._send(announce)  # a long step must not hold back the news of a pickup
             announce = []

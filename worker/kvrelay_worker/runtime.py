@@ -301,7 +301,9 @@ class WorkerRuntime:
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
                         run_id=run, next_seq=prior.next_seq,
                         cache_salt=self.settings.keys.cache_salt(request.cache_salt))
-        with self.jobs.hold(job):
+        with self.jobs.hold(job) as holds:
+            if not holds:
+                return Outcome.FENCED
             if attempt == 1 and request.enqueued_at:
                 self.metrics.queue_time.observe(max(0.0, job.claimed_at - request.enqueued_at))
             started = Started(seq=0, worker=self.settings.worker_name, attempt=attempt,

@@ -50,37 +50,45 @@ class OwnedJobs:
             return list(self._jobs)
 
     @contextmanager
-    def hold(self, job: ActiveJob) -> Iterator[ActiveJob]:
-        """Register ``job`` for the block's duration, then release it.
+    def hold(self, job: ActiveJob) -> Iterator[bool]:
+        """Register ``job`` for the block's duration, then release it. Yields whether this
+        run may start: False when a later claim of the same job reached this worker too
+        (that claim fenced this run in Redis; the run ends ``fenced`` without starting).
 
         An earlier run of the same job still held here (this worker stalled past the
         lease and has just claimed the job again) is fenced first and waited for: the
-        new claim fenced it in Redis, and the engine holds one request per job."""
-        self._displace(job.job_id)
+        engine holds one request per job. The newest claim is registered at once, so
+        the lease keeper keeps its lease while it waits (an unkept lease would expire
+        and the job be requeued, and claimed again, behind it)."""
         with self._lock:
-            self._jobs[job.job_id] = job
+            earlier = self._jobs.get(job.job_id)
+            superseded = earlier is not None and earlier.attempt > job.attempt
+            if not superseded:
+                self._jobs[job.job_id] = job
         try:
-            yield job
+            if earlier is not None and not superseded:
+                self._displace(earlier)
+            with self._lock:
+                holds = self._jobs.get(job.job_id) is job
+            if not holds:
+                log.info("job %s was claimed again while its run here waited to start; "
+                         "that later claim runs it", job.job_id)
+                job.finish(Outcome.FENCED)
+            yield holds
         finally:
             with self._lock:
                 if self._jobs.get(job.job_id) is job:
                     del self._jobs[job.job_id]
         self.release(job)
 
-    def _displace(self, job_id: str) -> None:
-        with self._lock:
-            earlier = self._jobs.get(job_id)
-        if earlier is None:
-            return
+    def _displace(self, earlier: ActiveJob) -> None:
+        """Stop ``earlier``, the run of the same job this worker held until now."""
         log.warning("job %s was claimed again by this worker (it stalled past the lease); "
-                    "stopping its earlier run", job_id)
-        self.fence(job_id)
+                    "stopping its earlier run", earlier.job_id)
+        self._service.abort(earlier.job_id, Outcome.FENCED)
         if not earlier.done.wait(_DISPLACE_WAIT_S):
-            log.error("the earlier run of job %s did not stop within %.0fs", job_id,
+            log.error("the earlier run of job %s did not stop within %.0fs", earlier.job_id,
                       _DISPLACE_WAIT_S)
-        with self._lock:
-            if self._jobs.get(job_id) is earlier:
-                del self._jobs[job_id]
 
     def release(self, job: ActiveJob) -> None:
         """Mark the job done in Redis (lease dropped) if it ended on this worker, unless
