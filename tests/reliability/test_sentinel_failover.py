@@ -134,6 +134,19 @@ def _wait_until_done(client: redis.Redis, record_key: str, timeout: float = 30.0
         time.sleep(0.05)
 
 
+def _wait_for_task_lines(worker: WorkerProcess, jobs: list[str],
+                         timeout: float = 30.0) -> str:
+    """The worker's log once Celery has logged every job's task outcome: it does so after
+    the task returns, just after the record turns done, so a loaded machine can show the
+    record first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        log = worker.tail(10_000_000)
+        if all(f"[{job}] succeeded in " in log for job in jobs) or time.monotonic() > deadline:
+            return log
+        time.sleep(0.1)
+
+
 def test_streams_survive_a_primary_failover(cluster: SentinelCluster, tiny_model_path: str,
                                             tmp_path: Path) -> None:
     url = cluster.url
@@ -184,7 +197,7 @@ def test_streams_survive_a_primary_failover(cluster: SentinelCluster, tiny_model
             f"a stream stalled {stall:.2f}s; the failover took {failover_s:.2f}s")
         assert worker.alive()
         # The worker's own account: each job's task finished exactly once, nothing crashed.
-        log = worker.tail(10_000_000)
+        log = _wait_for_task_lines(worker, [record.job_id for record in records])
         assert "Traceback" not in log
         for record in records:
             runs = re.findall(rf"\[{record.job_id}\] succeeded in [0-9.]+s: '(\w+)'", log)
