@@ -9,9 +9,12 @@ STAMP := $(VENV)/.kvrelay-installed
 # The CPU build of torch for machines without CUDA (the GPU build is the default wheel).
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist, whole files each); 0: one process, the default until
-# every async test tears down its loop cleanly under load (see docs/development.md).
-PYTEST_WORKERS ?= 0
+# Test processes (pytest-xdist, whole files each); 0: one process.
+PYTEST_WORKERS ?= 2
+# Torch threads of each test process and of every worker its tests start: two test
+# processes on 2 cores, one thread each (an OpenMP team larger than its share of the
+# cores stalls whenever the other process computes).
+TEST_TORCH_THREADS ?= 1
 
 # `make demo PROMPT="..."` (PROMPT reaches the recipe as an environment variable, so
 # quotes inside it are safe).
@@ -48,7 +51,7 @@ serve: install
 	$(BIN)/kvrelay up --serve
 
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(TEST_TORCH_THREADS) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

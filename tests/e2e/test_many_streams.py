@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,11 +37,9 @@ async def _ticker(stop: asyncio.Event, lateness: list[float], period: float = 0.
 async def test_thousand_concurrent_streams(
     start_worker: Callable[..., WorkerProcess], clean_redis_url: str, tmp_path: Path
 ) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the worker's; the test process keeps its own
         worker = start_worker("wide", concurrency=STREAMS, max_num_seqs=256)
-    finally:
-        del os.environ["OMP_NUM_THREADS"]
     stop = asyncio.Event()
     lateness: list[float] = []
     async with AsyncClient(clean_redis_url, model="llama-mqa", stream_timeout=120) as client:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,11 +19,9 @@ TOKENS = 6
 
 async def test_five_hundred_concurrent_streams(start_worker: Callable[..., WorkerProcess],
                                                clean_redis_url: str, tmp_path: Path) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the worker's; the test process keeps its own
         start_worker("wide", concurrency=STREAMS, max_num_seqs=256)
-    finally:
-        del os.environ["OMP_NUM_THREADS"]
     gateway = GatewayProcess(clean_redis_url, tmp_path).start()
     limits = httpx.Limits(max_connections=STREAMS, max_keepalive_connections=STREAMS)
     try:
