@@ -90,7 +90,9 @@ class AsyncClient(AsyncResource):
         stream_buffer_bytes: a stream's events received and not yet read, at most: a
             reader further behind gets ``kvrelay.errors.SlowReader`` and its job is
             aborted (the client's memory stays bounded whatever its readers do).
-        enqueuer: replaces the Celery producer (testing hook).
+        enqueuer: replaces the Celery producer (testing hook); it marks the job's
+            record enqueued (``event_log.ENQUEUED_FIELD``) as the Celery push does, or a
+            retry of the same ``job_id`` pushes the job again.
     """
 
     def __init__(

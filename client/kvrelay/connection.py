@@ -17,6 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from kvrelay.errors import BrokerUnavailable
+from kvrelay.redis_faults import WritesRefused, is_refusal
 from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentinel_url
 
 __all__ = [
@@ -70,9 +71,21 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def _refused(exc: BaseException | None) -> bool:
+    """A refusal (``NOREPLICAS``, ``MISCONF``...) here or behind the wrapping around it
+    (kombu's ``OperationalError``)."""
+    while exc is not None:
+        if isinstance(exc, WritesRefused) or is_refusal(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def connection_error(where: str, doing: str, exc: BaseException) -> BrokerUnavailable:
     """A ``kvrelay.BrokerUnavailable`` saying which server failed and during what."""
     detail = str(exc) or type(exc).__name__
+    if _refused(exc):
+        return BrokerUnavailable(f"Redis at {where} refused writes while {doing}: {detail}")
     return BrokerUnavailable(f"cannot reach Redis at {where} while {doing}: {detail}")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import redis.exceptions
 
+from kvrelay.connection import connection_error
 from kvrelay.errors import BrokerUnavailable, QueueFull
 from kvrelay.keys import Keyspace
 from kvrelay.prefix_placement import PrefixPlacement
@@ -199,10 +200,8 @@ class CeleryEnqueuer:
             ) from None
         except Exception as exc:
             if _is_connection_error(exc):
-                raise BrokerUnavailable(
-                    f"cannot reach Redis at {self._where} while enqueueing job "
-                    f"{request.job_id}: {exc}"
-                ) from exc
+                raise connection_error(self._where, f"enqueueing job {request.job_id}",
+                                       exc) from exc
             raise
 
     async def start_warm_up(self) -> None:

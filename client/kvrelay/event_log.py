@@ -76,6 +76,11 @@ _REST_HEAD: Final = struct.Struct(">IBI")
 # request the job id belongs to: set by the first sender, kept after the job ends (the
 # prompt is not), so a retry attaches to the job and a different request is refused.
 DIGEST_FIELD: Final = "digest"
+# The job record's field set when the job's message was pushed onto a queue (by the same
+# script): a record with a digest but neither this nor a ``state`` was reserved by a send
+# that never got onto the queue (Redis refused the push, and giving the id back too), so
+# a retry of the same request pushes it instead of waiting on a job no worker will see.
+ENQUEUED_FIELD: Final = "enqueued"
 # How many of a tail's newest entries a reader looks through: a worker moves a job's
 # events into its log within 16 of its batches (``publisher.LOG_MOVE_BATCHES``), so
 # those past the log's last entry are among them (a new owner moves a dead one's first).

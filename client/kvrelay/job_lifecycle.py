@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
+import redis
 from redis.asyncio import Redis
 
 from kvrelay import event_log
@@ -177,8 +178,9 @@ class JobLifecycle:
             )
 
     async def reserve(self, request: GenerateRequest) -> bool:
-        """Claim ``request.job_id`` for this request: True for a new job (enqueue it),
-        False when the same request already has it (attach to that job); raises
+        """Claim ``request.job_id`` for this request: True for a new job, or one an
+        earlier send of the same request reserved but never got onto a queue (enqueue
+        it); False when the same request already has it (attach to that job); raises
         ``JobIdReused`` when another request has it."""
         record = self.keys.job_record(request.job_id)
         digest = request_digest(request)
@@ -210,9 +212,11 @@ class JobLifecycle:
             # A copy sent twice (the first publish got through, its reply did not) is
             # dropped by the worker that picks it up: the job is owned or done.
             await patiently(lambda: self._enqueuer(request), self.reconnect_timeout)
-        except BaseException:
-            with contextlib.suppress(*REDIS_ERRORS):
+        except BaseException as exc:
+            with contextlib.suppress(*REDIS_ERRORS, redis.ResponseError):
                 await self.redis.hdel(self.keys.job_record(request.job_id), event_log.DIGEST_FIELD)
+            if isinstance(exc, REDIS_ERRORS) and not isinstance(exc, KvrelayError):
+                raise self.connection_error(exc, f"enqueueing job {request.job_id}") from exc
             raise
 
     async def cancel(self, job_id: str) -> None:

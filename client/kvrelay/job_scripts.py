@@ -530,13 +530,18 @@ return 1
 
 # Claim a job id for a request in one round trip: the digest set if the id is new (then
 # the record expires as a live log would: a job that never reaches a worker keeps its id
-# no longer), and the digest the id holds. A script, not a pipeline: ``EXPIRE NX`` would
-# do it as commands, but Redis 6.2 lacks it.
-# KEYS: job record -- ARGV: digest field, digest, ttl s -> {created (0/1), held digest}
-RESERVE = LuaScript("reserve", """
+# no longer), and the digest the id holds. An id reserved with this digest whose job
+# never got onto a queue (no ``ENQUEUED_FIELD``, no ``state``) answers 2: the caller
+# pushes it (a second copy, should two retries race, is dropped by the claim). A script,
+# not a pipeline: ``EXPIRE NX`` would do it as commands, but Redis 6.2 lacks it.
+# KEYS: job record -- ARGV: digest field, digest, ttl s
+# -> {created (0/1, 2: reserved but never enqueued), held digest}
+RESERVE = LuaScript("reserve", f"""
 local created = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if created == 1 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
-return {created, redis.call('HGET', KEYS[1], ARGV[1])}
+local held = redis.call('HMGET', KEYS[1], ARGV[1], '{event_log.ENQUEUED_FIELD}', 'state')
+if created == 0 and held[1] == ARGV[2] and not held[2] and not held[3] then created = 2 end
+return {{created, held[1]}}
 """)
 
 # One watcher fewer; the count goes with its last watcher (a count at zero would outlive

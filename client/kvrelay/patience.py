@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from kvrelay.errors import KvrelayError
-from kvrelay.redis_faults import is_transient
+from kvrelay.redis_faults import WritesRefused, is_refusal, is_transient
 
 T = TypeVar("T")
 
@@ -44,7 +44,8 @@ def _broker_unreachable(exc: BaseException) -> bool:
 
 async def patiently(call: Callable[[], Awaitable[T]], within: float) -> T:
     """``await call()``, tried again while it fails in a way that may pass, for up to
-    ``within`` seconds; the last failure is raised after that."""
+    ``within`` seconds; the last failure is raised after that (a refusal as
+    ``WritesRefused``, so that callers treat it as Redis out of reach)."""
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + within
     delay = FIRST_DELAY_S
@@ -52,7 +53,11 @@ async def patiently(call: Callable[[], Awaitable[T]], within: float) -> T:
         try:
             return await call()
         except Exception as exc:
-            if not passing(exc) or loop.time() + delay > give_up_at:
+            if not passing(exc):
+                raise
+            if loop.time() + delay > give_up_at:
+                if is_refusal(exc):
+                    raise WritesRefused(str(exc)) from exc
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_DELAY_S)

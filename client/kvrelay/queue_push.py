@@ -89,6 +89,8 @@ class _Push:
     tenant_keys: tuple[str, str, str] = ("", "", "")
     running: str = ""
     namespace: str = ""
+    # The job's record, marked enqueued by the push (``event_log.ENQUEUED_FIELD``).
+    record: str = ""
 
 
 _local = threading.local()
@@ -142,7 +144,8 @@ def publish_task(
         model=model, job_id=task_id, quota=quota, counted_until=counted_until,
         tenant_keys=(keys.tenant_jobs(tenant), keys.tenant_queued(tenant),
                      keys.tenant_rate(tenant)),
-        running=keys.running_jobs(model), namespace=keys.namespace)
+        running=keys.running_jobs(model), namespace=keys.namespace,
+        record=keys.job_record(task_id))
     with _pushing(push):
         app.send_task(
             name,
@@ -249,7 +252,8 @@ def _install() -> None:
                         scripts.queue(
                             pipe, ADMIT,
                             [queue_key, push.limit_key, shared, registry,
-                             *push.tenant_keys, push.running],
+                             *push.tenant_keys, push.running,
+                             *([push.record] if push.record else [])],
                             [dumps(message), cap, worker_prefix,
                              push.job_id if quota is not None else "",
                              repr(push.counted_until),

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from kvrelay import event_log
 from kvrelay.redis_functions import LuaScript
 
 # The backlog a model's cap bounds is every job waiting for it: its shared queue and the
@@ -16,7 +17,9 @@ from kvrelay.redis_functions import LuaScript
 # with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
 # sets hold at most a limit's worth of live entries, so reading them whole is cheap.
 # KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
-#   queued, tenant rate (these three any names without a quota), running-jobs set
+#   queued, tenant rate (these three any names without a quota), running-jobs set, and
+#   optionally the job's record (marked enqueued with the push when it exists:
+#   ``event_log.ENQUEUED_FIELD``)
 # ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
 #   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit)
 # -> {1, length} admitted | {0, backlog, cap, retry} full | {2, jobs, limit, retry} |
@@ -74,8 +77,11 @@ if ARGV[4] ~= '' then
     if redis.call('PTTL', KEYS[k]) < ttl * 1000 then redis.call('EXPIRE', KEYS[k], ttl) end
   end
 end
+if KEYS[9] and redis.call('EXISTS', KEYS[9]) == 1 then
+  redis.call('HSET', KEYS[9], '@ENQUEUED_FIELD@', '1')
+end
 return {1, redis.call('LPUSH', KEYS[1], ARGV[1])}
-""")
+""".replace("@ENQUEUED_FIELD@", event_log.ENQUEUED_FIELD))
 
 # KEYS: registry, the worker's heartbeat, then (source, destination) list pairs
 # ARGV: worker id, forget-before (ms) -> jobs moved, or -1 when the worker is alive

@@ -17,13 +17,19 @@ from typing import Final
 
 import redis
 
-__all__ = ["REFUSAL_CODES", "is_refusal", "is_transient"]
+__all__ = ["REFUSAL_CODES", "WritesRefused", "is_refusal", "is_transient"]
 
 # Error codes (the reply's first word) of a server that refuses for now.
 REFUSAL_CODES: Final = frozenset({
     "NOREPLICAS", "MISCONF", "BUSY", "READONLY", "OOM", "LOADING", "MASTERDOWN",
     "TRYAGAIN", "NOPERM", "CLUSTERDOWN", "NOTBUSY", "UNBLOCKED",
 })
+
+
+class WritesRefused(redis.ConnectionError):
+    """Redis refused a call for as long as its caller would wait (``patiently``): the
+    server is up but will not write for now, which a caller handles as it handles a
+    server out of reach (the SDK raises ``BrokerUnavailable``)."""
 
 
 # Upper-case words of an error's text, wherever redis-py or a script's wrapping put them.

@@ -11,8 +11,11 @@ import fakeredis
 import pytest
 from helpers.fake_worker import completion_events, play, remember
 
-from kvrelay import AsyncClient
+from kvrelay import AsyncClient, event_log
+from kvrelay.keys import Keyspace
 from kvrelay.protocol import GenerateRequest
+
+KEYS = Keyspace()  # the default namespace
 
 Behaviour = Callable[["ScriptedWorker", GenerateRequest], Awaitable[None]]
 
@@ -37,6 +40,10 @@ class ScriptedWorker:
             raise self.fail_enqueue
         self.requests.append(request)
         remember(request)
+        # As the Celery push does in the same script: the record is marked enqueued.
+        record = KEYS.job_record(request.job_id)
+        if await self.redis.exists(record):
+            await self.redis.hset(record, event_log.ENQUEUED_FIELD, "1")
         if self.behaviour is not None:
             self.tasks.append(asyncio.create_task(self.behaviour(self, request)))
 
