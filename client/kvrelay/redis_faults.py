@@ -39,7 +39,9 @@ _CODE_WORDS: Final = re.compile(r"\b[A-Z]+\b")
 def is_refusal(exc: BaseException) -> bool:
     """An error reply that says the server refused for now (its code may also come
     inside a script's error text, as Redis 6 words a refused ``redis.call``)."""
-    if isinstance(exc, (redis.ReadOnlyError, redis.OutOfMemoryError, redis.BusyLoadingError)):
+    # redis-py drops the code from the replies it has a class for.
+    if isinstance(exc, (redis.ReadOnlyError, redis.OutOfMemoryError, redis.BusyLoadingError,
+                        redis.exceptions.NoPermissionError)):
         return True
     if not isinstance(exc, redis.ResponseError):
         return False

@@ -32,6 +32,9 @@ def test_refusals_are_held(text: str) -> None:
     redis.ReadOnlyError("You can't write against a read only replica."),
     redis.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
     redis.BusyLoadingError("Redis is loading the dataset in memory"),
+    # A pipeline's refusal, as redis-py words it (the NOPERM code dropped).
+    redis.exceptions.NoPermissionError("Command # 1 (ZADD k 1 m) of pipeline caused error: "
+                                       "this user has no permissions to run the 'zadd' command"),
     redis.ConnectionError("Connection refused"),
     redis.TimeoutError("Timeout reading from socket"),
 ])
