@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers.refusing_redis import ReplicatedPrimary
 from helpers.sentinel_cluster import SentinelCluster
 from tls_setup import TlsRedis, TlsUnavailable, make_certificates
 
@@ -71,3 +72,13 @@ def module_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Senti
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def primary(tmp_path: Path) -> Iterator[ReplicatedPrimary]:
+    """A primary under ``min-replicas-to-write 1`` with its replica, refusing on demand."""
+    server = ReplicatedPrimary(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()

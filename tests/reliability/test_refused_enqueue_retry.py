@@ -13,7 +13,6 @@ that did reach the queue is still attached to, never pushed twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,15 +31,6 @@ pytestmark = pytest.mark.integration
 MODEL = "simulated"
 PROMPT = "a question the simulated engine answers"
 KEYS = Keyspace()
-
-
-@pytest.fixture
-def primary(tmp_path: Path) -> Iterator[ReplicatedPrimary]:
-    server = ReplicatedPrimary(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_a_retry_pushes_a_job_whose_first_push_was_refused(

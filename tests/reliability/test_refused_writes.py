@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,15 +29,6 @@ MODEL = "smollm2-135m-instruct"
 STREAMS = 4
 MAX_TOKENS = 160
 REFUSED_S = 8.0
-
-
-@pytest.fixture
-def primary(tmp_path: Path) -> Iterator[ReplicatedPrimary]:
-    server = ReplicatedPrimary(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
