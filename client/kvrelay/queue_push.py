@@ -252,8 +252,7 @@ def _install() -> None:
                         scripts.queue(
                             pipe, ADMIT,
                             [queue_key, push.limit_key, shared, registry,
-                             *push.tenant_keys, push.running,
-                             *([push.record] if push.record else [])],
+                             *push.tenant_keys, push.running, push.record],
                             [dumps(message), cap, worker_prefix,
                              push.job_id if quota is not None else "",
                              repr(push.counted_until),

@@ -17,8 +17,8 @@ from kvrelay.redis_functions import LuaScript
 # with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
 # sets hold at most a limit's worth of live entries, so reading them whole is cheap.
 # KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
-#   queued, tenant rate (these three any names without a quota), running-jobs set, and
-#   optionally the job's record (marked enqueued with the push when it exists:
+#   queued, tenant rate (these three any names without a quota), running-jobs set, the
+#   job's record (marked enqueued with the push when it exists:
 #   ``event_log.ENQUEUED_FIELD``)
 # ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
 #   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit)
@@ -77,7 +77,7 @@ if ARGV[4] ~= '' then
     if redis.call('PTTL', KEYS[k]) < ttl * 1000 then redis.call('EXPIRE', KEYS[k], ttl) end
   end
 end
-if KEYS[9] and redis.call('EXISTS', KEYS[9]) == 1 then
+if redis.call('EXISTS', KEYS[9]) == 1 then
   redis.call('HSET', KEYS[9], '@ENQUEUED_FIELD@', '1')
 end
 return {1, redis.call('LPUSH', KEYS[1], ARGV[1])}

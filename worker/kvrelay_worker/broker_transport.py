@@ -15,53 +15,38 @@ restart under load.)
 These channels keep the parameters they were created with and put them back on their
 transport when they are gone, so the call reaches Redis (the new primary) like any
 other. They also hold on to a message they have just taken from the queue while Redis
-refuses the write that records it as unacknowledged (``HeldQoS``). Celery uses them through ``broker_transport`` (``kvrelay_worker.app``); the SDK's
-producer never restores messages and keeps kombu's own.
+refuses the write that records it as unacknowledged (``HeldQoS``). Celery uses them
+through ``broker_transport`` (``kvrelay_worker.app``); the SDK's producer never restores
+messages and keeps kombu's own.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
 
-from kvrelay.redis_faults import is_transient
-
-log = logging.getLogger(__name__)
+from kvrelay_worker.jobs.held_writes import until_written
 
 REDIS_TRANSPORT = "kvrelay_worker.broker_transport:RedisTransport"
 SENTINEL_TRANSPORT = "kvrelay_worker.broker_transport:SentinelTransport"
 # How often a consumer behind sentinels asks them which primary they name.
 PRIMARY_CHECK_S = 1.0
-# How long a delivered message's unacknowledged record is sent again while Redis refuses.
-HOLD_S = 60.0
 
 
 class HeldQoS(kombu_redis.QoS):
-    """kombu's QoS, except that recording a delivered message as unacknowledged is sent
-    again while Redis refuses it (``NOREPLICAS``, ``MISCONF``, ...) or is out of reach,
-    for up to ``HOLD_S``. The message has already left the queue (the ``BRPOP`` that
-    took it was answered just before the refusals began): kombu would raise, restart
-    the consumer and lose it, since only its unacknowledged record could restore it."""
+    """kombu's QoS, except that recording a delivered message as unacknowledged is held
+    and sent again while Redis refuses it (``NOREPLICAS``, ``MISCONF``, ...) or is out
+    of reach, as the worker's other state writes are (``until_written``). The message
+    has already left the queue (the ``BRPOP`` that took it was answered just before the
+    refusals began): kombu would raise, restart the consumer and lose it, since only its
+    unacknowledged record could restore it."""
 
     def append(self, message: Any, delivery_tag: Any) -> None:
-        delay, give_up_at, warned = 0.05, time.monotonic() + HOLD_S, False
-        while True:
-            try:
-                super().append(message, delivery_tag)
-                return
-            except redis.RedisError as exc:
-                if not is_transient(exc) or time.monotonic() + delay > give_up_at:
-                    raise
-                if not warned:
-                    log.warning("Redis did not record a delivered message (%s); held and "
-                                "sent again", exc)
-                    warned = True
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+        until_written(lambda: super(HeldQoS, self).append(message, delivery_tag),
+                      "the record of a delivered message")
 
 
 class _KeepsParams:
