@@ -1,9 +1,11 @@
-"""Where the fused quantized CPU matmul stops paying: time per call against the row count.
+"""Which quantized CPU matmul serves which row count: time per call against the rows.
 
 For SmolLM2's gate/up projection shape (576 -> 3072), int8 (per channel) and int4
-(groups of 32): the compiled dequantize-multiply-reduce loop, dequantize (compiled) then ``F.linear``,
-and the float32 ``F.linear`` baseline, for 1..32 rows. The crossing sets
-``DEQUANTIZE_ABOVE_ROWS`` in ``kvrelay_kernels/cpu_quantized_matmul.py``. Weights rotate
+(groups of 32): the integer dot-product kernel (activations quantized to int16 per block,
+``cpu_kernels/quantized_linear.cpp``), the dequantized-tiles kernel (a tile of channels
+dequantized into cache, then the float GEMM: ``cpu_kernels/dequantized_linear.cpp``), and
+the float32 ``F.linear`` baseline, for 1..256 rows. The crossing sets
+``INTEGER_DOT_MAX_ROWS`` in ``kvrelay_kernels/cpu_quantized_matmul.py``. Weights rotate
 through more buffers than the caches hold, as in a decode step.
 
     .venv/bin/python benchmarks/quant_matmul_rows.py
@@ -24,16 +26,19 @@ from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 
 OUT, IN, BUFFERS = 3072, 576, 24
-ROWS = (1, 2, 4, 8, 16, 32)
+ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
+PATHS = ("integer", "tiles")
 
 
-def dequantize_then_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-    saved = cpu_quantized_matmul.DEQUANTIZE_ABOVE_ROWS
-    cpu_quantized_matmul.DEQUANTIZE_ABOVE_ROWS = 0
+def through(path: str, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
+    """The product through one kernel, whatever ``INTEGER_DOT_MAX_ROWS`` says."""
+    limit = 1 << 30 if path == "integer" else 0
+    saved = cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS
+    cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = {8: limit, 4: limit}
     try:
         out = cpu_quantized_matmul.quantized_matmul_cpu(x, weight, None)
     finally:
-        cpu_quantized_matmul.DEQUANTIZE_ABOVE_ROWS = saved
+        cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = saved
     assert out is not None
     return out
 
@@ -59,22 +64,26 @@ def main() -> None:
         "int4": [quantize_int4(w, 32) for w in floats],
     }
     results = []
-    print(f"{'rows':>4} {'float32 us':>11} " + " ".join(
-        f"{k + ' fused':>11} {k + ' deq+mm':>11}" for k in kinds))
-    cpu_quantized_matmul.DEQUANTIZE_ABOVE_ROWS = 1 << 30  # always the fused loop here
+    columns = [f"{kind} {path}" for kind in kinds for path in PATHS]
+    print(f"{'rows':>4} {'float32':>9} " + " ".join(f"{c:>13}" for c in columns) + "  (us)")
     for rows in ROWS:
         x = torch.randn(rows, IN)
-        row = {"rows": rows,
-               "float32_us": per_call_us(lambda i, x=x: F.linear(x, floats[i % BUFFERS]))}
+
+        def float_call(i: int, x: torch.Tensor = x) -> object:
+            return F.linear(x, floats[i % BUFFERS])
+
+        row: dict[str, float] = {"rows": rows, "float32_us": per_call_us(float_call)}
         for kind, weights in kinds.items():
-            row[f"{kind}_fused_us"] = per_call_us(
-                lambda i, w=weights, x=x: cpu_quantized_matmul.quantized_matmul_cpu(
-                    x, w[i % BUFFERS], None))
-            row[f"{kind}_dequant_us"] = per_call_us(  # compiled dequantize + F.linear
-                lambda i, w=weights, x=x: dequantize_then_linear(x, w[i % BUFFERS]))
+            for path in PATHS:
+
+                def call(i: int, w: list[QuantizedWeight] = weights, x: torch.Tensor = x,
+                         path: str = path) -> object:
+                    return through(path, x, w[i % BUFFERS])
+
+                row[f"{kind}_{path}_us"] = per_call_us(call)
         results.append(row)
-        print(f"{rows:>4} {row['float32_us']:>11.0f} " + " ".join(
-            f"{row[k + '_fused_us']:>11.0f} {row[k + '_dequant_us']:>11.0f}" for k in kinds))
+        cells = [row[f"{c.replace(' ', '_')}_us"] for c in columns]
+        print(f"{rows:>4} {row['float32_us']:>9.0f} " + " ".join(f"{c:>13.0f}" for c in cells))
     write_result(args.out, "quant_matmul_rows", args,
                  {"threads": torch.get_num_threads(), "rows": results})
 

@@ -1,177 +1,68 @@
-"""Weight-only quantized matmul on CPU: a dequantize-multiply-reduce loop compiled by inductor.
+"""Weight-only quantized matmul on CPU: two C++ kernels, chosen by the number of rows.
 
-Batch-1 decode streams every weight byte once per token, so its speed is the bytes read:
-the loop below, compiled by ``torch.compile``, beats both the float32 ``F.linear``
-(four bytes per weight) and ``aten._weight_int8pack_mm``. The generated C++ reads the packed bytes, converts them to float in vector registers and
-multiplies into the running sum; the float weight is never written out.
+Batch-1 decode streams every weight byte once per token, so its speed is the bytes read
+and the work done per byte. Few rows take ``cpu_kernels/quantized_linear.cpp``: the
+activations are quantized to int16 per block of 32 and each block is an integer dot
+product with the packed weights (AVX-512 VNNI or AVX2), never writing a float weight.
+Its work grows with every row, while the weights are read once whatever the batch; so
+from a few rows on, ``cpu_kernels/dequantized_linear.cpp`` wins: it dequantizes a tile of
+output channels into cache and multiplies the whole batch by it with the float GEMM.
+``INTEGER_DOT_MAX_ROWS`` holds the crossing per weight width, measured by
+``benchmarks/quant_matmul_rows.py`` with weights that do not stay in cache.
 
-For many rows (prefill, large batches) the loop's per-row vector arithmetic loses to the
-float GEMM's blocked kernels: rows above ``DEQUANTIZE_ABOVE_ROWS`` dequantize
-``TILE_ROWS`` output channels at a time (a tile that stays in cache) and multiply each
-tile with ``F.linear`` (``benchmarks/quant_matmul_rows.py`` measures the crossing).
-
-Shapes are static (one compiled kernel per weight shape and row count up to
-``DEQUANTIZE_ABOVE_ROWS``, so at most 4 per shape; the tiled path's dequantize kernel does
-not depend on the row count): symbolic shapes made inductor's loops far slower. Compiled
-code is cached on disk in inductor's cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the kvrelay cache),
-so a restarted worker loads it instead of compiling again. Any failure to compile (no C++
-compiler) switches this process to the reference path, once, with a warning.
+Both are part of the C++ extension built on first use (``cpu_kernels/build.py``); where
+it cannot be built (no compiler), or for a layout they refuse (groups that are not
+whole 32-input blocks, int4 groups that straddle the two halves of a row), the caller
+takes the reference path.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Callable
-from pathlib import Path
-
 import torch
-import torch.nn.functional as F
 
+from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
 from kvrelay_kernels.quantized_weight import QuantizedWeight
 
-log = logging.getLogger(__name__)
-
-# Rows (tokens) above which the tiled dequantize-then-GEMM path is taken. Not settled by
-# measurement yet (benchmarks/quant_matmul_rows.py has shown no clear crossing on a
-# loaded machine; re-measure on an idle one): 4 bounds the compiled row counts per shape,
-# and the tiled path keeps many-request batches level with float32 while batch-1 decode
-# keeps the fused loop's gain.
-DEQUANTIZE_ABOVE_ROWS = 4
-# Output channels dequantized at a time on that path: 256 x 1536 float32 is 1.5 MiB.
-TILE_ROWS = 256
-
-Kernel = Callable[..., torch.Tensor]
-_compiled: dict[tuple[str, int, int, int, int], Kernel] = {}
-_broken: list[str] = []  # the reason compilation failed in this process, once it has
+BLOCK = 32  # the integer kernel's activation block
+MAX_BLOCKS = 1024  # its per-row scratch: K up to 32768
+# Rows up to which the integer kernel runs, by weight bits; more rows take the tiles.
+# int8: the integer kernel wins up to 12-16 rows; int4 (more work per byte to unpack):
+# only at one row (benchmarks/quant_matmul_rows.py).
+INTEGER_DOT_MAX_ROWS = {8: 16, 4: 1}
 
 
-def _int8_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    n, k = qweight.shape
-    g = k // scales.shape[1]
-    scale = scales.float()[:, :, None].expand(n, k // g, g).reshape(n, k)
-    return (x.float()[:, None, :] * (qweight.float() * scale)[None]).sum(-1)
+def integer_dot_serves(rows: int, weight: QuantizedWeight) -> bool:
+    """Whether the integer kernel takes a product of ``rows`` rows with ``weight``."""
+    k, g = weight.in_features, weight.group_size
+    return (rows <= INTEGER_DOT_MAX_ROWS[weight.bits] and g % BLOCK == 0
+            and k // BLOCK <= MAX_BLOCKS and (weight.bits == 8 or (k // 2) % BLOCK == 0))
 
 
-def _int4_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               mins: torch.Tensor) -> torch.Tensor:
-    n, half = qweight.shape
-    k = 2 * half
-    g = k // scales.shape[1]
-    if half % g == 0:
-        return _int4_rows_by_group(x, qweight, scales, mins)
-    scale = scales.float()[:, :, None].expand(n, k // g, g).reshape(n, k)
-    low_min = mins.float()[:, :, None].expand(n, k // g, g).reshape(n, k)
-    low = (qweight & 15).float() * scale[:, :half] + low_min[:, :half]
-    high = (qweight >> 4).float() * scale[:, half:] + low_min[:, half:]
-    xf = x.float()
-    return (xf[:, None, :half] * low[None] + xf[:, None, half:] * high[None]).sum(-1)
-
-
-def _int4_rows_by_group(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                        mins: torch.Tensor) -> torch.Tensor:
-    """``sum_g scale_g * (x_g . q_g) + sum_g min_g * sum(x_g)``: the minimums leave the
-    inner loop (faster than applying them per weight: fewer multiplies per byte read).
-    Needs whole groups in each half row (``K/2`` a multiple of the group)."""
-    n, half = qweight.shape
-    groups = scales.shape[1]
-    g = 2 * half // groups
-    m = x.shape[0]
-    xf = x.float()
-    low = (qweight & 15).view(n, groups // 2, g).float()
-    high = (qweight >> 4).view(n, groups // 2, g).float()
-    dot_low = (xf[:, :half].reshape(m, 1, groups // 2, g) * low[None]).sum(-1)
-    dot_high = (xf[:, half:].reshape(m, 1, groups // 2, g) * high[None]).sum(-1)
-    s = scales.float()
-    x_sums = xf.reshape(m, groups, g).sum(-1)
-    return ((dot_low * s[None, :, : groups // 2]).sum(-1)
-            + (dot_high * s[None, :, groups // 2:]).sum(-1) + x_sums @ mins.float().t())
-
-
-def _dequantize(qweight: torch.Tensor, scales: torch.Tensor,
-                mins: torch.Tensor | None) -> torch.Tensor:
-    n = qweight.shape[0]
-    groups = scales.shape[1]
-    if mins is None:
-        values = qweight.float()
-    else:
-        values = torch.cat((qweight & 15, qweight >> 4), dim=-1).float()
-    k = values.shape[1]
-    grouped = values.reshape(n, groups, k // groups) * scales.float()[..., None]
-    if mins is not None:
-        grouped = grouped + mins.float()[..., None]
-    return grouped.reshape(n, k)
-
-
-def _allow_one_compile_per_shape() -> None:
-    """Every weight shape (and row count up to ``DEQUANTIZE_ABOVE_ROWS``) gets its own
-    static-shape kernel. Dynamo keys its cache on the Python function, which all shapes
-    share: at its default limit of 8 entries the later shapes would silently run eagerly,
-    and its automatic dynamic shapes would turn N and K symbolic, which makes inductor's
-    loops far slower. So the limit is raised for this process."""
-    import torch._dynamo.config as dynamo_config
-
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 256)
-    dynamo_config.accumulated_recompile_limit = max(
-        dynamo_config.accumulated_recompile_limit, 1024)
-
-
-def _default_cache_dir() -> None:
-    """Keep inductor's artefacts beside kvrelay's other caches unless told otherwise."""
-    root = Path(os.environ.get("KVRELAY_CACHE_DIR", "~/.cache/kvrelay")).expanduser()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
-
-
-def _kernel(kind: str, weight: QuantizedWeight) -> Kernel:
-    key = (kind, weight.bits, weight.out_features, weight.in_features, weight.group_size)
-    kernel = _compiled.get(key)
-    if kernel is None:
-        _default_cache_dir()
-        body: Kernel = _dequantize
-        if kind == "rows":
-            body = _int8_rows if weight.bits == 8 else _int4_rows
-        _allow_one_compile_per_shape()
-        kernel = torch.compile(body, fullgraph=True, dynamic=False)
-        _compiled[key] = kernel
-    return kernel
-
-
-def _dequantize_tiles_then_gemm(x: torch.Tensor, weight: QuantizedWeight,
-                                 bias: torch.Tensor | None) -> torch.Tensor:
-    """Many rows: dequantize ``TILE_ROWS`` output channels at a time into a float tile that
-    stays in cache, and multiply it with the float GEMM; the whole float matrix never
-    goes through memory."""
-    xf = x.float()
-    parts = []
-    for start in range(0, weight.out_features, TILE_ROWS):
-        rows = slice(start, start + TILE_ROWS)
-        mins = None if weight.mins is None else weight.mins[rows]
-        tile = QuantizedWeight(weight.qweight[rows], weight.scales[rows], mins, weight.bits,
-                               weight.group_size, weight.in_features)
-        parts.append(F.linear(xf, _kernel("dequantize", tile)(tile.qweight, tile.scales,
-                                                              tile.mins)))
-    out = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(x.dtype)
+def dequantized_tiles_serve(weight: QuantizedWeight) -> bool:
+    """Whether the dequantize-tiles kernel takes ``weight`` (int4: groups within row halves)."""
+    return weight.bits == 8 or (weight.in_features // 2) % weight.group_size == 0
 
 
 def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None) -> torch.Tensor | None:
-    """``x @ dequantize(weight).T + bias`` (2-D ``x``), or None if compiling is impossible."""
-    if _broken:
+    """``x @ dequantize(weight).T + bias`` (2-D ``x``), or None where no kernel serves it."""
+    if not load_cpu_kernels():
         return None
-    try:
-        if x.shape[0] > DEQUANTIZE_ABOVE_ROWS:
-            return _dequantize_tiles_then_gemm(x, weight, bias)
-        args = (weight.qweight, weight.scales) if weight.bits == 8 else (
-            weight.qweight, weight.scales, weight.mins)
-        out = _kernel("rows", weight)(x, *args)
-    except Exception as exc:
-        _broken.append(f"{type(exc).__name__}: {exc}")
-        log.warning("compiling the quantized CPU matmul failed; using the (slower) reference "
-                    "path from now on: %s", _broken[0][:500])
+    if integer_dot_serves(x.shape[0], weight):
+        op = torch.ops.kvrelay_cpu.quantized_linear
+    elif dequantized_tiles_serve(weight):
+        op = torch.ops.kvrelay_cpu.dequantized_linear
+    else:
         return None
-    if bias is not None:
-        out = out + bias.float()
+    out = op(x.float().contiguous(), weight.qweight, weight.scales.contiguous(),
+             None if weight.mins is None else weight.mins.contiguous(), weight.bits,
+             weight.group_size, None if bias is None else bias.float().contiguous())
     return out.to(x.dtype)
+
+
+def cpu_kernel_names() -> str:
+    """What the quantized products run on this machine, for the worker's ready line."""
+    if not load_cpu_kernels():
+        return "reference (no C++ extension)"
+    isa = torch.ops.kvrelay_cpu.quantized_linear_isa()
+    return f"integer dot ({isa}) for few rows, dequantized tiles + GEMM for more"

@@ -1,9 +1,9 @@
 """Public entry point of weight-only quantized matmuls (int8 / int4 weights, float inputs).
 
 CUDA tensors take the Triton W8A16/W4A16 kernel (dequantization fused into its tile
-loop); CPU tensors take the compiled
-dequantize-multiply-reduce loop (``cpu_quantized_matmul``) unless ``KVRELAY_KERNELS`` forces
-the reference, which is also where a machine without a C++ compiler ends up.
+loop); CPU tensors take the C++ kernels of ``cpu_quantized_matmul`` (integer dot products
+for few rows, dequantized tiles and the float GEMM for more) unless ``KVRELAY_KERNELS``
+forces the reference, which is also where a machine without a C++ compiler ends up.
 """
 
 from __future__ import annotations

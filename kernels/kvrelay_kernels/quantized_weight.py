@@ -7,8 +7,8 @@ One ``[out_features, in_features]`` matrix is cut, along each row, into groups o
   is the case ``group_size == K``; GGUF's Q8_0 is ``group_size == 32``.
 - ``bits=4``: ``qweight`` uint8 ``[N, K // 2]``, ``w = q * scale + min`` with ``q`` in 0..15.
   Byte ``c`` of a row holds input ``c`` in its low nibble and input ``K/2 + c`` in its high
-  nibble: the two halves of the row are read with the same contiguous loads, which is what
-  lets inductor's generated CPU loop vectorize the unpacking (interleaved nibbles did not).
+  nibble: the two halves of the row are read with the same contiguous loads, so one mask
+  and one shift of a 32-byte load unpack two blocks of 32 weights (the CPU kernels).
 
 ``scales`` and ``mins`` are ``[N, K // group_size]``, float16 or float32 (GGUF's fp16 block
 scales stay fp16, so their repack is lossless).

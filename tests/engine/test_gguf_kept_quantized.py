@@ -13,6 +13,7 @@ from helpers.engine_run import one_torch_thread
 from helpers.tiny_gguf import TINY_VOCAB_SIZE, write_gguf_from_hf
 from helpers.tiny_models import build_tiny_model
 
+from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
 from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -62,6 +63,14 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     return get
 
 
+@pytest.fixture
+def weight_only_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integer dot-product kernel also rounds activations (its own tests bound that);
+    off here, so that logits can be compared to float rounding."""
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+
+
+@pytest.mark.usefixtures("weight_only_products")
 @pytest.mark.parametrize(("name", "qtype"), [("llama-mha-untied", Q.Q4_1),
                                              ("qwen2-gqa-bias-tied", Q.Q8_0),
                                              ("llama-mqa", Q.Q4_0)])
@@ -90,3 +99,24 @@ def test_kept_quantized_engine_matches_the_dequantised_one(
     params = SamplingParams(max_tokens=6, temperature=0.0)
     assert (kept.generate([PROMPT[:7]], params)[0].choices[0].token_ids
             == dequantised.generate([PROMPT[:7]], params)[0].choices[0].token_ids)
+
+
+def test_kept_quantized_engine_with_the_integer_kernel(
+        tiny_gguf: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integer dot-product kernel (batch-1 decode's, here given every product) moves
+    the logits away from the weight-only ones by the activations' int16 rounding, and by
+    no more than that (``benchmarks/quality.py`` measures SmolLM2's agreement)."""
+    if not cpu_quantized_matmul.load_cpu_kernels():
+        pytest.skip("no C++ compiler here")
+    monkeypatch.setenv(cache_layout.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tiny_gguf("llama-mha-untied", Q.Q4_1)
+    kept = LLM(str(path), device="cpu", dtype="float32", num_kv_blocks=8, max_num_seqs=2,
+               enable_prefix_caching=False, quantization="gguf")
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 1 << 20, 4: 1 << 20})
+    got = sequence_logits(kept.engine, PROMPT)
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    weight_only = sequence_logits(kept.engine, PROMPT)
+    difference = (got - weight_only).abs()
+    assert difference.max() > 1e-4  # the kernel ran: 5e-3 when measured
+    assert difference.max() < 0.02
+    assert difference.mean() < 2e-3  # 6e-4 when measured

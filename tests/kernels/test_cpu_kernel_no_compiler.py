@@ -1,5 +1,5 @@
 """A machine without a C++ compiler: the CPU kernels fail to build, say so once, and paged
-attention runs the PyTorch reference with the same results.
+attention and quantized matmuls run the PyTorch references with the same results.
 
 Runs in a fresh interpreter (the compiled library, once loaded, stays loaded) with ``CXX``
 pointing at no compiler and an empty extensions folder, so nothing cached can stand in.
@@ -23,6 +23,16 @@ clean, _ = make_batch([1, 5, 1], [9, 20, 33], num_heads=6, num_kv_heads=2, head_
                       block_size=16, dtype=torch.float32, device="cpu")
 got = kvrelay_kernels.paged_attention(*clean.args(), 0.3)
 torch.testing.assert_close(got.double(), dense_attention(clean, 0.3), atol=2e-5, rtol=1e-5)
+from kvrelay_kernels.cpu_quantized_matmul import cpu_kernel_names
+from kvrelay_kernels.quantized_matmul import quantized_matmul
+from kvrelay_kernels.quantized_weight import quantize_int4
+from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
+weight = quantize_int4(torch.randn(64, 128), 32)
+for rows in (1, 9):
+    x = torch.randn(rows, 128)
+    torch.testing.assert_close(quantized_matmul(x, weight),
+                               x @ dequantize_weight(weight).T, atol=1e-4, rtol=1e-5)
+print("quantized:", cpu_kernel_names())
 print("kernels loaded:", load_cpu_kernels())
 """
 
@@ -35,4 +45,5 @@ def test_missing_compiler_falls_back_to_the_reference(tmp_path: Path) -> None:
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert "kernels loaded: False" in done.stdout
+    assert "quantized: reference (no C++ extension)" in done.stdout
     assert "CPU kernels unavailable, using the PyTorch reference" in done.stderr

@@ -1,4 +1,9 @@
-"""Weight-only quantized matmul (CPU compiled loop and reference) against dequantize+linear."""
+"""Weight-only quantized matmul (CPU dequantized tiles and reference) against dequantize+linear.
+
+The integer dot-product kernel, which also rounds the activations, has its own tests
+(``test_cpu_quantized_linear.py``); here it is turned off so that every product takes the
+weight-only paths.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvrelay_kernels import KernelArgumentError
+from kvrelay_kernels import KernelArgumentError, cpu_quantized_matmul
 from kvrelay_kernels.quantized_matmul import quantized_matmul
 from kvrelay_kernels.quantized_weight import (
     QuantizedWeight,
@@ -19,6 +24,11 @@ from kvrelay_kernels.reference.quantized_matmul import (
     dequantize_weight,
     quantized_matmul_reference,
 )
+
+
+@pytest.fixture(autouse=True)
+def weight_only_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
 
 
 def test_int4_packing_round_trips() -> None:
@@ -45,18 +55,20 @@ def test_int4_error_is_within_half_a_step(group_size: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("bits", "shape", "group_size", "rows", "bias"),
+    ("bits", "shape", "group_size", "rows", "bias", "tiles"),
     [
-        (8, (40, 96), None, 1, True),
-        (8, (40, 96), 32, 3, False),
-        (4, (40, 96), 32, 1, True),
-        (4, (40, 96), 32, 7, False),   # above the fused loop's row limit: dequantize + GEMM
-        (8, (300, 64), 32, 6, True),   # ... in tiles of 256 output channels (one partial)
-        (4, (40, 128), 64, 2, True),
+        (8, (40, 96), None, 1, True, True),
+        (8, (40, 96), 32, 3, False, True),
+        (4, (40, 128), 32, 1, True, True),
+        (4, (40, 96), 32, 7, False, False),  # groups straddle the row halves: the reference
+        (8, (3000, 64), 32, 6, True, True),  # tiles of 1024 output channels, one partial
+        (4, (40, 128), 64, 2, True, True),
+        (4, (70, 256), 32, 1, False, True),  # float16 scales and minimums
     ],
 )
 def test_cpu_matmul_matches_reference(bits: int, shape: tuple[int, int],
-                                      group_size: int | None, rows: int, bias: bool) -> None:
+                                      group_size: int | None, rows: int, bias: bool,
+                                      tiles: bool) -> None:
     w = torch.randn(*shape)
     qw = quantize_int8(w, group_size) if bits == 8 else quantize_int4(w, group_size or 32)
     x = torch.randn(rows, shape[1])
@@ -64,6 +76,11 @@ def test_cpu_matmul_matches_reference(bits: int, shape: tuple[int, int],
     got = quantized_matmul(x, qw, b)
     expected = F.linear(x, dequantize_weight(qw), b)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    assert cpu_quantized_matmul.dequantized_tiles_serve(qw) == tiles
+    if tiles and cpu_quantized_matmul.load_cpu_kernels():
+        direct = torch.ops.kvrelay_cpu.dequantized_linear(
+            x, qw.qweight, qw.scales, qw.mins, qw.bits, qw.group_size, b)
+        assert torch.equal(got, direct)
 
 
 def test_leading_dims_and_dtype_are_kept() -> None:
@@ -77,11 +94,24 @@ def test_leading_dims_and_dtype_are_kept() -> None:
 
 
 def test_reference_switch_gives_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    qw = quantize_int4(torch.randn(40, 96), 32)
-    x = torch.randn(1, 96)
+    qw = quantize_int4(torch.randn(40, 128), 32)
+    x = torch.randn(3, 128)
     compiled = quantized_matmul(x, qw)
     monkeypatch.setenv("KVRELAY_KERNELS", "reference")
     torch.testing.assert_close(quantized_matmul(x, qw), compiled, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_quantized_matmul.load_cpu_kernels(), reason="no C++ compiler here")
+def test_tiles_kernel_refuses_layouts_it_cannot_read() -> None:
+    op = torch.ops.kvrelay_cpu.dequantized_linear
+    qw = quantize_int4(torch.randn(8, 96), 32)
+    with pytest.raises(RuntimeError, match="K/2 a multiple of group_size"):
+        op(torch.randn(2, 96), qw.qweight, qw.scales, qw.mins, 4, 32, None)
+    qw = quantize_int4(torch.randn(8, 128), 32)
+    with pytest.raises(RuntimeError, match="mins"):
+        op(torch.randn(2, 128), qw.qweight, qw.scales, None, 4, 32, None)
+    with pytest.raises(RuntimeError, match="K"):
+        op(torch.randn(2, 64), qw.qweight, qw.scales, qw.mins, 4, 32, None)
 
 
 def test_bad_input_raises_typed_errors() -> None:

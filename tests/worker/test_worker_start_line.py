@@ -1,4 +1,5 @@
-"""The worker's start line says which CPU threading its engine runs under (issue 18)."""
+"""The worker's start line says which CPU threading and which quantized kernels its engine
+runs under."""
 
 from __future__ import annotations
 
@@ -61,3 +62,11 @@ def test_a_real_workers_start_line_carries_its_thread_settings(
     line = _ready_line(start_worker("threads"))
     assert "CPU threads: intra-op 1, inter-op " in line, line
     assert "OMP_NUM_THREADS=1 KMP_BLOCKTIME=0" in line, line
+
+
+@pytest.mark.integration
+def test_a_quantized_cpu_workers_start_line_names_its_kernels(
+        start_worker: Callable[..., WorkerProcess]) -> None:
+    line = _ready_line(start_worker("int8", quantization="int8"))
+    assert "(quantization int8 on integer dot (" in line, line
+    assert "dequantized tiles + GEMM for more)" in line, line

@@ -132,17 +132,26 @@ class WorkerRuntime:
         self.failover.start()
         stats = self.engine.stats()
         log.info("kvrelay worker %s ready: model %s on %s, weights %.1f MiB (quantization "
-                 "%s), %d KV blocks of %d tokens; speculative decoding: %s; CPU threads: %s",
+                 "%s%s), %d KV blocks of %d tokens; speculative decoding: %s; CPU threads: %s",
                  self.settings.worker_id, self.settings.served_model, self.engine.device,
                  stats.get("weight_bytes", 0) / 2**20, self.settings.quantization,
-                 stats["total_blocks"], stats["block_size"], self._speculative(),
-                 self._cpu_threads())
+                 self._quantized_kernels(), stats["total_blocks"], stats["block_size"],
+                 self._speculative(), self._cpu_threads())
 
     def _speculative(self) -> str:
         """The speculative setting for the ready line (the simulated engine never does)."""
         if self.settings.simulated:
             return "off (simulated engine)"
         return self.settings.speculative_summary
+
+    def _quantized_kernels(self) -> str:
+        """Which kernels a CPU engine's quantized products run on, for the ready line."""
+        if (self.settings.simulated or self.settings.quantization == "none"
+                or str(self.engine.device) != "cpu"):
+            return ""
+        from kvrelay_kernels.cpu_quantized_matmul import cpu_kernel_names  # imports torch
+
+        return f" on {cpu_kernel_names()}"
 
     def _cpu_threads(self) -> str:
         """The torch thread settings for the ready line (a simulated worker has no torch)."""

@@ -26,7 +26,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("paged_attention.cpp", "tiled_attention.cpp")
+SOURCES = ("paged_attention.cpp", "tiled_attention.cpp", "quantized_linear.cpp",
+           "dequantized_linear.cpp")
 LIBRARY = "kvrelay_cpu"
 
 

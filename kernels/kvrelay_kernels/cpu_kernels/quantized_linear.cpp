@@ -1,0 +1,342 @@
+// Weight-only quantized linear layers on CPU with integer dot products.
+//
+// A decode step reads every weight byte once per token, so its speed is the rate at which
+// the packed weights stream through the cores. Converting each weight to float before
+// multiplying (what a dequantize loop does) costs more instructions per byte than the
+// memory system needs; instead, as llama.cpp's q8 dot products and FBGEMM's dynamic
+// quantization do, the activations are quantized once per call, in blocks of 32 with one
+// float scale per block, and each block of the product is an integer dot product of 32
+// activations with 32 weights widened to 16 bits: AVX-512 VNNI `vpdpwssd` on 32 pairs at a
+// time where the CPU has it, AVX2 `vpmaddwd` on 16 otherwise, scalar code elsewhere. The
+// build uses -march=native and is keyed on this CPU's flags (build.py), so the choice is
+// made for the CPU the library runs on.
+//
+// The activations are quantized to int16 (scale amax / 32767), not to int8 as llama.cpp's
+// q8_1 does: on SmolLM2 int8 blocks moved a product by 1-3% (its activations have blocks
+// with one large value) and teacher-forced top-1 agreement with the exact product fell to
+// 91%; int16 costs one more widening per 32 weights and keeps the product within float
+// rounding of the weight-only one (benchmarks/quality.py).
+//
+// Layouts are kvrelay_kernels.quantized_weight's: int8 [N, K] with one scale per group of
+// G inputs (w = q * s); int4 [N, K/2] bytes, byte c holding input c (low nibble) and input
+// K/2 + c (high nibble), with a scale and a minimum per group (w = q * s + m). G must be a
+// multiple of 32 (and, for int4, K/2 too) so that each activation block lies in one group.
+// For int4, sum(w * x) over a group is s * sum(q * x) + m * sum(x): the minimum leaves the
+// inner loop and multiplies the exact float sum of the block's activations.
+//
+// Output channels are split across ATen's intra-op threads; each thread computes every
+// activation row for its channels, up to four rows per pass over a weight row, so a
+// weight byte is read once for the whole batch.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;       // activation block: one scale per 32 inputs
+constexpr int64_t kRowsPerPass = 4;  // activation rows sharing one pass over a weight row
+constexpr int64_t kMaxBlocks = 1024;  // K up to 32768 inputs per row
+constexpr float kLevels = 32767.f;    // int16 activation steps on each side of zero
+
+inline float to_float(float s) { return s; }
+inline float to_float(c10::Half s) {
+#if defined(__F16C__)
+  return _cvtsh_ss(s.x);
+#else
+  return static_cast<float>(s);
+#endif
+}
+
+// One float per activation block from a row's per-group scales (or minimums): the inner
+// loops then index blocks directly, with no division and no float16 conversion.
+template <typename S>
+void expand_per_block(const S* per_group, int64_t groups, int64_t blocks_per_group,
+                      float* per_block) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const float value = to_float(per_group[g]);
+    for (int64_t j = 0; j < blocks_per_group; ++j) per_block[g * blocks_per_group + j] = value;
+  }
+}
+
+// Quantizes one row of K floats to int16 in blocks of 32: q = round(x * (1 / d)),
+// d = amax / 32767 (ties to even). Stores d and the exact float sum of the block.
+void quantize_row(const float* x, int64_t k, int16_t* q, float* d, float* sums) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.f, sum = 0.f;
+#pragma omp simd reduction(max : amax) reduction(+ : sum)
+    for (int64_t i = 0; i < kBlock; ++i) {
+      amax = std::max(amax, std::fabs(xb[i]));
+      sum += xb[i];
+    }
+    const float scale = amax / kLevels;
+    const float inv = scale > 0.f ? 1.f / scale : 0.f;
+    for (int64_t i = 0; i < kBlock; ++i) {
+      q[b * kBlock + i] = static_cast<int16_t>(std::nearbyint(xb[i] * inv));
+    }
+    d[b] = scale;
+    sums[b] = sum;
+  }
+}
+
+// 32 weights widened to int16, one block's dot product with 32 int16 activations, and a
+// float accumulator: one 512-bit register each with AVX-512, two 256-bit halves with AVX2.
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+using Weights16 = __m512i;
+using Accumulator = __m512;
+inline Accumulator zero_accumulator() { return _mm512_setzero_ps(); }
+inline Weights16 widen_int8(const int8_t* w) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+}
+inline void widen_nibbles(const uint8_t* w, Weights16& low, Weights16& high) {
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  low = _mm512_cvtepu8_epi16(_mm256_and_si256(packed, mask));
+  high = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(packed, 4), mask));
+}
+inline Accumulator block_fma(Weights16 w, const int16_t* x, float scale, Accumulator acc) {
+  const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(scale), acc);
+}
+inline float accumulator_sum(Accumulator acc) { return _mm512_reduce_add_ps(acc); }
+#elif defined(__AVX2__)
+struct Weights16 {
+  __m256i first, second;
+};
+using Accumulator = __m256;
+inline Accumulator zero_accumulator() { return _mm256_setzero_ps(); }
+inline Weights16 widen_int8(const int8_t* w) {
+  const __m128i* p = reinterpret_cast<const __m128i*>(w);
+  return {_mm256_cvtepi8_epi16(_mm_loadu_si128(p)), _mm256_cvtepi8_epi16(_mm_loadu_si128(p + 1))};
+}
+inline void widen_nibbles(const uint8_t* w, Weights16& low, Weights16& high) {
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i l = _mm256_and_si256(packed, mask);
+  const __m256i h = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
+  low = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(l)),
+         _mm256_cvtepu8_epi16(_mm256_extracti128_si256(l, 1))};
+  high = {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(h)),
+          _mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1))};
+}
+inline Accumulator block_fma(const Weights16& w, const int16_t* x, float scale,
+                             Accumulator acc) {
+  const __m256i* xv = reinterpret_cast<const __m256i*>(x);
+  const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w.first, _mm256_loadu_si256(xv)),
+                                       _mm256_madd_epi16(w.second, _mm256_loadu_si256(xv + 1)));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc);
+}
+inline float accumulator_sum(Accumulator v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#else
+struct Weights16 {
+  int16_t v[kBlock];
+};
+using Accumulator = float;
+inline Accumulator zero_accumulator() { return 0.f; }
+inline Weights16 widen_int8(const int8_t* w) {
+  Weights16 out;
+  for (int64_t i = 0; i < kBlock; ++i) out.v[i] = w[i];
+  return out;
+}
+inline void widen_nibbles(const uint8_t* w, Weights16& low, Weights16& high) {
+  for (int64_t i = 0; i < kBlock; ++i) {
+    low.v[i] = w[i] & 15;
+    high.v[i] = w[i] >> 4;
+  }
+}
+inline Accumulator block_fma(const Weights16& w, const int16_t* x, float scale,
+                             Accumulator acc) {
+  int32_t dot = 0;
+  for (int64_t i = 0; i < kBlock; ++i) dot += int32_t(w.v[i]) * int32_t(x[i]);
+  return acc + float(dot) * scale;
+}
+inline float accumulator_sum(Accumulator acc) { return acc; }
+#endif
+
+struct Activations {
+  const int16_t* q;   // [M, K]
+  const float* d;     // [M, K/32]
+  const float* sums;  // [M, K/32]
+  int64_t k;
+};
+
+// out[r] = sum over the row of w * x for R activation rows (int8 weights). R is a
+// template argument so that the accumulators stay in registers.
+template <int R>
+void int8_row(const int8_t* w, const float* scales, const Activations& a, int64_t first,
+              float* out) {
+  const int64_t blocks = a.k / kBlock;
+  Accumulator acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = zero_accumulator();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Weights16 wv = widen_int8(w + b * kBlock);
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = first + r;
+      acc[r] = block_fma(wv, a.q + row * a.k + b * kBlock, scales[b] * a.d[row * blocks + b],
+                         acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = accumulator_sum(acc[r]);
+}
+
+// The same for int4 weights with minimums (the row-halves nibble packing).
+template <int R>
+void int4_row(const uint8_t* w, const float* scales, const float* mins, const Activations& a,
+              int64_t first, float* out) {
+  const int64_t blocks = a.k / kBlock, half_blocks = blocks / 2;
+  float min_terms[R];
+  for (int r = 0; r < R; ++r) min_terms[r] = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int r = 0; r < R; ++r) min_terms[r] += mins[b] * a.sums[(first + r) * blocks + b];
+  }
+  Accumulator acc[R], acc_high[R];  // two chains, so one fma need not wait for the other
+  for (int r = 0; r < R; ++r) acc[r] = acc_high[r] = zero_accumulator();
+  for (int64_t c = 0; c < half_blocks; ++c) {
+    Weights16 low, high;
+    widen_nibbles(w + c * kBlock, low, high);
+    const int64_t bh = c + half_blocks;
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = first + r;
+      const int16_t* xq = a.q + row * a.k;
+      const float* d = a.d + row * blocks;
+      acc[r] = block_fma(low, xq + c * kBlock, scales[c] * d[c], acc[r]);
+      acc_high[r] = block_fma(high, xq + bh * kBlock, scales[bh] * d[bh], acc_high[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    out[r] = accumulator_sum(acc[r]) + accumulator_sum(acc_high[r]) + min_terms[r];
+  }
+}
+
+// Calls f with std::integral_constant<int, rows> (1 to kRowsPerPass).
+template <typename F>
+void dot_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
+template <typename S>
+void run_rows(const at::Tensor& qweight, const at::Tensor& scales,
+              const c10::optional<at::Tensor>& mins, int64_t bits, int64_t group,
+              const Activations& a, int64_t m, const float* bias, float* out) {
+  const int64_t n = qweight.size(0), packed = qweight.size(1);
+  const S* s = scales.data_ptr<S>();
+  const S* mn = bits == 4 ? mins->data_ptr<S>() : nullptr;
+  const int64_t groups = scales.size(1);
+  const uint8_t* w = static_cast<const uint8_t*>(qweight.data_ptr());
+  // Enough channels per task that a task streams a few KiB of weights.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(packed, 1));
+  const int64_t blocks = a.k / kBlock, per_group = group / kBlock;
+  at::parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
+    float values[kRowsPerPass];
+    float block_scales[kMaxBlocks], block_mins[kMaxBlocks];
+    for (int64_t ch = lo; ch < hi; ++ch) {
+      const uint8_t* row = w + ch * packed;
+      expand_per_block(s + ch * groups, groups, per_group, block_scales);
+      if (bits == 4) expand_per_block(mn + ch * groups, groups, per_group, block_mins);
+      for (int64_t first = 0; first < m; first += kRowsPerPass) {
+        const int64_t rows = std::min(kRowsPerPass, m - first);
+        if (bits == 8) {
+          dot_rows(rows, [&](auto r) {
+            int8_row<decltype(r)::value>(reinterpret_cast<const int8_t*>(row), block_scales,
+                                         a, first, values);
+          });
+        } else {
+          dot_rows(rows, [&](auto r) {
+            int4_row<decltype(r)::value>(row, block_scales, block_mins, a, first, values);
+          });
+        }
+        const float b = bias ? bias[ch] : 0.f;
+        for (int64_t r = 0; r < rows; ++r) out[(first + r) * n + ch] = values[r] + b;
+      }
+    }
+  });
+}
+
+// y = x @ W.T (+ bias), x float32 [M, K], W as described at the top; returns float32 [M, N].
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& qweight,
+                            const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
+                            int64_t bits, int64_t group_size,
+                            const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 [M, K] tensor");
+  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
+  TORCH_CHECK(qweight.is_contiguous() && qweight.size(1) == (bits == 8 ? k : k / 2),
+              "qweight does not match x's K");
+  TORCH_CHECK(group_size % kBlock == 0 && k % group_size == 0,
+              "group_size must be a multiple of 32 that divides K");
+  TORCH_CHECK(bits == 8 || (k / 2) % kBlock == 0, "int4 needs K/2 a multiple of 32");
+  TORCH_CHECK(k / kBlock <= kMaxBlocks, "K must be at most ", kMaxBlocks * kBlock);
+  TORCH_CHECK(scales.is_contiguous() && scales.size(0) == n && scales.size(1) == k / group_size,
+              "scales must be [N, K / group_size]");
+  TORCH_CHECK(bits == 8 || (mins && mins->is_contiguous() &&
+                            mins->scalar_type() == scales.scalar_type() &&
+                            mins->sizes() == scales.sizes()),
+              "int4 needs mins shaped and typed like scales");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf,
+              "scales must be float32 or float16");
+  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n &&
+                        bias->is_contiguous()), "bias must be float32 [N]");
+
+  const int64_t blocks = k / kBlock;
+  std::vector<int16_t> xq(static_cast<size_t>(m * k));
+  std::vector<float> xd(static_cast<size_t>(m * blocks)), xs(static_cast<size_t>(m * blocks));
+  const float* xp = x.data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r) {
+    quantize_row(xp + r * k, k, xq.data() + r * k, xd.data() + r * blocks,
+                 xs.data() + r * blocks);
+  }
+  const Activations a{xq.data(), xd.data(), xs.data(), k};
+  at::Tensor out = at::empty({m, n}, x.options());
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  if (scales.scalar_type() == at::kHalf) {
+    run_rows<c10::Half>(qweight, scales, mins, bits, group_size, a, m, bp,
+                        out.data_ptr<float>());
+  } else {
+    run_rows<float>(qweight, scales, mins, bits, group_size, a, m, bp, out.data_ptr<float>());
+  }
+  return out;
+}
+
+// Which integer dot product this build uses, for the worker's ready line.
+std::string quantized_linear_isa() {
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  return "avx512-vnni";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kvrelay_cpu, m) {
+  m.def("quantized_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, int bits, "
+        "int group_size, Tensor? bias) -> Tensor");
+  m.impl("quantized_linear", c10::DispatchKey::CPU, &quantized_linear);
+  m.def("quantized_linear_isa() -> str", &quantized_linear_isa);
+}

@@ -1,0 +1,144 @@
+"""The integer dot-product CPU kernel against the arithmetic it promises, done in PyTorch.
+
+The kernel quantizes each row of activations to int16 in blocks of 32 (scale amax / 32767,
+round to nearest) and multiplies with the packed weights in integers; for int4 the
+minimums multiply the exact float sum of each block. ``emulate`` computes the same thing
+with float64 tensors, so the only difference allowed is float32 rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvrelay_kernels import cpu_quantized_matmul
+from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
+from kvrelay_kernels.quantized_matmul import quantized_matmul
+from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
+from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
+
+pytestmark = pytest.mark.skipif(not load_cpu_kernels(), reason="no C++ compiler here")
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to int16 steps per block of 32, as float64 values (q * d). The step and the
+    rounding are computed in float32 as the kernel does (``x * (1 / d)``, ties to even)."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 32767
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inverse)
+    assert q.abs().max() <= 32767
+    return (q.double() * d.double()).reshape(x.shape)
+
+
+def emulate(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    w = dequantize_weight(weight).double()
+    if weight.mins is None:
+        out = quantize_activations(x) @ w.T
+    else:
+        mins = weight.mins.double().repeat_interleave(weight.group_size, dim=1)
+        out = quantize_activations(x) @ (w - mins).T + x.double() @ mins.T
+    return (out + (0 if bias is None else bias.double())).float()
+
+
+def run(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.kvrelay_cpu.quantized_linear(x, weight.qweight, weight.scales, weight.mins,
+                                                  weight.bits, weight.group_size, bias)
+
+
+def weights(kind: str, n: int, k: int) -> QuantizedWeight:
+    w = torch.randn(n, k) * 0.05
+    if kind == "int8-channel":
+        return quantize_int8(w)
+    if kind == "int8-g32":
+        return quantize_int8(w, 32)
+    if kind == "int8-g64-fp16":
+        qw = quantize_int8(w, 64)
+        return QuantizedWeight(qw.qweight, qw.scales.half(), None, 8, 64, k)
+    if kind == "int4-g32":
+        return quantize_int4(w, 32)
+    if kind == "int4-g64-fp32":
+        qw = quantize_int4(w, 64)
+        assert qw.mins is not None
+        return QuantizedWeight(qw.qweight, qw.scales.float(), qw.mins.float(), 4, 64, k)
+    raise AssertionError(kind)
+
+
+KINDS = ("int8-channel", "int8-g32", "int8-g64-fp16", "int4-g32", "int4-g64-fp32")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_matches_the_integer_arithmetic(kind: str, rows: int) -> None:
+    torch.manual_seed(rows)
+    qw = weights(kind, 70, 256)
+    x = torch.randn(rows, 256)
+    bias = torch.randn(70) if rows % 2 else None
+    torch.testing.assert_close(run(x, qw, bias), emulate(x, qw, bias), rtol=1e-5, atol=2e-5)
+
+
+def test_many_output_channels_split_over_threads() -> None:
+    qw = weights("int4-g32", 3000, 576)
+    x = torch.randn(3, 576)
+    torch.testing.assert_close(run(x, qw, None), emulate(x, qw, None), rtol=1e-5, atol=2e-5)
+
+
+def test_zero_and_extreme_activations() -> None:
+    qw = weights("int8-g32", 16, 128)
+    x = torch.zeros(2, 128)
+    x[1, :32] = 1e30  # one huge block: its scale is large, the others stay zero
+    x[1, 64] = -3.0
+    torch.testing.assert_close(run(x, qw, None), emulate(x, qw, None), rtol=1e-5, atol=1e-5)
+    assert torch.equal(run(x[:1], qw, None), torch.zeros(1, 16))
+
+
+def test_quantization_error_stays_near_the_weight_only_product() -> None:
+    """What activation quantization costs against dequantize + float matmul: about float
+    rounding (int16 steps are 1/32767 of a block's largest value), even for blocks with
+    one large value, as in real models' activations."""
+    torch.manual_seed(0)
+    qw = weights("int4-g32", 512, 576)
+    x = torch.randn(4, 576)
+    x[:, ::32] *= 50  # one outlier in every block
+    exact = x.double() @ dequantize_weight(qw).double().T
+    error = (run(x, qw, None).double() - exact).abs().max() / exact.abs().max()
+    assert 0 < error < 1e-4
+
+
+@pytest.mark.parametrize(("qw", "x", "message"), [
+    (quantize_int8(torch.randn(8, 64)), torch.randn(2, 128)[:, ::2], "contiguous"),
+    (quantize_int8(torch.randn(8, 96), 48), torch.randn(1, 96), "multiple of 32"),
+    (quantize_int4(torch.randn(8, 96), 32), torch.randn(1, 96), "K/2 a multiple of 32"),
+    (quantize_int8(torch.randn(8, 64)), torch.randn(1, 64).double(), "float32"),
+    (quantize_int8(torch.randn(8, 64)), torch.randn(1, 32), "K"),
+])
+def test_bad_arguments_are_refused(qw: QuantizedWeight, x: torch.Tensor, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        run(x, qw, None)
+
+
+def test_quantized_matmul_takes_the_kernel_for_few_rows_only() -> None:
+    """Up to ``INTEGER_DOT_MAX_ROWS`` rows the public entry point gives the kernel's very
+    numbers; above it, those of the weight-only path (no activation rounding)."""
+    qw = weights("int4-g32", 64, 128)
+    limit = cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS[4]
+    few, many = torch.randn(limit, 128), torch.randn(limit + 1, 128)
+    assert torch.equal(quantized_matmul(few, qw), run(few, qw, None))
+    weight_only = quantized_matmul(many, qw)
+    torch.testing.assert_close(weight_only, many @ dequantize_weight(qw).T, rtol=1e-5,
+                               atol=1e-4)
+    assert not torch.equal(weight_only, run(many, qw, None))
+
+
+def test_shapes_the_kernel_cannot_serve_keep_the_weight_only_path() -> None:
+    qw = quantize_int4(torch.randn(16, 96), 32)  # K/2 = 48: not whole blocks
+    x = torch.randn(1, 96)
+    torch.testing.assert_close(quantized_matmul(x, qw), x @ dequantize_weight(qw).T,
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_reference_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    qw = weights("int8-g32", 32, 128)
+    x = torch.randn(2, 128)
+    monkeypatch.setenv("KVRELAY_KERNELS", "reference")
+    assert torch.equal(quantized_matmul(x, qw), x @ dequantize_weight(qw).T)
