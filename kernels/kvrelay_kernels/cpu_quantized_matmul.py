@@ -26,9 +26,9 @@ from kvrelay_kernels.quantized_weight import QuantizedWeight
 BLOCK = 32  # the integer kernel's activation block
 MAX_BLOCKS = 1024  # its per-row scratch: K up to 32768
 # Rows up to which the integer kernel runs, by weight bits; more rows take the tiles.
-# int8: the integer kernel wins up to 12-16 rows; int4 (more work per byte to unpack):
-# only at one row (benchmarks/quant_matmul_rows.py).
-INTEGER_DOT_MAX_ROWS = {8: 16, 4: 1}
+# int8: the integer kernel wins up to 24 rows (tiles from 32); int4, with more work per
+# byte to unpack: only at one row (benchmarks/quant_matmul_rows.py).
+INTEGER_DOT_MAX_ROWS = {8: 24, 4: 1}
 
 
 def integer_dot_serves(rows: int, weight: QuantizedWeight) -> bool:
