@@ -125,3 +125,21 @@ def test_bad_input_raises_typed_errors() -> None:
         quantized_matmul(torch.randn(1, 64), broken)
     with pytest.raises(KernelArgumentError, match="group_size"):
         quantize_int4(torch.randn(8, 96), 64)
+
+
+@pytest.mark.skipif(not cpu_quantized_matmul.load_cpu_kernels(), reason="no C++ compiler here")
+def test_tiles_kernel_runs_under_inference_mode_on_every_thread() -> None:
+    """The engine runs under ``torch.inference_mode``, which pool threads do not inherit:
+    tiles handled by the second thread must not write the output through a tensor op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            qw = quantize_int4(torch.randn(4096, 128), 32)  # 8 tiles of 512 channels
+            x = torch.randn(5, 128)
+            got = torch.ops.kvrelay_cpu.dequantized_linear(x, qw.qweight, qw.scales, qw.mins,
+                                                           4, 32, None)
+            expected = F.linear(x, dequantize_weight(qw))
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)

@@ -6,8 +6,11 @@
 // over integer dot products done row by row (quantized_linear.cpp). The packed weights
 // are still read once from memory: each task dequantizes a tile of about 256 KiB of
 // float32 weights (a few dozen output channels), which stays in its core's cache while
-// at::mm multiplies the whole batch by it, then moves to the next tile. Tasks run on
-// ATen's intra-op threads; the GEMM inside a task runs on that thread alone.
+// the float GEMM multiplies the whole batch by it, then moves to the next tile. Tasks run
+// on ATen's intra-op threads; the GEMM inside a task runs on that thread alone. A pool
+// thread does not carry the caller's InferenceMode, so each task dispatches its GEMM
+// below autograd (as a kernel's own calls should be): otherwise writing into an
+// inference-mode output from the second thread is refused.
 //
 // Dequantization computes q * s (+ m) in float32 per group, the operations of the
 // PyTorch reference (kvrelay_kernels.reference.quantized_matmul.dequantize_weight).
@@ -16,6 +19,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -90,6 +94,7 @@ at::Tensor dequantized_linear(const at::Tensor& x, const at::Tensor& qweight,
   const int64_t tiles = (n + tile - 1) / tile;
   const uint8_t* w = static_cast<const uint8_t*>(qweight.data_ptr());
   at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     at::Tensor buffer = at::empty({tile, k}, x.options());
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t first = t * tile, last = std::min(n, first + tile), width = last - first;
