@@ -38,6 +38,19 @@ def cpu_kernels_allowed() -> bool:
     return _forced() not in ("reference", "triton")
 
 
+def cpu_float32_kernel(*tensors: torch.Tensor) -> bool:
+    """Whether the C++ CPU kernels take a call on these tensors: all float32 on the CPU,
+    kernels allowed and built (the elementwise kernels are float32 only; other dtypes
+    take the reference)."""
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+        return False
+    if not cpu_kernels_allowed():
+        return False
+    from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
+
+    return load_cpu_kernels()
+
+
 def select_backend(device: torch.device) -> Backend:
     forced = _forced()
     if forced == "reference":

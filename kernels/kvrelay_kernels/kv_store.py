@@ -1,10 +1,14 @@
-"""Public entry point: write new K/V rows into the paged cache."""
+"""Public entry point: write new K/V rows into the paged cache.
+
+CUDA takes the Triton kernel; float32 rows into a float32 cache on CPU the C++ one
+(``cpu_kernels/kv_store.cpp``); quantized caches and other dtypes the reference.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from kvrelay_kernels.backend import select_backend
+from kvrelay_kernels.backend import cpu_float32_kernel, select_backend
 from kvrelay_kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -77,5 +81,8 @@ def store_kv_cache(
         from kvrelay_kernels.triton_kernels.kv_store import store_kv_cache_triton
 
         store_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping)
+    elif key_cache.dtype == key.dtype and cpu_float32_kernel(key, value, key_cache, value_cache):
+        torch.ops.kvrelay_cpu.store_kv_cache(key, value, key_cache, value_cache,
+                                             slot_mapping.contiguous())
     else:
         store_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping)

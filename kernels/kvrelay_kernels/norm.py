@@ -1,10 +1,14 @@
-"""Public entry points: RMSNorm and the fused residual-add + RMSNorm."""
+"""Public entry points: RMSNorm and the fused residual-add + RMSNorm.
+
+CUDA takes the Triton kernels; float32 on CPU the C++ ones (``cpu_kernels/rms_norm.cpp``,
+one pass per row); everything else the reference.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from kvrelay_kernels.backend import select_backend
+from kvrelay_kernels.backend import cpu_float32_kernel, select_backend
 from kvrelay_kernels.checks import (
     FLOAT_DTYPES,
     KernelArgumentError,
@@ -33,6 +37,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from kvrelay_kernels.triton_kernels.norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps)
+    if x.is_contiguous() and cpu_float32_kernel(x, weight):
+        return torch.ops.kvrelay_cpu.rms_norm(x, weight.contiguous(), eps)
     return rms_norm_reference(x, weight, eps)
 
 
@@ -47,4 +53,8 @@ def fused_add_rms_norm(
         from kvrelay_kernels.triton_kernels.norm import fused_add_rms_norm_triton
 
         return fused_add_rms_norm_triton(x, residual, weight, eps)
+    if x.is_contiguous() and residual.is_contiguous() and cpu_float32_kernel(x, residual, weight):
+        out, summed = torch.ops.kvrelay_cpu.fused_add_rms_norm(x, residual, weight.contiguous(),
+                                                                eps)
+        return out, summed
     return fused_add_rms_norm_reference(x, residual, weight, eps)

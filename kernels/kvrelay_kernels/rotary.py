@@ -1,10 +1,14 @@
-"""Public entry point: rotary position embedding applied to query and key in place."""
+"""Public entry point: rotary position embedding applied to query and key in place.
+
+CUDA takes the Triton kernel; float32 ``[tokens, heads * head_size]`` rows on CPU the C++
+one (``cpu_kernels/rotary.cpp``); everything else the reference.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from kvrelay_kernels.backend import select_backend
+from kvrelay_kernels.backend import cpu_float32_kernel, select_backend
 from kvrelay_kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -71,5 +75,9 @@ def rotary_embedding(
         from kvrelay_kernels.triton_kernels.rotary import rotary_embedding_triton
 
         rotary_embedding_triton(positions, query, key, cos_sin_cache, head_size, is_neox)
+    elif (query.dim() == 2 and key.dim() == 2 and positions.is_contiguous()
+          and cos_sin_cache.is_contiguous() and cpu_float32_kernel(query, key, cos_sin_cache)):
+        torch.ops.kvrelay_cpu.rotary_embedding(positions, query, key, cos_sin_cache, head_size,
+                                               is_neox)
     else:
         rotary_embedding_reference(positions, (query, key), cos_sin_cache, head_size, is_neox)

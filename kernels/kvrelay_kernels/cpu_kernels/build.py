@@ -27,7 +27,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = ("paged_attention.cpp", "tiled_attention.cpp", "quantized_linear.cpp",
-           "dequantized_linear.cpp")
+           "dequantized_linear.cpp", "rms_norm.cpp", "rotary.cpp", "kv_store.cpp")
 LIBRARY = "kvrelay_cpu"
 
 
