@@ -128,7 +128,8 @@ def test_bad_input_raises_typed_errors() -> None:
 
 
 @pytest.mark.skipif(not cpu_quantized_matmul.load_cpu_kernels(), reason="no C++ compiler here")
-def test_tiles_kernel_runs_under_inference_mode_on_every_thread() -> None:
+@pytest.mark.parametrize("rows", [5, 80])  # tiles of channels; the whole matrix at once
+def test_tiles_kernel_runs_under_inference_mode_on_every_thread(rows: int) -> None:
     """The engine runs under ``torch.inference_mode``, which pool threads do not inherit:
     tiles handled by the second thread must not write the output through a tensor op."""
     threads = torch.get_num_threads()
@@ -136,7 +137,7 @@ def test_tiles_kernel_runs_under_inference_mode_on_every_thread() -> None:
     try:
         with torch.inference_mode():
             qw = quantize_int4(torch.randn(4096, 128), 32)  # 8 tiles of 512 channels
-            x = torch.randn(5, 128)
+            x = torch.randn(rows, 128)
             got = torch.ops.kvrelay_cpu.dequantized_linear(x, qw.qweight, qw.scales, qw.mins,
                                                            4, 32, None)
             expected = F.linear(x, dequantize_weight(qw))

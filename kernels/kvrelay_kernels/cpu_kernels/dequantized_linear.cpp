@@ -3,10 +3,13 @@
 //
 // With many activation rows (prompt chunks, large decode batches) each weight is used
 // many times, so the product is compute-bound and the float GEMM's blocked kernels win
-// over integer dot products done row by row (quantized_linear.cpp). The packed weights
-// are still read once from memory: each task dequantizes a tile of about 256 KiB of
-// float32 weights (a few dozen output channels), which stays in its core's cache while
-// the float GEMM multiplies the whole batch by it, then moves to the next tile. Tasks run
+// over integer dot products done row by row (quantized_linear.cpp). Up to 64 rows the
+// packed weights are read once from memory: each task dequantizes a tile of about
+// 256 KiB of float32 weights (a few dozen output channels), which stays in its core's
+// cache while the float GEMM multiplies the whole batch by it, then moves to the next
+// tile. From 64 rows on, GEMMs that narrow lose to one GEMM over the whole matrix on all
+// threads (1.1-1.4x float32's time against 1.0-1.1x at 128-512 rows, measured on
+// SmolLM2's shapes), so the whole matrix is dequantized first. Tasks run
 // on ATen's intra-op threads; the GEMM inside a task runs on that thread alone. A pool
 // thread does not carry the caller's InferenceMode, so each task dispatches its GEMM
 // below autograd (as a kernel's own calls should be): otherwise writing into an
@@ -29,6 +32,7 @@
 namespace {
 
 constexpr int64_t kTileFloats = 64 * 1024;  // 256 KiB of float32 weights per tile
+constexpr int64_t kWholeMatrixRows = 64;     // from here on: one GEMM over the whole matrix
 
 inline float as_float(float v) { return v; }
 inline float as_float(c10::Half v) { return static_cast<float>(v); }
@@ -89,28 +93,41 @@ at::Tensor dequantized_linear(const at::Tensor& x, const at::Tensor& qweight,
                             mins->scalar_type() == scales.scalar_type() &&
                             mins->sizes() == scales.sizes()),
               "int4 needs mins shaped and typed like scales");
-  at::Tensor out = at::empty({m, n}, x.options());
-  const int64_t tile = std::max<int64_t>(8, kTileFloats / std::max<int64_t>(k, 1));
-  const int64_t tiles = (n + tile - 1) / tile;
   const uint8_t* w = static_cast<const uint8_t*>(qweight.data_ptr());
-  at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    at::Tensor buffer = at::empty({tile, k}, x.options());
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t first = t * tile, last = std::min(n, first + tile), width = last - first;
-      if (scales.scalar_type() == at::kHalf) {
-        dequantize_channels<c10::Half>(w, scales.data_ptr<c10::Half>(),
-                                       bits == 4 ? mins->data_ptr<c10::Half>() : nullptr, bits,
-                                       k, group_size, first, last, buffer.data_ptr<float>());
-      } else {
-        dequantize_channels<float>(w, scales.data_ptr<float>(),
-                                   bits == 4 ? mins->data_ptr<float>() : nullptr, bits, k,
-                                   group_size, first, last, buffer.data_ptr<float>());
-      }
-      at::Tensor part = out.narrow(1, first, width);
-      at::mm_out(part, x, buffer.narrow(0, 0, width).t());
+  auto dequantize = [&](int64_t first, int64_t last, float* into) {
+    if (scales.scalar_type() == at::kHalf) {
+      dequantize_channels<c10::Half>(w, scales.data_ptr<c10::Half>(),
+                                     bits == 4 ? mins->data_ptr<c10::Half>() : nullptr, bits, k,
+                                     group_size, first, last, into);
+    } else {
+      dequantize_channels<float>(w, scales.data_ptr<float>(),
+                                 bits == 4 ? mins->data_ptr<float>() : nullptr, bits, k,
+                                 group_size, first, last, into);
     }
-  });
+  };
+  at::Tensor out;
+  if (m >= kWholeMatrixRows) {
+    // Enough rows that one GEMM over the whole matrix, on all threads, beats per-tile
+    // GEMMs of a few dozen channels each; the float matrix is written once and read once.
+    at::Tensor dense = at::empty({n, k}, x.options());
+    float* dp = dense.data_ptr<float>();
+    at::parallel_for(0, n, 64, [&](int64_t lo, int64_t hi) { dequantize(lo, hi, dp + lo * k); });
+    out = at::mm(x, dense.t());
+  } else {
+    out = at::empty({m, n}, x.options());
+    const int64_t tile = std::max<int64_t>(8, kTileFloats / std::max<int64_t>(k, 1));
+    const int64_t tiles = (n + tile - 1) / tile;
+    at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      at::Tensor buffer = at::empty({tile, k}, x.options());
+      for (int64_t t = lo; t < hi; ++t) {
+        const int64_t first = t * tile, last = std::min(n, first + tile), width = last - first;
+        dequantize(first, last, buffer.data_ptr<float>());
+        at::Tensor part = out.narrow(1, first, width);
+        at::mm_out(part, x, buffer.narrow(0, 0, width).t());
+      }
+    });
+  }
   if (bias) out.add_(*bias);
   return out;
 }
