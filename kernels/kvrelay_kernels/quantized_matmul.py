@@ -23,9 +23,15 @@ from kvrelay_kernels.reference.quantized_matmul import quantized_matmul_referenc
 
 
 def quantized_matmul(x: torch.Tensor, weight: QuantizedWeight,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T + bias`` for a quantized ``W``; ``x`` is ``[..., in_features]``."""
-    weight.check()
+                     bias: torch.Tensor | None = None, *,
+                     weight_checked: bool = False) -> torch.Tensor:
+    """``x @ W.T + bias`` for a quantized ``W``; ``x`` is ``[..., in_features]``.
+
+    ``weight_checked``: the caller has run ``weight.check()`` on these very tensors (a
+    layer does at construction), so it is not run again on every call of a decode step.
+    """
+    if not weight_checked:
+        weight.check()
     check_dtype("x", x, FLOAT_DTYPES)
     if x.dim() < 1 or x.shape[-1] != weight.in_features:
         raise KernelArgumentError(

@@ -8,6 +8,8 @@ speed as well as memory. Activations stay in the model's dtype; the matmul
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -38,15 +40,32 @@ class QuantizedLinear(nn.Module):
 
     @property
     def quantized(self) -> QuantizedWeight:
-        return QuantizedWeight(self.qweight, self.scales, self.mins, self.bits,
-                               self.group_size, self.in_features)
+        """The weight as one checked ``QuantizedWeight``, built once: a decode step calls
+        every layer, and rebuilding and re-checking it each time cost more than the
+        product of a small layer. Moving the module or replacing a tensor drops it."""
+        cached: QuantizedWeight | None = self.__dict__.get("_quantized")
+        if cached is None:
+            cached = QuantizedWeight(self.qweight, self.scales, self.mins, self.bits,
+                                     self.group_size, self.in_features)
+            cached.check()
+            self.__dict__["_quantized"] = cached
+        return cached
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("qweight", "scales", "mins"):
+            self.__dict__.pop("_quantized", None)
+        super().__setattr__(name, value)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> QuantizedLinear:
+        self.__dict__.pop("_quantized", None)
+        return super()._apply(fn, recurse)
 
     @property
     def weight_bytes(self) -> int:
         return self.quantized.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_matmul(x, self.quantized, self.bias)
+        return quantized_matmul(x, self.quantized, self.bias, weight_checked=True)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
