@@ -70,3 +70,18 @@ def test_a_quantized_cpu_workers_start_line_names_its_kernels(
     line = _ready_line(start_worker("int8", quantization="int8"))
     assert "(quantization int8 on integer dot (" in line, line
     assert "dequantized tiles + GEMM for more)" in line, line
+
+
+@pytest.mark.integration
+def test_a_default_cpu_worker_keeps_a_gguf_quantized(
+        start_worker: Callable[..., WorkerProcess], smollm2_gguf: object) -> None:
+    """``KVRELAY_QUANTIZATION=auto`` (the default): the GGUF model keeps its Q4_1 blocks."""
+    line = _ready_line(start_worker("smol", model="smollm2-135m-instruct"), timeout=120)
+    assert "(quantization gguf on integer dot (" in line, line
+
+
+@pytest.mark.integration
+def test_a_default_cpu_worker_keeps_float_weights_of_a_folder(
+        start_worker: Callable[..., WorkerProcess]) -> None:
+    line = _ready_line(start_worker("folder"))
+    assert "(quantization none)" in line, line

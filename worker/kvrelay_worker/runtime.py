@@ -134,7 +134,7 @@ class WorkerRuntime:
         log.info("kvrelay worker %s ready: model %s on %s, weights %.1f MiB (quantization "
                  "%s%s), %d KV blocks of %d tokens; speculative decoding: %s; CPU threads: %s",
                  self.settings.worker_id, self.settings.served_model, self.engine.device,
-                 stats.get("weight_bytes", 0) / 2**20, self.settings.quantization,
+                 stats.get("weight_bytes", 0) / 2**20, self._quantization(),
                  self._quantized_kernels(), stats["total_blocks"], stats["block_size"],
                  self._speculative(), self._cpu_threads())
 
@@ -144,9 +144,14 @@ class WorkerRuntime:
             return "off (simulated engine)"
         return self.settings.speculative_summary
 
+    def _quantization(self) -> str:
+        """The weight quantization the engine chose (``auto`` decided at load)."""
+        config = getattr(self.engine, "config", None)
+        return str(getattr(config, "weight_quantization", self.settings.quantization))
+
     def _quantized_kernels(self) -> str:
         """Which kernels a CPU engine's quantized products run on, for the ready line."""
-        if (self.settings.simulated or self.settings.quantization == "none"
+        if (self.settings.simulated or self._quantization() in ("none", "auto")
                 or str(self.engine.device) != "cpu"):
             return ""
         from kvrelay_kernels.cpu_quantized_matmul import cpu_kernel_names  # imports torch

@@ -117,8 +117,8 @@ class WorkerSettings:
     gpu_memory_utilization: float | None = None
     preemption_mode: str | None = None
     swap_space_gib: float | None = None
-    # Weight-only quantization: none, int8, int4 or gguf (EngineConfig.quantization).
-    quantization: str = "none"
+    # Weight-only quantization: auto, none, int8, int4 or gguf (EngineConfig.quantization).
+    quantization: str = "auto"
     quantization_group_size: int = 32
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True

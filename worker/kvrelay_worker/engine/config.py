@@ -130,7 +130,8 @@ class EngineConfig:
     speculative_adaptive: bool = True
     # Weight-only quantization (``QUANTIZATIONS``): "int8" (per output channel), "int4"
     # (groups of ``quantization_group_size`` with scale and minimum), "gguf" (a GGUF
-    # source's Q8_0/Q4_0/Q4_1 blocks kept as stored); "none" (or None): float weights.
+    # source's Q8_0/Q4_0/Q4_1 blocks kept as stored); "none" (or None): float weights;
+    # "auto": "gguf" for a GGUF source on CPU, else "none" (decided at load).
     quantization: str | None = "none"
     quantization_group_size: int = 32
 

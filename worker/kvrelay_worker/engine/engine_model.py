@@ -1,7 +1,8 @@
 """The engine's model (and a draft's): built from its files as the config says.
 
 Float weights at the config's dtype and device, or quantized: ``int8``/``int4`` from the
-float weights, ``gguf`` keeping a GGUF file's quantized blocks. The engine and the draft
+float weights, ``gguf`` keeping a GGUF file's quantized blocks, ``auto`` choosing between
+``gguf`` and float weights by source and device. The engine and the draft
 model go through the same door, so a draft is built exactly as a target would be.
 """
 
@@ -34,9 +35,19 @@ def eos_token_ids_of(model: CausalLM, tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def resolve_quantization(config: EngineConfig, source_kind: str) -> str:
+    """``config.quantization`` with ``auto`` decided: a GGUF file on CPU keeps its quantized
+    blocks (``gguf``: several times float32's decode speed at a sixth of the memory,
+    ``benchmarks/vs_llamacpp.py``), anything else gets float weights (``none``)."""
+    method = config.weight_quantization
+    if method != "auto":
+        return method
+    return "gguf" if source_kind == "gguf" and config.torch_device.type == "cpu" else "none"
+
+
 def build_model_for(config: EngineConfig, files: LoadedModelFiles, max_len: int) -> CausalLM:
     """The model with float weights, or quantized as ``config.quantization`` says."""
-    method = config.weight_quantization
+    method = resolve_quantization(config, files.source.kind)
     if method == "gguf":
         return _build_gguf_model(config, files, max_len)
     model = build_model(files.config, files.weights(), config.torch_dtype,

@@ -8,6 +8,7 @@ what each touched request produced.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -19,7 +20,7 @@ from kvrelay_worker.engine.beam.beam_group import (
     beam_config_of,
 )
 from kvrelay_worker.engine.config import EngineConfig
-from kvrelay_worker.engine.engine_model import build_model_for
+from kvrelay_worker.engine.engine_model import build_model_for, resolve_quantization
 from kvrelay_worker.engine.engine_parts import build_engine_parts
 from kvrelay_worker.engine.engine_stats import engine_stats
 from kvrelay_worker.engine.errors import RequestFailedError
@@ -48,6 +49,8 @@ class LLMEngine:
 
         bind_device(config.torch_device)  # before any weight, stream or graph exists
         files = load_model_source(config.model, progress=progress)
+        config = dataclasses.replace(
+            config, quantization=resolve_quantization(config, files.source.kind))
         max_len = default_max_len(config, files.config.max_position_embeddings)
         model = build_model_for(config, files, max_len)
         self._setup(config, model, files.tokenizer, model_id=files.name)

@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 # Weight quantization: float weights quantized at load (int8, int4), or a GGUF file's
 # quantized blocks kept as stored ("gguf"); "none" keeps float weights.
-QUANTIZATIONS: Final = ("none", "int8", "int4", "gguf")
+QUANTIZATIONS: Final = ("none", "int8", "int4", "gguf", "auto")
 # Inputs per int4 group (one scale and minimum each).
 QUANTIZATION_GROUP_SIZES: Final = (32, 64, 128)
 

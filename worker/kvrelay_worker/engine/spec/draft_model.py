@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 _PLACEHOLDER = -1
 
 # Weight quantizations a draft can be loaded with (``draft:<model>@int4``).
-DRAFT_QUANTIZATIONS = tuple(q for q in QUANTIZATIONS if q != "none")
+DRAFT_QUANTIZATIONS = tuple(q for q in QUANTIZATIONS if q not in ("none", "auto"))
 
 
 def split_draft_quantization(name: str) -> tuple[str, str]:
