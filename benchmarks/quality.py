@@ -13,7 +13,8 @@ Every row of ``quant_configs.CONFIGS`` in one run:
   Also the mean |logit difference| to float32 at those positions.
 
 Issue 17's targets: int8 weights ppl <= +1%, int4 from float <= +10%; GGUF Q4_1 kept
-quantized >= 99.5% top-1 agreement with the dequantised path.
+quantized >= 99.5% top-1 agreement with the dequantised path. The last row is the kept
+GGUF with every product through the integer dot-product kernel (batch-1 decode's).
 
     .venv/bin/python benchmarks/quality.py [--seeds DIR]
 """
@@ -30,10 +31,16 @@ import torch
 from harness import write_result
 from harness.quant_configs import CONFIGS, MODEL, make_llm
 
+from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.teacher_forcing import sequence_logits
 
 OUT = Path(__file__).parent / "measured" / "cpu-quality.json"
+# The kept GGUF again, with every product through the integer dot-product kernel (int16
+# activations): the scores above run prompts, so their products take the weight-only
+# kernels, while decode at batch 1 takes the integer one.
+INTEGER_EVERY_ROW = "gguf-kept, int dot"
+INTEGER_ROWS = dict(cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS)
 WINDOW = 256
 CONTINUATION = 64
 PROMPTS = [
@@ -81,10 +88,14 @@ def main() -> None:
     sequences: list[list[int]] = []
     reference: list[torch.Tensor] = []
     windows: list[list[int]] = []
-    for label in CONFIGS:
-        llm = make_llm(label, **options)
+    runs = [(label, label, False) for label in CONFIGS]
+    runs.append(("gguf-kept (Q4_1)", INTEGER_EVERY_ROW, True))
+    for config, label, integer_every_row in runs:
+        llm = make_llm(config, **options)
         if llm is None:
             continue
+        cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = (
+            {8: 1 << 30, 4: 1 << 30} if integer_every_row else dict(INTEGER_ROWS))
         if not windows:
             ids = llm.tokenizer.encode(english_text(args.seeds), add_special_tokens=False)
             windows = [ids[i:i + WINDOW] for i in range(0, len(ids) - WINDOW + 1, WINDOW)]
@@ -100,7 +111,7 @@ def main() -> None:
         agree = sum((a.argmax(-1) == b.argmax(-1)).sum().item()
                     for a, b in zip(logits, reference, strict=True))
         delta = sum((a - b).abs().mean().item() for a, b in zip(logits, reference, strict=True))
-        rows.append({"config": label, "options": CONFIGS[label],
+        rows.append({"config": label, "options": CONFIGS[config],
                      "perplexity": perplexity(llm, windows),
                      "top1_agreement": agree / (CONTINUATION * len(sequences)),
                      "mean_abs_dlogit": delta / len(sequences)})

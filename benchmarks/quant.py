@@ -9,8 +9,7 @@ the float32 row are the result: absolute times drift on a shared machine):
   output tokens / wall time (prefill included).
 - resident weight bytes, and for the GGUF row the file's tensor bytes beside them.
 
-Each row runs a warm-up first (inductor compiles the quantized loops there, or loads them
-from its cache). Issue 17's targets: int8 >= 2x and int4 >= 2.5x float32 at batch 1;
+Each row runs a warm-up first. Issue 17's targets: int8 >= 2x and int4 >= 2.5x float32 at batch 1;
 32 concurrent no slower than float32.
 
     .venv/bin/python benchmarks/quant.py [--threads N]

