@@ -24,3 +24,15 @@ def test_two_checkouts_of_the_same_sources_build_in_different_folders(
     there = build.default_build_dir()
     assert there != here
     assert there.parent == here.parent  # the same cache, one folder per checkout
+
+
+def test_an_edited_header_builds_in_a_new_folder(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sources include headers; a changed header must not load a stale library."""
+    copy = tmp_path / "checkout" / "cpu_kernels"
+    shutil.copytree(Path(build.__file__).parent, copy)
+    monkeypatch.setattr(build, "_source_dir", lambda: copy)
+    before = build.default_build_dir()
+    header = copy / build.HEADERS[0]
+    header.write_text(header.read_text() + "\n// edited\n")
+    assert build.default_build_dir() != before

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("paged_attention.cpp", "tiled_attention.cpp", "quantized_linear.cpp",
            "dequantized_linear.cpp", "rms_norm.cpp", "rotary.cpp", "kv_store.cpp")
+# Included by the sources: part of the build folder's key, so editing one rebuilds.
+HEADERS = ("quantized_args.h",)
 LIBRARY = "kvrelay_cpu"
 
 
@@ -69,7 +71,7 @@ def default_build_dir() -> Path:
     """Where the compiled library lives: one folder per source/flag/torch combination."""
     cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")).expanduser()
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         digest.update((_source_dir() / name).read_bytes())
     digest.update(" ".join(compiler_flags()).encode())
     digest.update(torch.__version__.encode())

@@ -26,6 +26,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "quantized_args.h"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -76,23 +78,10 @@ at::Tensor dequantized_linear(const at::Tensor& x, const at::Tensor& qweight,
                               const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
                               int64_t bits, int64_t group_size,
                               const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be a contiguous float32 [M, K] tensor");
-  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  kvrelay_cpu::check_quantized_linear_args(x, qweight, scales, mins, bits, group_size, bias);
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
-  TORCH_CHECK(qweight.is_contiguous() && qweight.size(1) == (bits == 8 ? k : k / 2),
-              "qweight does not match x's K");
-  TORCH_CHECK(group_size > 0 && k % group_size == 0, "group_size must divide K");
   TORCH_CHECK(bits == 8 || (k % 2 == 0 && (k / 2) % group_size == 0),
               "int4 needs K/2 a multiple of group_size");
-  TORCH_CHECK(scales.is_contiguous() && scales.size(0) == n && scales.size(1) == k / group_size,
-              "scales must be [N, K / group_size]");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf,
-              "scales must be float32 or float16");
-  TORCH_CHECK(bits == 8 || (mins && mins->is_contiguous() &&
-                            mins->scalar_type() == scales.scalar_type() &&
-                            mins->sizes() == scales.sizes()),
-              "int4 needs mins shaped and typed like scales");
   const uint8_t* w = static_cast<const uint8_t*>(qweight.data_ptr());
   auto dequantize = [&](int64_t first, int64_t last, float* into) {
     if (scales.scalar_type() == at::kHalf) {

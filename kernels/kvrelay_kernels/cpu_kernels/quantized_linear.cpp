@@ -33,6 +33,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "quantized_args.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -295,26 +297,11 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& qweight,
                             const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
                             int64_t bits, int64_t group_size,
                             const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be a contiguous float32 [M, K] tensor");
-  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  kvrelay_cpu::check_quantized_linear_args(x, qweight, scales, mins, bits, group_size, bias);
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
-  TORCH_CHECK(qweight.is_contiguous() && qweight.size(1) == (bits == 8 ? k : k / 2),
-              "qweight does not match x's K");
-  TORCH_CHECK(group_size % kBlock == 0 && k % group_size == 0,
-              "group_size must be a multiple of 32 that divides K");
+  TORCH_CHECK(group_size % kBlock == 0, "group_size must be a multiple of 32 that divides K");
   TORCH_CHECK(bits == 8 || (k / 2) % kBlock == 0, "int4 needs K/2 a multiple of 32");
   TORCH_CHECK(k / kBlock <= kMaxBlocks, "K must be at most ", kMaxBlocks * kBlock);
-  TORCH_CHECK(scales.is_contiguous() && scales.size(0) == n && scales.size(1) == k / group_size,
-              "scales must be [N, K / group_size]");
-  TORCH_CHECK(bits == 8 || (mins && mins->is_contiguous() &&
-                            mins->scalar_type() == scales.scalar_type() &&
-                            mins->sizes() == scales.sizes()),
-              "int4 needs mins shaped and typed like scales");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf,
-              "scales must be float32 or float16");
-  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n &&
-                        bias->is_contiguous()), "bias must be float32 [N]");
 
   const int64_t blocks = k / kBlock;
   std::vector<int16_t> xq(static_cast<size_t>(m * k));
