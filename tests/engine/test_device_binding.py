@@ -107,7 +107,8 @@ def _recorder(log: list[tuple[str, Any]], name: str, result: Any = None,
 def test_engine_sets_its_device_before_loading_or_building(
         calls: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     files = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64),
-                            weights=lambda: iter(()), tokenizer=None, name="fake")
+                            weights=lambda: iter(()), tokenizer=None, name="fake",
+                            source=SimpleNamespace(kind="hf_folder"))
     monkeypatch.setattr(loader_module, "load_model_source", _recorder(calls, "load", files))
     monkeypatch.setattr(engine_model_module, "build_model", _recorder(calls, "build", stop=True))
     with pytest.raises(Stop):
