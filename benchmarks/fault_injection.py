@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos.runner import RunResult, private_kernel_cache, run_schedule, tiny_model_path
+from chaos.runner import RunResult, run_schedule, tiny_model_path
 from chaos.schedule import BROKEN_VARIANTS, SCENARIOS
 from harness import write_result
 
@@ -69,7 +69,6 @@ def main() -> int:
     for seed in seeds:
         workdir = root / str(seed)
         if args.scenario in (None, "pressure") and model_path is None:
-            private_kernel_cache()
             model_path = tiny_model_path(root)
         result = run_schedule(seed, workdir, model_path=model_path, broken=args.broken,
                               scenario=args.scenario)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -74,17 +72,6 @@ def replay_command(schedule: Schedule) -> str:
             f"--replay {schedule.seed}{flags}")
 
 
-def private_kernel_cache() -> None:
-    """Give this checkout's workers a compiled-kernel cache of their own (unless one is
-    set): checkouts side by side share ``~/.cache/torch_extensions`` under one name and
-    rebuild it under each other's feet, and a worker compiling at its first step would
-    look like a stalled one. The reference engine, run first, builds it once."""
-    if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        here = hashlib.sha256(str(Path(__file__).resolve()).encode()).hexdigest()[:12]
-        os.environ["TORCH_EXTENSIONS_DIR"] = str(
-            Path(tempfile.gettempdir()) / f"kvrelay-chaos-extensions-{here}")
-
-
 def tiny_model_path(root: Path) -> str:
     """The tiny random model the pressure scenario serves, built under ``root``."""
     from helpers.tiny_models import build_tiny_model
@@ -103,7 +90,6 @@ def run_schedule(seed: int, workdir: Path | None = None, *, model_path: str | No
     schedule = make_schedule(seed, scenario=scenario, broken=broken)
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
     if schedule.scenario == PRESSURE:
-        private_kernel_cache()
         model_path = model_path or tiny_model_path(workdir)
     result = RunResult(schedule)
     began = time.monotonic()

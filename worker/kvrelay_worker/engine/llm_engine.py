@@ -13,6 +13,8 @@ import logging
 from collections.abc import Sequence as Seq
 from typing import Any
 
+from kvrelay_kernels.backend import cpu_kernels_allowed
+from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
 from kvrelay_worker.engine.beam.beam_group import (
     BeamGroup,
     advance_beams,
@@ -68,6 +70,10 @@ class LLMEngine:
     def _setup(self, config: EngineConfig, model: CausalLM, tokenizer: Any,
                model_id: str, draft_model: CausalLM | None = None) -> None:
         bind_device(config.torch_device)
+        if config.torch_device.type == "cpu" and cpu_kernels_allowed():
+            # The first start on a machine compiles the C++ kernels (a minute on two busy
+            # cores): here it delays the ready line, not a first job past its stream timeout.
+            load_cpu_kernels()
         self.config = config
         self.model = model
         self.tokenizer = tokenizer

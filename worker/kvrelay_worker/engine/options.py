@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Final, Literal
 
 # Weight quantization: float weights quantized at load (int8, int4), or a GGUF file's
-# quantized blocks kept as stored ("gguf"); "none" keeps float weights.
+# quantized blocks kept as stored ("gguf"); "none" keeps float weights; "auto" is "gguf"
+# for a GGUF file on CPU and "none" otherwise (engine_model.resolve_quantization).
 QUANTIZATIONS: Final = ("none", "int8", "int4", "gguf", "auto")
 # Inputs per int4 group (one scale and minimum each).
 QUANTIZATION_GROUP_SIZES: Final = (32, 64, 128)
