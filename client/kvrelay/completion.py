@@ -11,10 +11,14 @@ import msgspec
 
 from kvrelay.protocol import (
     Finished,
+    FunctionCall,
+    PromptLogprob,
     Started,
     Timings,
     TokenLogprob,
     Tokens,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 
@@ -33,6 +37,12 @@ class StreamChunk(msgspec.Struct, kw_only=True):
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
+    # Reasoning text these tokens add (models that think, with a reasoning parser).
+    reasoning: str = ""
+    # Tool-call pieces these tokens add: ``id`` and ``name`` once, ``arguments`` in parts.
+    tool_calls: list[ToolCallDelta] | None = None
+    # On the first chunk of choice 0 when ``prompt_logprobs`` was asked (first entry None).
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
 
 class Choice(msgspec.Struct, kw_only=True):
@@ -48,6 +58,10 @@ class Choice(msgspec.Struct, kw_only=True):
     cumulative_logprob: float | None = None
     # Beam search: the beam's score (transformers' ``sequences_scores``); best first.
     beam_score: float | None = None
+    # The model's reasoning, apart from ``text`` (models that think).
+    reasoning: str = ""
+    # The tools the model called (``finish_reason`` is then "tool_calls").
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
 
 
 class Completion(msgspec.Struct, kw_only=True):
@@ -66,19 +80,51 @@ class Completion(msgspec.Struct, kw_only=True):
     # (more than 1 after a worker died and another resumed it).
     worker: str | None = None
     attempts: int = 0
+    # Choice 0's reasoning and tool calls; the prompt's log-probabilities when asked.
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    prompt_logprobs: list[PromptLogprob | None] | None = None
+
+
+class _CallParts:
+    """One tool call's pieces as they arrive."""
+
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name = ""
+        self.arguments: list[str] = []
 
 
 class _ChoiceState:
     """Per-choice accumulation; text deltas are joined once, at the end."""
 
-    __slots__ = ("beam_score", "cumulative_logprob", "logprobs", "texts", "token_ids")
+    __slots__ = ("beam_score", "calls", "cumulative_logprob", "logprobs", "reasoning",
+                 "texts", "token_ids")
 
     def __init__(self) -> None:
         self.texts: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, _CallParts] = {}
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] | None = None
         self.cumulative_logprob: float | None = None
         self.beam_score: float | None = None
+
+    def add_call_delta(self, delta: ToolCallDelta) -> None:
+        parts = self.calls.setdefault(delta.index, _CallParts())
+        if delta.id:
+            parts.id = delta.id
+        if delta.name:
+            parts.name = delta.name
+        if delta.arguments:
+            parts.arguments.append(delta.arguments)
+
+    def tool_calls(self) -> list[ToolCall]:
+        return [ToolCall(id=p.id or f"call_{i}",
+                         function=FunctionCall(name=p.name, arguments="".join(p.arguments)))
+                for i, p in sorted(self.calls.items())]
 
 
 class CompletionBuilder:
@@ -98,6 +144,7 @@ class CompletionBuilder:
         self.worker: str | None = None
         self.attempts = 0
         self.prompt_tokens = 0
+        self.prompt_logprobs: list[PromptLogprob | None] | None = None
 
     def _choice(self, index: int) -> _ChoiceState:
         while index >= len(self._choices):
@@ -112,14 +159,22 @@ class CompletionBuilder:
 
     def add_tokens(self, event: Tokens) -> None:
         choice = self._choice(event.index)
+        if event.prompt_logprobs is not None and self.keep_output:
+            self.prompt_logprobs = event.prompt_logprobs
         if self.keep_output:
             if event.text:
                 choice.texts.append(event.text)
+            if event.reasoning:
+                choice.reasoning.append(event.reasoning)
             choice.token_ids.extend(event.token_ids)
             if event.logprobs is not None:
                 if choice.logprobs is None:
                     choice.logprobs = []
                 choice.logprobs.extend(event.logprobs)
+        # Tool calls are kept even without ``keep_output``: a forwarding caller still
+        # needs them whole (they are small, bounded by the job's tokens).
+        for call in event.tool_calls or ():
+            choice.add_call_delta(call)
         if event.cumulative_logprob is not None:
             choice.cumulative_logprob = event.cumulative_logprob
         if event.beam_score is not None:
@@ -153,6 +208,8 @@ class CompletionBuilder:
                     logprobs=state.logprobs,
                     cumulative_logprob=state.cumulative_logprob,
                     beam_score=state.beam_score,
+                    reasoning="".join(state.reasoning),
+                    tool_calls=state.tool_calls(),
                 )
             )
         usage = finished.usage
@@ -175,4 +232,7 @@ class CompletionBuilder:
             model=self.model,
             worker=self.worker,
             attempts=self.attempts,
+            reasoning=first.reasoning,
+            tool_calls=first.tool_calls,
+            prompt_logprobs=self.prompt_logprobs,
         )

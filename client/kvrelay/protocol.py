@@ -28,7 +28,7 @@ import msgspec
 from msgspec import Meta
 
 PROTOCOL_MAJOR: Final = 3
-PROTOCOL_MINOR: Final = 0
+PROTOCOL_MINOR: Final = 1
 
 # Largest request payload a worker accepts, in bytes of JSON.
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1 << 20
@@ -163,7 +163,8 @@ class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     """
 
     n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
-    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)] | None = DEFAULT_MAX_TOKENS
+    # 0 only with ``prompt_logprobs``: score the prompt, generate nothing (``echo``).
+    max_tokens: Annotated[int, Meta(ge=0, le=MAX_TOKENS_LIMIT)] | None = DEFAULT_MAX_TOKENS
     temperature: Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)] = 1.0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Meta(ge=-1, le=MAX_TOP_K)] = 0
@@ -201,9 +202,17 @@ class SamplingOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     # False: this request decodes without speculation, whatever the worker's
     # KVRELAY_SPECULATIVE says (README, "Speculative decoding").
     speculative: bool = True
+    # The log-probability of every prompt token after the first (and this many most
+    # likely alternatives at each position), reported once on the first ``Tokens`` event
+    # of choice 0 (``Tokens.prompt_logprobs``). The prompt is then computed whole: no
+    # prefix-cache hit for this request.
+    prompt_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
 
     def __post_init__(self) -> None:
         # Runs on decode and convert too: the rules that span two fields.
+        if self.max_tokens == 0 and self.prompt_logprobs is None:
+            raise ValueError("max_tokens may be 0 only with prompt_logprobs "
+                             "(scoring the prompt alone)")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
@@ -302,9 +311,84 @@ def priority_from(value: object) -> int:
 # --------------------------------------------------------------------------- requests
 
 
+# Tool calling (OpenAI's function tools): the bounds a worker renders and compiles.
+MAX_TOOLS: Final = 128
+MAX_TOOL_NAME_CHARS: Final = 64
+MAX_TOOL_CALLS_PER_MESSAGE: Final = 64
+MAX_TEMPLATE_KWARGS_BYTES: Final = 8 << 10
+ToolName = Annotated[str, Meta(min_length=1, max_length=MAX_TOOL_NAME_CHARS,
+                                pattern=r"^[A-Za-z0-9_.\-]+$")]
+# OpenAI's ``reasoning_effort`` values; the worker passes it to templates that read it.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+
+
+class FunctionSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A callable function: its name, what it does, and the JSON Schema of its arguments."""
+
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def __post_init__(self) -> None:
+        size = len(msgspec.json.encode(self.parameters or {}))
+        if size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"the parameters schema of tool {self.name!r} is {size} bytes, "
+                             f"over the {MAX_SCHEMA_BYTES} allowed")
+
+
+class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One entry of ``tools`` (only function tools exist)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class FunctionName(msgspec.Struct, kw_only=True):
+    name: ToolName
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+# "auto": the model may call tools; "none": it answers in text; "required": it calls at
+# least one tool; a ``NamedToolChoice``: it calls that one.
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    """A function the model called: its name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One tool call (in an assistant message sent back, or in a finished choice)."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=128)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One message of a conversation, as OpenAI's chat messages carry it (text only).
+
+    ``tool_calls``: an assistant's calls; ``tool_call_id``: the call a ``tool`` message
+    answers; ``reasoning_content``: an assistant's earlier reasoning (templates that
+    render it do; the others drop it, as transformers does).
+    """
+
     role: str
-    content: str
+    content: str | None = None
+    name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Meta(max_length=MAX_TOOL_CALLS_PER_MESSAGE)] | None = None
+    tool_call_id: Annotated[str, Meta(max_length=128)] | None = None
+    reasoning_content: str | None = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -332,6 +416,35 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The pub/sub channel of the client that sent the job (``Keyspace.reply_channel``):
     # where its events are published, with those of the client's other jobs.
     reply_to: str | None = None
+    # Function tools the model may call, and how it must (None: "auto" with tools, else
+    # "none"). Rendered by the model's chat template; "required" and a named choice are
+    # decoded under a grammar built from the tools' parameter schemas.
+    tools: Annotated[list[ToolSpec], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    # False: at most one call per answer.
+    parallel_tool_calls: bool = True
+    # Extra variables for the chat template (``enable_thinking``, ...), as transformers'
+    # ``apply_chat_template(**kwargs)`` takes them.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    def __post_init__(self) -> None:
+        if self.chat_template_kwargs is not None:
+            size = len(msgspec.json.encode(self.chat_template_kwargs))
+            if size > MAX_TEMPLATE_KWARGS_BYTES:
+                raise ValueError(f"chat_template_kwargs is {size} bytes of JSON, over the "
+                                 f"{MAX_TEMPLATE_KWARGS_BYTES} allowed")
+        if self.tools is not None:
+            names = [t.function.name for t in self.tools]
+            if len(set(names)) != len(names):
+                raise ValueError("tools: two tools share a name")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            if not any(t.function.name == choice.function.name for t in self.tools or ()):
+                raise ValueError(f"tool_choice names {choice.function.name!r}, "
+                                 "which is not one of tools")
+        elif choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
 
 
 # ----------------------------------------------------------------------------- events
@@ -340,6 +453,14 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
 class TopLogprob(msgspec.Struct, array_like=True):
     token_id: int
     logprob: float
+    # The token's bytes as the tokenizer maps it (a byte-level token may be part of a
+    # UTF-8 character); None from a worker that does not send them.
+    token_bytes: bytes | None = None
+
+    @property
+    def token(self) -> str | None:
+        """The token as text (an incomplete UTF-8 piece shows as U+FFFD, as OpenAI's)."""
+        return None if self.token_bytes is None else self.token_bytes.decode("utf-8", "replace")
 
 
 class TokenLogprob(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -348,6 +469,35 @@ class TokenLogprob(msgspec.Struct, kw_only=True, omit_defaults=True):
     token_id: int
     logprob: float
     top: list[TopLogprob] = msgspec.field(default_factory=list)
+    token_bytes: bytes | None = None
+
+    @property
+    def token(self) -> str | None:
+        """The token as text (see ``TopLogprob.token``)."""
+        return None if self.token_bytes is None else self.token_bytes.decode("utf-8", "replace")
+
+
+class PromptLogprob(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A prompt token's log-probability given the tokens before it (with alternatives)."""
+
+    token_id: int
+    logprob: float
+    top: list[TopLogprob] = msgspec.field(default_factory=list)
+    token_bytes: bytes | None = None
+
+    @property
+    def token(self) -> str | None:
+        return None if self.token_bytes is None else self.token_bytes.decode("utf-8", "replace")
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A piece of tool call ``index`` of a choice, as OpenAI streams it: ``id`` and
+    ``name`` on its first piece only, ``arguments`` (JSON text) in fragments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -380,7 +530,7 @@ class Started(Event, tag="started", kw_only=True):
     prompt_tokens: int = 0
 
 
-class Tokens(Event, tag="tokens", kw_only=True):
+class Tokens(Event, tag="tokens", kw_only=True, omit_defaults=True):
     """New tokens of choice ``index`` and the text they add (possibly empty)."""
 
     token_ids: list[int]
@@ -395,6 +545,14 @@ class Tokens(Event, tag="tokens", kw_only=True):
     # Beam search: on each returned beam's (only) Tokens event, its score as transformers'
     # ``sequences_scores`` (sum of logprobs / generated length ** length_penalty).
     beam_score: float | None = None
+    # With a reasoning parser: the reasoning text these tokens add (``text`` then carries
+    # the answer's text only).
+    reasoning: str | None = None
+    # With tools: the tool-call pieces these tokens add (their text is not in ``text``).
+    tool_calls: list[ToolCallDelta] | None = None
+    # Once, on the first Tokens event of choice 0 when ``prompt_logprobs`` was asked:
+    # one entry per prompt token, None for the first (nothing precedes it).
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
 
 class Finished(Event, tag="finished", kw_only=True):

@@ -62,6 +62,7 @@ class GenerateOptions(TypedDict, total=False):
     length_penalty: float
     early_stopping: bool | Literal["never"]
     speculative: bool
+    prompt_logprobs: int | None
     # {"type": "json_schema" | "json_object" | "regex" | "choice", ...} (OpenAI's form).
     response_format: Mapping[str, Any] | ResponseFormat | None
     # Scheduling and client-side behaviour.

@@ -472,6 +472,9 @@ class AsyncStream(AsyncResource):
                         text=event.text,
                         token_ids=event.token_ids,
                         logprobs=event.logprobs,
+                        reasoning=event.reasoning or "",
+                        tool_calls=event.tool_calls,
+                        prompt_logprobs=event.prompt_logprobs,
                     )
                 self._absorb(event)
         finally:
