@@ -18,6 +18,7 @@ from kvrelay.protocol import (
     sampling_options_from,
 )
 from kvrelay_worker.engine.errors import SamplingParamsError
+from kvrelay_worker.engine.tools.plan import ToolPlan
 
 # Defaults come from the wire struct, never written here.
 _WIRE = SamplingOptions()
@@ -68,6 +69,13 @@ class SamplingParams:
     early_stopping: bool | str = _WIRE.early_stopping
     # False: this request decodes without speculation.
     speculative: bool = _WIRE.speculative
+    # Log-probabilities of the prompt's tokens (reported once, with the first tokens).
+    prompt_logprobs: int | None = _WIRE.prompt_logprobs
+    # Not sampling options of the wire (set by the worker's intake from the request):
+    # how tool calls are constrained and parsed, and which reasoning parser splits the
+    # model's thinking from its answer (``engine/tools``).
+    tool_plan: ToolPlan | None = None
+    reasoning_parser: str | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
