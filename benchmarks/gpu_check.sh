@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one pass that fits a 15-minute GPU window twice over
-# (the stages' limits add up to under 6 minutes; with the machine's start, under 7):
+# (the stages' limits add up to about 6 minutes; with the machine's start, under 7):
 #   1. kernel_tests       the Triton kernels compiled (tests/kernels, the Triton files
 #                         only: the CPU checks run in CI), KV block sizes 8..128, CUDA
-#                         graphs, block ids past 2**31 elements;
+#                         graphs, block ids past 2**31 elements, LoRA shrink/expand;
 #   2. bench_attention    paged decode attention against copy bandwidth, batch 1/16/64
 #                         at 4k and 32k (benchmarks/gpu_kernels.py --skip-decode);
 #      bench_decode_step  a Llama-3-8B-shaped decode step at batch 1/16/64 and its MBU;
 #      bench_quant_gemm   the W8A16 / W4A16 GEMM at M=1 and 16 against bfloat16;
 #      bench_kv_quant     int8 / fp8 KV decode attention at 32k against bfloat16;
+#      bench_lora         batched LoRA (8 adapters, rank 16/64) against per-adapter matmuls;
 #   3. engine_tests       fp32 GPU = CPU greedy over every tiny model family, speculation
 #                         (n-gram, self-draft, graphs on) = off, int8/int4 weights GPU =
 #                         CPU, swap, beam copy-on-write, graphs = eager, one bf16 model
@@ -19,8 +20,8 @@
 # Results in $OUT (default benchmarks/results/gpu), at most 8 files: summary.json
 # (rewritten after every stage: each one's exit, seconds, test counts; the device),
 # gpu_report.json (figures the engine tests report), attention.json, decode_step.json,
-# quant_gemm.json, kv_quant_decode.json, and logs.tar.gz (every log and JUnit report,
-# re-packed after each stage, so a run cut short still brings back what it did).
+# quant_gemm.json, kv_quant_decode.json, lora.json, and logs.tar.gz (every log and JUnit
+# report, re-packed after each stage, so a run cut short still brings back what it did).
 #
 # The host needs torch, triton and transformers and installs nothing: what it lacks
 # travels in the bundle (benchmarks/gpu_bundle.sh: .whl/ and .devdata/, or the folder
@@ -103,7 +104,7 @@ dry_run() {
   }
   collect kernel_tests "${KERNEL_TESTS[@]}"
   collect engine_tests "${ENGINE_TESTS[@]}" "${ENGINE_DESELECT[@]}"
-  "${guard[@]}" -c "import gpu_kernels, kernels_attention, decode_step, quant_gpu, kv_quant_decode_gpu" \
+  "${guard[@]}" -c "import gpu_kernels, kernels_attention, decode_step, quant_gpu, kv_quant_decode_gpu, lora_gpu" \
     || complain "the benchmarks do not import on the GPU host's packages"
   [ "$failed" = 0 ] && echo "gpu_check --dry-run: the bundle is complete and every stage imports"
   return "$failed"
@@ -180,6 +181,8 @@ stage bench_quant_gemm "${QUANT_GEMM_TIMEOUT:-20}" -- \
 stage bench_kv_quant "${KV_QUANT_TIMEOUT:-25}" -- \
   "$PYTHON" benchmarks/kv_quant_decode_gpu.py --batches 1 8 --contexts 32768 \
   --out "$OUT/kv_quant_decode.json"
+stage bench_lora "${LORA_TIMEOUT:-20}" -- \
+  "$PYTHON" benchmarks/lora_gpu.py --rows 1 64 512 --ranks 16 64 --out "$OUT/lora.json"
 stage engine_tests "${ENGINE_TEST_TIMEOUT:-150}" "${ENGINE_ALLOWED_SKIPS[@]}" -- \
   "$PYTHON" "${PYTEST[@]}" --timeout 120 --junitxml "$WORK/engine_tests.xml" \
   "${ENGINE_TESTS[@]}" "${ENGINE_DESELECT[@]}"
