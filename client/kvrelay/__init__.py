@@ -12,6 +12,7 @@ from kvrelay.completion import Choice, Completion, StreamChunk
 from kvrelay.errors import (
     BrokerUnavailable,
     Cancelled,
+    ControlTimeout,
     DeadlineExceeded,
     InternalError,
     InvalidRequest,
@@ -44,6 +45,7 @@ __all__ = [
     "Choice",
     "Client",
     "Completion",
+    "ControlTimeout",
     "DeadlineExceeded",
     "GenerateOptions",
     "InternalError",

@@ -8,11 +8,12 @@ few enqueue threads running Celery's producer. Create it once per process and sh
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Unpack
 
 from redis.asyncio import Redis
 
+from kvrelay.adapter_admin import AdapterAdmin
 from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion
 from kvrelay.config_values import count, seconds
@@ -32,6 +33,7 @@ from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.prefix_placement import PrefixPlacement, placement_enabled
 from kvrelay.primary_watch import PrimaryWatchedTransport
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
+from kvrelay.queue_depth import ModelQueue, QueueDepthReader
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.request_builder import (
     MAX_JOB_ID_LENGTH,
@@ -216,6 +218,8 @@ class AsyncClient(AsyncResource):
             replica_wait=(ReplicaWait(sentinel.wait_replicas, sentinel.wait_timeout_ms)
                           if sentinel is not None else None),
         )
+        # Created at the first ``queue_depths``: it keeps its queue scan's place.
+        self._queue_depth: QueueDepthReader | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -369,6 +373,25 @@ class AsyncClient(AsyncResource):
         if not name:
             raise InvalidRequest("no model: pass model=... to the client or to this call")
         return await self._jobs.queue_length(name)
+
+    async def queue_depths(self, models: Iterable[str] = ()) -> list[ModelQueue]:
+        """Per model, the jobs waiting for it (its Redis queues and its live workers'
+        engines): the models live workers serve, ``models``, and queues nobody serves,
+        found by a bounded scan (``kvrelay.queue_depth``). Each call costs a few round
+        trips, whatever the size of the keyspace."""
+        self._check_open()
+        if self._queue_depth is None:
+            self._queue_depth = QueueDepthReader(self._redis, self._keys)
+        try:
+            return await self._queue_depth.read(models)
+        except REDIS_ERRORS as exc:
+            raise self._jobs.connection_error(exc, "reading the queue depths") from exc
+
+    @property
+    def adapters(self) -> AdapterAdmin:
+        """Load, unload and list the LoRA adapters of live workers (docs/lora.md)."""
+        self._check_open()
+        return AdapterAdmin(self._jobs, default_model=self._model)
 
     @property
     def dispatcher(self) -> Dispatcher:

@@ -113,6 +113,11 @@ class UnknownJob(KvrelayError, LookupError, code="unknown_job"):
     """``resume`` of a job with no trace left: never enqueued, or its log has expired."""
 
 
+class ControlTimeout(KvrelayError, builtins.TimeoutError, code="control_timeout"):
+    """Live workers did not report what they did with a control message (an adapter's
+    load or unload) in time; ``kvrelay adapters list`` shows where things stand."""
+
+
 class InternalError(KvrelayError, code=ErrorCode.INTERNAL):
     """The worker hit an unexpected error while running the job."""
 

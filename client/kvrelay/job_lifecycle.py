@@ -22,7 +22,14 @@ from kvrelay import event_log
 from kvrelay.connection import REDIS_ERRORS, connection_error
 from kvrelay.dispatcher import Dispatcher
 from kvrelay.enqueue import Enqueuer
-from kvrelay.errors import JobIdReused, KvrelayError, PayloadTooLarge, QueueFull, UnknownModel
+from kvrelay.errors import (
+    InvalidRequest,
+    JobIdReused,
+    KvrelayError,
+    PayloadTooLarge,
+    QueueFull,
+    UnknownModel,
+)
 from kvrelay.job_scripts import RESERVE, UNWATCH
 from kvrelay.keys import Keyspace
 from kvrelay.lua_library import LIBRARY
@@ -38,7 +45,13 @@ from kvrelay.protocol import (
 )
 from kvrelay.redis_functions import AsyncFunctions
 from kvrelay.replica_wait import ReplicaWait
-from kvrelay.workers import live_workers, payload_limits, served_models
+from kvrelay.workers import (
+    live_workers,
+    missing_adapter,
+    payload_limits,
+    served_adapters,
+    served_models,
+)
 
 __all__ = ["ABORT_FLAG_TTL_S", "JobLifecycle"]
 
@@ -126,6 +139,8 @@ class JobLifecycle:
         self._max_payload_bytes = max_payload_bytes
         # Per model: the smallest payload limit its live workers advertise.
         self._payload_limits: dict[str, int] = {}
+        # Per model: the LoRA adapters its live workers hold (as of the latest read).
+        self._adapters: dict[str, frozenset[str]] = {}
         self._live: weakref.WeakSet[LiveStream] = weakref.WeakSet()
         self._background: set[asyncio.Task[None]] = set()
         # The watching streams of this client (token -> job id), whose registrations
@@ -152,6 +167,13 @@ class JobLifecycle:
                     f"no live worker serves model {model!r} (models served: {listing}); "
                     "pass require_worker=False to enqueue ahead of the workers"
                 )
+        if self._require_worker and request.lora is not None:
+            missing = missing_adapter(self._adapters, model, request.lora)
+            if missing is not None:  # loaded since the latest read, maybe: look again
+                await self.workers()
+                missing = missing_adapter(self._adapters, model, request.lora)
+            if missing is not None:
+                raise InvalidRequest(missing, job_id=request.job_id)
         if self._max_payload_bytes > DEFAULT_MAX_PAYLOAD_BYTES:
             await self._check_payload_limit(request)
         if self._max_queue is not None:
@@ -344,6 +366,7 @@ class JobLifecycle:
             raise self.connection_error(exc, "reading the worker registry") from exc
         self._served.update(served_models(workers))
         self._payload_limits = payload_limits(workers)
+        self._adapters = served_adapters(workers)
         return workers
 
     async def _read_workers(self) -> frozenset[str]:

@@ -90,7 +90,7 @@ def prompt_fingerprints(
 def request_fingerprints(request: GenerateRequest) -> list[int]:
     """``prompt_fingerprints`` of a request's prompt (the SDK and the worker both call it)."""
     messages = (None if request.messages is None
-                else [(message.role, message.content) for message in request.messages])
+                else [(message.role, message.content or "") for message in request.messages])
     return prompt_fingerprints(model=request.model, prompt=request.prompt, messages=messages,
                                prompt_token_ids=request.prompt_token_ids,
                                cache_salt=request.cache_salt)

@@ -27,6 +27,15 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from kvrelay.adapter_wire import (  # re-exported: the adapters' part of the contract
+    MAX_ADAPTER_NAME_CHARS as MAX_ADAPTER_NAME_CHARS,
+)
+from kvrelay.adapter_wire import AdapterInfo as AdapterInfo
+from kvrelay.adapter_wire import AdapterMessage as AdapterMessage
+from kvrelay.adapter_wire import AdapterName as AdapterName
+from kvrelay.adapter_wire import AdapterResult as AdapterResult
+from kvrelay.trace_wire import TraceContext
+
 PROTOCOL_MAJOR: Final = 3
 PROTOCOL_MINOR: Final = 1
 
@@ -427,6 +436,11 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     # ``apply_chat_template(**kwargs)`` takes them.
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: ReasoningEffort | None = None
+    # The LoRA adapter (of ``model``) the job runs with; None: the base model alone.
+    lora: AdapterName | None = None
+    # The caller's W3C trace context (``traceparent``, ``tracestate``; kvrelay.trace_wire):
+    # every run of the job, a takeover's too, continues that trace. None: not traced.
+    trace_context: TraceContext | None = None
 
     def __post_init__(self) -> None:
         if self.chat_template_kwargs is not None:
@@ -582,7 +596,7 @@ class AbortMessage(msgspec.Struct, tag="abort", tag_field="type", kw_only=True):
     job_id: str
 
 
-ControlMessage = AbortMessage
+ControlMessage = AbortMessage | AdapterMessage
 
 
 # ------------------------------------------------------------------------- workers
@@ -616,6 +630,10 @@ class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     # prefixes the worker served recently ('' : none, or a worker without a queue of its
     # own, which placement then never picks).
     prefix_filter: str = ""
+    # The LoRA adapters the worker holds, and what it did with the latest adapter
+    # control messages (``kvrelay.adapter_wire``).
+    adapters: list[AdapterInfo] = msgspec.field(default_factory=list)
+    adapter_results: list[AdapterResult] = msgspec.field(default_factory=list)
 
 
 # ------------------------------------------------------------------------- encoding
@@ -668,10 +686,12 @@ def decode_request_json(data: bytes | str) -> GenerateRequest:
 def request_digest(request: GenerateRequest) -> str:
     """What makes two requests the same job: everything but when and from where they were
     sent (a retry carries a new ``enqueued_at``, ``deadline`` and ``queue_deadline``, and
-    from another client process a new ``reply_to``). Kept with the job
+    from another client process a new ``reply_to``, from another trace a new
+    ``trace_context``). Kept with the job
     in place of the prompt, so a reused ``job_id`` is told apart from a retry."""
     timeless = msgspec.structs.replace(
-        request, enqueued_at=0.0, deadline=None, queue_deadline=None, reply_to=None
+        request, enqueued_at=0.0, deadline=None, queue_deadline=None, reply_to=None,
+        trace_context=None,
     )
     # Through the wire form and back, as a worker sees it (``1`` for a float field is
     # ``1.0`` there), so both sides hash the same bytes.

@@ -2,7 +2,8 @@
 
 Its job is to fail *before* anything is enqueued, with a message naming the argument.
 Sampling options and ``priority`` are checked by ``kvrelay.protocol`` (the bounds the
-worker enforces, written once); the rest here (prompt forms, timeouts, payload size).
+worker enforces, written once); messages and the chat template's keywords by
+``kvrelay.chat_inputs``; the rest here (prompt forms, timeouts, payload size).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
+from kvrelay.adapter_wire import adapter_name_error
+from kvrelay.chat_inputs import chat_fields_from, messages_from
 from kvrelay.errors import InvalidRequest, PayloadTooLarge
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -21,7 +24,9 @@ from kvrelay.protocol import (
     ChatMessage,
     GenerateRequest,
     InvalidSamplingOptions,
+    NamedToolChoice,
     ResponseFormat,
+    ToolSpec,
     encode_request,
     priority_from,
     sampling_options_from,
@@ -37,7 +42,9 @@ MAX_JOB_ID_LENGTH = 128
 class GenerateOptions(TypedDict, total=False):
     """Every keyword ``generate``/``stream`` accept besides the positional prompt."""
 
-    messages: Sequence[Mapping[str, str] | ChatMessage]
+    # OpenAI's message dicts: role, content (a str, text parts, or None for an assistant),
+    # name, tool_calls, tool_call_id, reasoning_content; or ChatMessage structs.
+    messages: Sequence[Mapping[str, Any] | ChatMessage]
     prompt_token_ids: Sequence[int]
     model: str
     # Sampling: the wire ``SamplingOptions`` fields (a test keeps the two in step).
@@ -65,6 +72,12 @@ class GenerateOptions(TypedDict, total=False):
     prompt_logprobs: int | None
     # {"type": "json_schema" | "json_object" | "regex" | "choice", ...} (OpenAI's form).
     response_format: Mapping[str, Any] | ResponseFormat | None
+    # Chat only (``kvrelay.chat_inputs``): what the model's template reads besides messages.
+    tools: Sequence[Mapping[str, Any] | ToolSpec] | None
+    tool_choice: str | Mapping[str, Any] | NamedToolChoice | None
+    parallel_tool_calls: bool
+    chat_template_kwargs: Mapping[str, Any] | None
+    reasoning_effort: str | None
     # Scheduling and client-side behaviour.
     priority: int
     timeout: float | None
@@ -72,6 +85,8 @@ class GenerateOptions(TypedDict, total=False):
     stream_timeout: float | None
     queue_timeout: float
     job_id: str | None
+    # A LoRA adapter of ``model`` to run the job with (docs/lora.md).
+    lora: str | None
 
 
 _KNOWN_KEYS = frozenset(GenerateOptions.__annotations__)
@@ -138,32 +153,6 @@ def _int_list(name: str, value: object) -> list[int]:
     return out
 
 
-def _messages(value: object) -> list[ChatMessage]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise InvalidRequest("messages must be a list of {'role': ..., 'content': ...} dicts")
-    if not value:
-        raise InvalidRequest("messages must not be empty")
-    out: list[ChatMessage] = []
-    for i, item in enumerate(value):
-        role: object
-        content: object
-        if isinstance(item, ChatMessage):
-            role, content = item.role, item.content
-        elif isinstance(item, Mapping):
-            extra = set(item) - {"role", "content"}
-            if extra:
-                raise InvalidRequest(f"messages[{i}] has unsupported keys {sorted(extra)}")
-            role, content = item.get("role"), item.get("content")
-        else:
-            raise InvalidRequest(f"messages[{i}] must be a dict, got {type(item).__name__}")
-        if not isinstance(role, str) or not role:
-            raise InvalidRequest(f"messages[{i}]['role'] must be a non-empty str")
-        if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}]['content'] must be a str")
-        out.append(ChatMessage(role=role, content=content))
-    return out
-
-
 def _job_id(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidRequest("job_id must be a non-empty str")
@@ -208,7 +197,8 @@ def build_request(
         )
     if prompt is not None and not isinstance(prompt, str):
         raise InvalidRequest(f"prompt must be a str, got {type(prompt).__name__}")
-    chat = _messages(messages) if messages is not None else None
+    chat = messages_from(messages) if messages is not None else None
+    template = chat_fields_from(options, chat=chat is not None)
     ids = _int_list("prompt_token_ids", token_ids) if token_ids is not None else None
     if ids is not None and not ids:
         raise InvalidRequest("prompt_token_ids must not be empty")
@@ -238,28 +228,40 @@ def build_request(
     cache_salt = options.get("cache_salt")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise InvalidRequest("cache_salt must be a str")
+    lora = options.get("lora")
+    if lora is not None and (problem := adapter_name_error(lora)) is not None:
+        raise InvalidRequest(f"lora: {problem}")
     job_id = options.get("job_id")
     job_id = new_job_id() if job_id is None else _job_id(job_id)
 
     enqueued_at = time.time() if now is None else now
-    request = GenerateRequest(
-        job_id=job_id,
-        model=model,
-        prompt=prompt,
-        messages=chat,
-        prompt_token_ids=ids,
-        sampling=sampling,
-        priority=priority,
-        deadline=None if timeout is None else enqueued_at + timeout,
-        cache_salt=cache_salt,
-        enqueued_at=enqueued_at,
-    )
+    try:
+        request = GenerateRequest(
+            job_id=job_id,
+            model=model,
+            prompt=prompt,
+            messages=chat,
+            prompt_token_ids=ids,
+            sampling=sampling,
+            priority=priority,
+            deadline=None if timeout is None else enqueued_at + timeout,
+            cache_salt=cache_salt,
+            lora=lora,
+            enqueued_at=enqueued_at,
+            tools=template.tools,
+            tool_choice=template.tool_choice,
+            parallel_tool_calls=template.parallel_tool_calls,
+            chat_template_kwargs=template.chat_template_kwargs,
+            reasoning_effort=template.reasoning_effort,
+        )
+    except ValueError as exc:  # a rule across fields (tool_choice names no tool, ...)
+        raise InvalidRequest(str(exc)) from None
     try:
         size = len(encode_request(request))
     except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from os.fsdecode or bad input
         raise InvalidRequest(
             f"the request holds text that is not valid Unicode and cannot be sent as UTF-8 "
-            f"(prompt, messages, stop, cache_salt or job_id): {exc}"
+            f"(prompt, messages, tools, stop, cache_salt or job_id): {exc}"
         ) from None
     if size > max_payload_bytes:
         raise PayloadTooLarge(

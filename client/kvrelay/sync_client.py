@@ -16,6 +16,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
+from kvrelay.adapter_admin import AdapterAdmin, ServedAdapter
+from kvrelay.adapter_wire import AdapterResult
 from kvrelay.client import AsyncClient
 from kvrelay.completion import Completion, StreamChunk
 from kvrelay.errors import KvrelayError
@@ -23,7 +25,7 @@ from kvrelay.protocol import GenerateRequest, WorkerInfo
 from kvrelay.request_builder import GenerateOptions
 from kvrelay.stream import AsyncStream
 
-__all__ = ["Client", "Stream"]
+__all__ = ["Adapters", "Client", "Stream"]
 
 T = TypeVar("T")
 
@@ -153,6 +155,25 @@ class Stream(_ClosesOnExit):
             self._runner.call(self._stream.aclose())
 
 
+class Adapters:
+    """Synchronous view of ``kvrelay.adapter_admin.AdapterAdmin``."""
+
+    def __init__(self, runner: _LoopThread, admin: AdapterAdmin) -> None:
+        self._runner = runner
+        self._admin = admin
+
+    def list(self, model: str | None = None) -> list[ServedAdapter]:
+        return self._runner.call(self._admin.list(model))
+
+    def load(self, name: str, path: str, *, model: str | None = None,
+             timeout: float = 120.0) -> dict[str, AdapterResult]:
+        return self._runner.call(self._admin.load(name, path, model=model, timeout=timeout))
+
+    def unload(self, name: str, *, model: str | None = None,
+               timeout: float = 120.0) -> dict[str, AdapterResult]:
+        return self._runner.call(self._admin.unload(name, model=model, timeout=timeout))
+
+
 class Client(_ClosesOnExit):
     """Synchronous client; takes the same arguments as ``AsyncClient``."""
 
@@ -216,6 +237,11 @@ class Client(_ClosesOnExit):
 
     def queue_length(self, model: str | None = None) -> int:
         return self._runner.call(self._client.queue_length(model))
+
+    @property
+    def adapters(self) -> Adapters:
+        """``AsyncClient.adapters`` without ``await``: load, unload, list."""
+        return Adapters(self._runner, self._runner.call_sync(lambda: self._client.adapters))
 
     def close(self) -> None:
         """Close the async client, then stop the loop thread."""

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import WorkerInfo, decode_worker_info
 
-__all__ = ["live_workers", "payload_limits", "served_models"]
+__all__ = ["live_workers", "missing_adapter", "payload_limits", "served_adapters", "served_models"]
 
 log = logging.getLogger("kvrelay.workers")
 
@@ -59,3 +59,22 @@ def payload_limits(workers: list[WorkerInfo]) -> dict[str, int]:
             limits[worker.model] = min(limits.get(worker.model, worker.max_payload_bytes),
                                        worker.max_payload_bytes)
     return limits
+
+
+def served_adapters(workers: list[WorkerInfo]) -> dict[str, frozenset[str]]:
+    """Per model, the LoRA adapters at least one of its live workers holds."""
+    held: dict[str, set[str]] = {}
+    for worker in workers:
+        held.setdefault(worker.model, set()).update(a.name for a in worker.adapters)
+    return {model: frozenset(names) for model, names in held.items()}
+
+
+def missing_adapter(adapters: dict[str, frozenset[str]], model: str, lora: str) -> str | None:
+    """Why a job of ``model`` with adapter ``lora`` would find no worker to run it (None:
+    some live worker holds it)."""
+    held = adapters.get(model, frozenset())
+    if lora in held:
+        return None
+    listing = ", ".join(sorted(held)) if held else "none"
+    return (f"lora: no live worker of model {model!r} holds adapter {lora!r} (its adapters: "
+            f"{listing}); load it with `kvrelay adapters load` or KVRELAY_LORA_MODULES")

@@ -87,7 +87,7 @@ def test_prompt_forms() -> None:
         (None, {"messages": "hello"}, "messages"),
         (None, {"messages": [{"role": "user"}]}, "content"),
         (None, {"messages": [{"role": "", "content": "x"}]}, "role"),
-        (None, {"messages": [{"role": "u", "content": "x", "name": "n"}]}, "unsupported"),
+        (None, {"messages": [{"role": "u", "content": "x", "nick": "n"}]}, "unsupported"),
         (None, {"prompt_token_ids": []}, "must not be empty"),
         (None, {"prompt_token_ids": [1, -2]}, r"prompt_token_ids\[1\]"),
         (None, {"prompt_token_ids": [1, True]}, r"prompt_token_ids\[1\]"),

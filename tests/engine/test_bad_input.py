@@ -50,8 +50,9 @@ def engine(folder: str) -> LLMEngine:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_tokens": -1}, "max_tokens: expected `int` >= 1, got -1"),
-        ({"max_tokens": 0}, "max_tokens: expected `int` >= 1, got 0"),
+        ({"max_tokens": -1}, "max_tokens: expected `int` >= 0, got -1"),
+        ({"max_tokens": 0}, "max_tokens may be 0 only with prompt_logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs: expected `int` <= 20, got 21"),
         ({"top_p": 1.5}, "top_p: expected `float` <= 1.0, got 1.5"),
         ({"top_p": 0.0}, "top_p: expected `float` > 0.0, got 0.0"),
         ({"temperature": -0.5}, "temperature: expected `float` >= 0.0, got -0.5"),

@@ -104,7 +104,9 @@ def test_deep_json_is_refused_before_parsing(
     nested = {"model": "m", "prompt": "[[[[" * 100, "x": json.loads("[" * 40 + "]" * 40)}
     error = error_of(httpx.post(url, json=nested, timeout=30), 400)
     assert "nests deeper than 32" in error["message"]
-    shallow = {"model": "m", "prompt": "[[[[" * 100, "x": json.loads("[" * 20 + "]" * 20)}
+    # (a field that takes any JSON: an unknown one would be refused, 400, for its name)
+    shallow = {"model": "m", "prompt": "[[[[" * 100,
+               "guided_json": {"x": json.loads("[" * 20 + "]" * 20)}}
     assert httpx.post(url, json=shallow, timeout=30).status_code == 503  # no worker yet
 
 

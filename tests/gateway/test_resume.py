@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 MODEL = "llama-mqa"
 REQUEST = {"model": MODEL, "prompt": [21, 22, 23], "max_tokens": 300, "temperature": 0,
-           "ignore_eos": True, "logprobs": 0, "stream": True, "resumable": True}
+           "ignore_eos": True, "logprobs": 0, "stream": True, "resumable": True,
+           "return_tokens_as_token_ids": True}  # logprob tokens name their ids
 
 
 @pytest.fixture

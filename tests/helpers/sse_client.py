@@ -25,7 +25,8 @@ def events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
 
 
 def token_ids(chunk: dict[str, Any]) -> list[int]:
-    """The token ids of a completions chunk asked with ``logprobs``."""
+    """The token ids of a completions chunk asked with ``logprobs`` and
+    ``return_tokens_as_token_ids``."""
     if not chunk["choices"] or chunk["choices"][0]["logprobs"] is None:
         return []
     return [int(t.removeprefix("token_id:")) for t in chunk["choices"][0]["logprobs"]["tokens"]]

@@ -59,6 +59,7 @@ TABLE: dict[str, list[tuple[Any, bool]]] = {
     "frequency_penalty": floats(-2.0, 2.0),
     "seed": [*ints(-(2**63), 2**63 - 1), (None, True)],
     "logprobs": [*ints(0, 20), (None, True)],
+    "prompt_logprobs": [*ints(0, 20), (None, True)],
     "ignore_eos": [(True, True), (False, True), (1, False), ("yes", False), (NAN, False),
                    (BIG, False)],
     "stop": [([], True), (["a"], True), (["x" * 256], True), (["x" * 257], False),
@@ -114,6 +115,10 @@ CROSS: list[tuple[dict[str, Any], bool]] = [
     ({"beam_width": 2, "stop": ["x"]}, False),
     ({"beam_width": 2, "response_format": {"type": "json_object"}}, False),
     ({"beam_width": 2, "temperature": 0.7}, True),  # ignored by beam search, as in HF
+    # max_tokens 0 scores the prompt alone: only with prompt_logprobs.
+    ({"max_tokens": 0, "prompt_logprobs": 0}, True),
+    ({"max_tokens": 0, "prompt_logprobs": None}, False),
+    ({"max_tokens": -1, "prompt_logprobs": 1}, False),
 ]
 
 CASES = [({**CONTEXT.get(field, {}), field: value}, ok)

@@ -140,7 +140,8 @@ def test_batch_size_and_token_budget_are_kept() -> None:
 def test_requests_that_need_logits_are_refused_and_aborts_are_reported() -> None:
     engine = make_engine([])
     for params in (SamplingParams(logprobs=2), SamplingParams(beam_width=2),
-                   SamplingParams(n=1, best_of=3, temperature=1.0)):
+                   SamplingParams(n=1, best_of=3, temperature=1.0),
+                   SamplingParams(max_tokens=0, prompt_logprobs=1)):
         with pytest.raises(InvalidPromptError, match="simulated engine"):
             engine.add_request("bad", [1, 2], params)
     assert not engine.has_unfinished_requests()

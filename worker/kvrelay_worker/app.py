@@ -114,6 +114,14 @@ def current_runtime() -> WorkerRuntime | None:
     return _runtime
 
 
+@signals.worker_ready.connect
+def _mark_consuming(sender: object = None, **_: object) -> None:
+    """Celery's consumer has started on the model's queue (the engine was loaded before it,
+    by ``EngineBootstep``): from now on ``/ready`` may say ready."""
+    if _runtime is not None:
+        _runtime.probes.consuming()
+
+
 def requeue(job_id: str, payload_json: str) -> None:
     """Put a copy of a job back on its model's queue (failover and hand-back)."""
     send_job_copy(app, QUEUE, job_id, payload_json)

@@ -1,4 +1,5 @@
-"""Listens on the control channel and forwards aborts for jobs this worker holds."""
+"""Listens on the control channel: forwards aborts for jobs this worker holds, and
+adapter loads and unloads (``AdapterMessage``) to whoever applies them."""
 
 from __future__ import annotations
 
@@ -8,17 +9,19 @@ from collections.abc import Callable
 
 import redis
 
-from kvrelay.protocol import AbortMessage, decode_control
+from kvrelay.protocol import AbortMessage, AdapterMessage, decode_control
 
 log = logging.getLogger(__name__)
 
 
 class ControlListener:
     def __init__(self, client: redis.Redis, channel: str,
-                 on_abort: Callable[[str], None]) -> None:
+                 on_abort: Callable[[str], None],
+                 on_adapter: Callable[[AdapterMessage], None] | None = None) -> None:
         self.redis = client
         self.channel = channel
         self.on_abort = on_abort
+        self.on_adapter = on_adapter
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvrelay-control", daemon=True)
         self._ready = threading.Event()
@@ -62,3 +65,5 @@ class ControlListener:
             return
         if isinstance(message, AbortMessage):
             self.on_abort(message.job_id)
+        elif isinstance(message, AdapterMessage) and self.on_adapter is not None:
+            self.on_adapter(message)

@@ -1,7 +1,8 @@
 """The engine thread: the only thread that touches the ``LLMEngine``.
 
-Task threads ``submit`` claimed jobs and anyone may ``abort`` one; both are commands on a
-queue that this thread applies between steps. It loops ``step()`` while there is work,
+Task threads ``submit`` claimed jobs and anyone may ``abort`` one (or ``call`` a function
+on the engine: adapter loads); all are commands on a queue that this thread applies
+between steps. It loops ``step()`` while there is work,
 turns each step's outputs into events and hands them to the publisher in one batch, so
 it never waits on the network.
 """
@@ -20,20 +21,23 @@ from kvrelay.protocol import (
     ErrorCode,
     Failed,
     Finished,
+    PromptLogprob,
     Timings,
     TokenLogprob,
     Tokens,
-    TopLogprob,
     Usage,
 )
 from kvrelay_worker.device_loss import exit_for_device_loss
 from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
-from kvrelay_worker.engine.outputs import ChoiceDelta, SampledLogprob, StepOutput
+from kvrelay_worker.engine.outputs import ChoiceDelta, StepOutput
 from kvrelay_worker.engine.runner.device_errors import is_sticky_device_error
+from kvrelay_worker.engine.sample.token_bytes import token_bytes_for
 from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
 from kvrelay_worker.jobs.publisher import DoneItem, EventItem, HandbackItem, Item, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.served_adapters import ServedAdapters
 from kvrelay_worker.served_engine import ServedEngine
+from kvrelay_worker.wire_logprobs import wire_logprobs, wire_prompt_logprobs
 
 log = logging.getLogger(__name__)
 # While engine steps take less than this, a new job's Started waits for the next step's
@@ -62,6 +66,12 @@ class _Abort:
     reason: str
 
 
+@dataclass
+class _Call:
+    # Run on the engine thread between steps (an adapter's load or unload).
+    fn: Callable[[ServedEngine], None]
+
+
 class EngineService:
     """Owns the engine and the one thread that runs it.
 
@@ -73,16 +83,18 @@ class EngineService:
 
     def __init__(self, make_engine: Callable[[], ServedEngine], publisher: Publisher,
                  metrics: WorkerMetrics,
-                 on_device_lost: Callable[[BaseException], None] = exit_for_device_loss
-                 ) -> None:
+                 on_device_lost: Callable[[BaseException], None] = exit_for_device_loss,
+                 adapters: ServedAdapters | None = None) -> None:
         self._make_engine = make_engine
+        # The LoRA adapters jobs may name (None: none; every job naming one is refused).
+        self.adapters = adapters
         # Called on the engine thread when a step hits a sticky device error; the default
         # ends the process (``device_loss.py``).
         self._on_device_lost = on_device_lost
         self._engine: ServedEngine | None = None
         self.publisher = publisher
         self.metrics = metrics
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Call | None] = queue.SimpleQueue()
         self._jobs: dict[str, ActiveJob] = {}
         # Events of jobs added since the last step, sent ahead of its events; and how long
         # that step took (a long one sends them at once instead).
@@ -127,6 +139,10 @@ class EngineService:
 
     def abort(self, job_id: str, reason: str) -> None:
         self._commands.put(_Abort(job_id, reason))
+
+    def call(self, fn: Callable[[ServedEngine], None]) -> None:
+        """Run ``fn(engine)`` on the engine thread between two steps; it must not raise."""
+        self._commands.put(_Call(fn))
 
     def stats(self) -> dict[str, Any]:
         with self._stats_lock:
@@ -178,6 +194,8 @@ class EngineService:
         while command is not None:
             if isinstance(command, _Add):
                 self._add(command.job, command.announce)
+            elif isinstance(command, _Call):
+                command.fn(self.engine)
             else:
                 self._abort(command.job_id, command.reason)
             try:
@@ -200,12 +218,25 @@ class EngineService:
             self._send(announce)  # a long step must not hold back the news of a pickup
             announce = []
         plan = job.replay
+        lora = job.request.lora
+        refusal = None if lora is None else (
+            self.adapters.refusal(lora) if self.adapters is not None
+            else "this worker serves no LoRA adapters")
+        if refusal is not None:
+            self._send([*announce, EventItem(job, Failed(
+                seq=0, code=ErrorCode.INVALID_REQUEST, message=f"lora: {refusal}"),
+                Outcome.FAILED)])
+            return
+        # Only a job that names an adapter passes one: an engine without LoRA support
+        # (the simulated one) takes every other job as before.
+        adapter: dict[str, str] = {} if lora is None else {"lora": lora}
         try:
             self.engine.add_request(
                 job.job_id, job.prompt_ids, job.params,
                 priority=job.request.priority, cache_salt=job.cache_salt,
                 prior_outputs=plan.outputs, prior_texts=plan.texts,
                 prior_finish_reasons=plan.finish_reasons,
+                prior_reasoning=plan.reasoning, prior_tool_calls=plan.tool_calls, **adapter,
             )
         except EngineInputError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError)
@@ -270,7 +301,7 @@ class EngineService:
             for delta in out.deltas:
                 if delta.index in job.replay.published:
                     continue  # a best_of winner an earlier attempt published whole
-                if delta.token_ids or delta.text or (
+                if delta.token_ids or delta.text or delta.reasoning or delta.tool_calls or (
                         delta.finish_reason and delta.finish_reason != "abort"):
                     items.append(EventItem(job, self._tokens_event(delta)))
             if out.finished:
@@ -289,14 +320,24 @@ class EngineService:
         code, message = _ABORT_FAILURES.get(reason, (ErrorCode.INTERNAL, reason))
         return [EventItem(job, Failed(seq=0, code=code, message=message), reason)]
 
-    @staticmethod
-    def _tokens_event(delta: ChoiceDelta) -> Tokens:
+    def _tokens_event(self, delta: ChoiceDelta) -> Tokens:
+        logprobs: list[TokenLogprob] | None = None
+        prompt_logprobs: list[PromptLogprob | None] | None = None
+        if delta.logprobs is not None or delta.prompt_logprobs is not None:
+            # Each token's bytes, from the tokenizer's vocabulary (only with logprobs).
+            as_bytes = token_bytes_for(self.engine.tokenizer)
+            if delta.logprobs is not None:
+                logprobs = wire_logprobs(delta.logprobs, as_bytes)
+            if delta.prompt_logprobs is not None:
+                prompt_logprobs = wire_prompt_logprobs(delta.prompt_logprobs, as_bytes)
         return Tokens(
             seq=0, token_ids=list(delta.token_ids), text=delta.text, index=delta.index,
-            logprobs=None if delta.logprobs is None else [_wire_logprob(lp) for lp in delta.logprobs],
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             finish_reason=delta.finish_reason if delta.finish_reason != "abort" else None,
             cumulative_logprob=delta.cumulative_logprob,
             beam_score=delta.beam_score,
+            reasoning=delta.reasoning or None,
+            tool_calls=delta.tool_calls or None,
         )
 
     def _finished_event(self, job: ActiveJob, out: StepOutput) -> Finished:
@@ -328,7 +369,3 @@ class EngineService:
         with self._stats_lock:
             self._stats = stats
 
-
-def _wire_logprob(lp: SampledLogprob) -> TokenLogprob:
-    return TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
-                        top=[TopLogprob(t, v) for t, v in lp.top])

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from kvrelay_worker.http_endpoints import serve_endpoints
+from kvrelay_worker.probes import WorkerProbes
+from kvrelay_worker.vllm_metrics import VllmMetrics
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0, 120.0)
@@ -33,15 +37,27 @@ class WorkerMetrics:
         self.info = Gauge("kvrelay_worker_info", "Constant 1, labelled with the model",
                           ["model"], registry=r)
         self.info.labels(model=model).set(1)
+        # The same figures under vLLM's names, for the tools that read those (vllm_metrics).
+        self.vllm = VllmMetrics(r, model)
+        self.vllm.alias(r, (
+            ("vllm:time_to_first_token_seconds", self.ttft, "Enqueue to the first token."),
+            ("vllm:inter_token_latency_seconds", self.itl,
+             "Time between a request's consecutive token events."),
+            ("vllm:time_per_output_token_seconds", self.itl,
+             "As vllm:inter_token_latency_seconds (the older name)."),
+            ("vllm:prompt_tokens", self.prompt_tokens, "Prompt tokens of requests started."),
+            ("vllm:generation_tokens", self.generated_tokens, "Tokens generated."),
+        ))
 
     def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:
         """Export the engine's live state, read at scrape time (never stale)."""
         self.registry.register(_EngineStatsCollector(stats))
+        self.vllm.watch_engine(self.registry, stats)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Start the HTTP endpoint on ``host``; returns the bound port (0 picks a free one)."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_port)
+    def serve(self, port: int, host: str = "127.0.0.1", probes: WorkerProbes | None = None) -> int:
+        """Start the HTTP endpoint on ``host`` (with ``/ready`` and ``/live`` when ``probes``
+        is given); returns the bound port (0 picks a free one)."""
+        return serve_endpoints(self.registry, port, host, probes)
 
 
 # Engine stats exported as gauges: (metric name, stats key, help).

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kvrelay.protocol import (
+    AdapterMessage,
     ErrorCode,
     Failed,
     GenerateRequest,
@@ -23,6 +24,8 @@ from kvrelay.protocol import (
     request_digest,
 )
 from kvrelay_worker.control_listener import ControlListener
+from kvrelay_worker.engine.chat import template_text
+from kvrelay_worker.engine.tools.model_parsers import ModelParsers
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.heartbeat import Heartbeat
 from kvrelay_worker.intake.job_request import (
@@ -42,9 +45,11 @@ from kvrelay_worker.jobs.orphan_queues import OrphanQueues
 from kvrelay_worker.jobs.owned_jobs import OwnedJobs
 from kvrelay_worker.jobs.publisher import EventItem, Publisher
 from kvrelay_worker.metrics import WorkerMetrics
+from kvrelay_worker.probes import WorkerProbes
 from kvrelay_worker.recent_prefixes import RecentPrefixes, prefix_capacity
 from kvrelay_worker.redis_client import worker_redis
 from kvrelay_worker.redis_health import RedisHealth
+from kvrelay_worker.served_adapters import ServedAdapters
 from kvrelay_worker.served_engine import ServedEngine
 from kvrelay_worker.settings import WorkerSettings
 
@@ -69,6 +74,17 @@ class WorkerRuntime:
         self.requeue = requeue
         self.metrics = WorkerMetrics(settings.served_model)
         self.started_at = time.time()
+        # What /ready and /live answer (``probes``). They are served beside the metrics from
+        # here on, before Redis is awaited and the model loads, so an orchestrator sees a
+        # live worker that is not ready yet rather than a refused connection; and before the
+        # first heartbeat, which carries the bound port (0 picks a free one).
+        self.probes = WorkerProbes()
+        self.metrics_port: int | None = None
+        if settings.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(settings.metrics_port,
+                                                   settings.metrics_host, self.probes)
+            log.info("kvrelay worker metrics on %s port %d", settings.metrics_host,
+                     self.metrics_port)
         # The process's one connection pool: every thread below borrows from it.
         self.redis = worker_redis(settings)
         self.store = JobStore(self.redis, settings)
@@ -84,7 +100,15 @@ class WorkerRuntime:
             # starts (as when this module imported them); a simulated worker never loads them.
             import kvrelay_worker.engine.llm_engine  # noqa: F401
 
+        # The LoRA adapters this worker serves (KVRELAY_LORA_MODULES, then control messages).
+        self.adapters = ServedAdapters(settings.served_model)
+
         def make_engine() -> ServedEngine:
+            built = build_engine()
+            self.adapters.load_at_start(built, settings.lora_module_list)
+            return built
+
+        def build_engine() -> ServedEngine:
             if engine is not None:
                 return engine
             if settings.simulated:
@@ -98,9 +122,15 @@ class WorkerRuntime:
         self.publisher = Publisher(self.store, self.metrics, requeue=requeue,
                                    on_fenced=lambda job: self.jobs.fence(job.job_id),
                                    health=self.health)
-        self.service = EngineService(make_engine, self.publisher, self.metrics)
+        self.service = EngineService(make_engine, self.publisher, self.metrics,
+                                     adapters=self.adapters)
         self.jobs = OwnedJobs(self.service, self.store, self.health)
         self.engine = self.service.start()  # loads the model (on the engine's own thread)
+        self.probes.engine_loaded(self.service.is_alive)
+        # The syntax the model writes tool calls and reasoning in (KVRELAY_TOOL_PARSER,
+        # KVRELAY_REASONING_PARSER; auto: read from its chat template).
+        self.parsers = ModelParsers.resolve(template_text(self.engine.tokenizer, True),
+                                            settings.tool_parser, settings.reasoning_parser)
         self.metrics.watch_engine(self.service.stats)
         engine_stats = self.engine.stats()
         # What the prefix cache most likely holds, advertised for placement.
@@ -112,19 +142,12 @@ class WorkerRuntime:
                                     self.store.scripts)
         self.failover = Failover(self.store, settings, requeue, self.orphans, self.health)
         self.control = ControlListener(self.redis, settings.keys.control_channel,
-                                       on_abort=self.jobs.abort)
+                                       on_abort=self.jobs.abort, on_adapter=self._on_adapter)
         self.draining = False
-        self.metrics_port: int | None = None
 
     # --------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        if self.settings.metrics_port is not None:
-            # Before the first heartbeat, which carries the bound port (0 picks a free one).
-            self.metrics_port = self.metrics.serve(self.settings.metrics_port,
-                                                   self.settings.metrics_host)
-            log.info("kvrelay worker metrics on %s port %d", self.settings.metrics_host,
-                     self.metrics_port)
         self.publisher.start()
         self.control.start()
         self.leases.start()
@@ -170,6 +193,7 @@ class WorkerRuntime:
         """Stop taking jobs; let running ones finish within ``grace``; hand back the rest."""
         grace = self.settings.shutdown_grace if grace is None else grace
         self.draining = True
+        self.probes.draining()
         log.info("kvrelay worker draining: %d jobs held, grace %.0fs", len(self.jobs), grace)
         for job in self.jobs.jobs():
             if job.first_token_at is None and not job.prior.has_tokens:
@@ -208,7 +232,17 @@ class WorkerRuntime:
             stats=self.service.stats(), metrics_port=self.metrics_port,
             max_payload_bytes=self.settings.max_payload_bytes,
             prefix_filter=self.prefixes.advertised() if self.own_queue else "",
+            adapters=self.adapters.advertised(), adapter_results=self.adapters.results(),
         )
+
+    def _on_adapter(self, message: AdapterMessage) -> None:
+        """An adapter load or unload for this worker's model (an unload naming no model
+        is for every worker holding it): applied on the engine thread between steps, its
+        outcome reported by the next heartbeat."""
+        model = self.settings.served_model
+        if message.model != model and not (message.model is None and message.action == "unload"):
+            return
+        self.service.call(lambda engine: self.adapters.apply(engine, message))
 
     # ------------------------------------------------------------------- jobs
 
@@ -305,7 +339,7 @@ class WorkerRuntime:
                 Outcome.FAILED, run)
         try:
             check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait)
-            params = sampling_params_from(request)
+            params = sampling_params_from(request, self.parsers)
             prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
                                         self.engine.max_model_len)
         except JobRejected as rejected:

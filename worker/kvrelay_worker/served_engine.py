@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from kvrelay.protocol import ToolCallDelta
 from kvrelay_worker.engine.outputs import StepOutput
 from kvrelay_worker.engine.prompt import Prompt
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -28,7 +29,9 @@ class ServedEngine(Protocol):
                     priority: int = 0, cache_salt: str | None = None,
                     prior_outputs: Sequence[Sequence[int]] | None = None,
                     prior_texts: Sequence[str] | None = None,
-                    prior_finish_reasons: Sequence[str | None] | None = None) -> list[int]: ...
+                    prior_finish_reasons: Sequence[str | None] | None = None,
+                    prior_reasoning: Sequence[str] | None = None,
+                    prior_tool_calls: Sequence[Sequence[ToolCallDelta]] | None = None) -> list[int]: ...
 
     def abort_request(self, request_id: str, *, report: bool = True) -> bool: ...
 

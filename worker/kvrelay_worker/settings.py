@@ -24,6 +24,7 @@ from kvrelay.sentinel_url import SentinelUrlError, is_sentinel_url, parse_sentin
 from kvrelay.tls import TlsConfigError, celery_ssl_options
 from kvrelay_worker.engine.options import (  # torch-free
     KV_CACHE_DTYPE_CHOICES,
+    MAX_LORA_RANK,
     PREEMPTION_MODES,
     QUANTIZATION_GROUP_SIZES,
     QUANTIZATIONS,
@@ -38,6 +39,12 @@ from kvrelay_worker.engine.spec.speculative_config import (  # torch-free
     describe_speculative,
     parse_ngram_range,
     parse_speculative,
+)
+from kvrelay_worker.engine.tools.model_parsers import AUTO, check_parser_setting  # torch-free
+from kvrelay_worker.engine.tools.plan import REASONING_FORMATS, TOOL_FORMATS  # torch-free
+from kvrelay_worker.served_adapters import (  # torch-free
+    AdapterSettingError,
+    parse_lora_modules,
 )
 
 # The reserved model name of the simulated engine (kvrelay_worker/simulated; also
@@ -128,10 +135,20 @@ class WorkerSettings:
     speculative: str = DEFAULT_SPECULATIVE
     speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     speculative_ngram: str = f"{DEFAULT_NGRAM_MIN}-{DEFAULT_NGRAM_MAX}"
+    # The syntax the model writes tool calls and reasoning in (engine/tools): auto (read
+    # from its chat template), none, or a format's name.
+    tool_parser: str = AUTO
+    reasoning_parser: str = AUTO
     # The simulated engine (model ``simulated`` or ``simulated:<name>``): each step takes
     # step_ms + token_ms x the tokens it batches, as a GPU would (kvrelay_worker/simulated).
     simulated_step_ms: float = 20.0
     simulated_token_ms: float = 0.08
+    # LoRA adapters loaded at start, "name=path,name2=path2" (docs/lora.md); the engine's
+    # adapter slots (unset: one per adapter named here, 0 without: LoRA off) and their
+    # largest rank (unset: the engine's default).
+    lora_modules: str = ""
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
     worker_id: str = field(default_factory=_worker_id)
 
     def __post_init__(self) -> None:
@@ -184,6 +201,12 @@ class WorkerSettings:
             parse_ngram_range(self.speculative_ngram, "KVRELAY_SPECULATIVE_NGRAM")
         except SpeculativeSettingError as exc:
             raise SettingsError(str(exc)) from None
+        try:
+            check_parser_setting(self.tool_parser, TOOL_FORMATS, "KVRELAY_TOOL_PARSER")
+            check_parser_setting(self.reasoning_parser, REASONING_FORMATS,
+                                 "KVRELAY_REASONING_PARSER")
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
             raise SettingsError(f"KVRELAY_KV_CACHE_DTYPE must be one of "
                                 f"{', '.join(KV_CACHE_DTYPE_CHOICES)}, got {self.kv_cache_dtype!r}")
@@ -231,6 +254,26 @@ class WorkerSettings:
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise SettingsError(f"KVRELAY_DEVICE must be auto, cpu or cuda, got {self.device!r}")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        try:
+            modules = parse_lora_modules(self.lora_modules)
+        except AdapterSettingError as exc:
+            raise SettingsError(str(exc)) from None
+        if modules and self.simulated:
+            raise SettingsError("KVRELAY_LORA_MODULES: the simulated engine has no LoRA support")
+        if self.max_loras is not None and self.max_loras < len(modules):
+            raise SettingsError(f"KVRELAY_MAX_LORAS ({self.max_loras}) must be at least the "
+                                f"number of KVRELAY_LORA_MODULES ({len(modules)})")
+        if self.max_lora_rank is not None and not 1 <= self.max_lora_rank <= MAX_LORA_RANK:
+            raise SettingsError(f"KVRELAY_MAX_LORA_RANK must be 1 to {MAX_LORA_RANK}, "
+                                f"got {self.max_lora_rank}")
+
+    @property
+    def lora_module_list(self) -> list[tuple[str, str]]:
+        """``KVRELAY_LORA_MODULES`` as (name, path) pairs (validated at start)."""
+        return parse_lora_modules(self.lora_modules)
 
     @cached_property
     def served_model(self) -> str:
@@ -287,6 +330,8 @@ class WorkerSettings:
             "num_speculative_tokens": self.speculative_tokens,
             "speculative_ngram_min": ngram_min,
             "speculative_ngram_max": ngram_max,
+            "max_loras": (self.max_loras if self.max_loras is not None
+                          else len(self.lora_module_list)),
         }
         optional = {
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -297,6 +342,7 @@ class WorkerSettings:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "preemption_mode": self.preemption_mode,
             "swap_space_gib": self.swap_space_gib,
+            "max_lora_rank": self.max_lora_rank,
         }
         options.update({k: v for k, v in optional.items() if v is not None})
         return options

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import click
 
 from kvrelay import KvrelayError, __version__
+from kvrelay.cli.adapters_cmd import adapters
 from kvrelay.cli.bench import bench
 from kvrelay.cli.chat import chat
 from kvrelay.cli.config import validate_environment
@@ -18,6 +19,7 @@ from kvrelay.cli.errors import CliError, one_line
 from kvrelay.cli.functions_cmd import functions
 from kvrelay.cli.gateway_cmd import gateway
 from kvrelay.cli.generate import generate
+from kvrelay.cli.metrics_cmd import metrics
 from kvrelay.cli.models import models
 from kvrelay.cli.up import up
 from kvrelay.cli.worker_cmd import worker
@@ -40,7 +42,8 @@ def cli() -> None:
         click.echo(f"kvrelay: warning: {warning}", err=True)
 
 
-for command in (up, worker, gateway, generate, chat, models, bench, env, functions):
+for command in (up, worker, gateway, metrics, generate, chat, models, adapters, bench, env,
+                functions):
     cli.add_command(command)
 
 

@@ -152,6 +152,11 @@ def client_options(func: F) -> F:
                 metavar="SECONDS",
                 help="Fail a job that has not finished after this long.",
             ),
+            click.option(
+                "--lora",
+                metavar="NAME",
+                help="Run with this LoRA adapter of the model (`kvrelay adapters list`).",
+            ),
         ],
     )
 

@@ -55,6 +55,7 @@ def job_options(model: str, params: Mapping[str, Any], stream_timeout: float) ->
     """The ``client.stream`` keywords a command's sampling (and ``--timeout``) flags stand
     for; flags left unset (None) are not sent, so the SDK's defaults apply."""
     given = picked(params, SAMPLING_FLAGS) | {"timeout": params.get("timeout"),
+                                              "lora": params.get("lora"),
                                               "response_format": response_format_from(params)}
     options = {name: value for name, value in given.items() if value is not None}
     return {"model": model, "stream_timeout": stream_timeout, **options}

@@ -14,7 +14,9 @@ from starlette.routing import Route
 
 from kvrelay.client import AsyncClient
 from kvrelay.errors import KvrelayError
+from kvrelay.gateway.adapter_routes import AdapterAdminRoutes
 from kvrelay.gateway.metrics import GatewayMetrics
+from kvrelay.gateway.responses_api import ResponsesEndpoint
 from kvrelay.gateway.routes import Gateway
 from kvrelay.gateway.settings import GatewaySettings
 
@@ -30,7 +32,9 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
                                       max_queue=settings.max_queue,
                                       stream_buffer_bytes=settings.limits.stream_buffer_bytes)
                for namespace in settings.namespaces}
-    gateway = Gateway(clients, settings, GatewayMetrics())
+    gateway = Gateway(clients, settings, GatewayMetrics(queues=clients))
+    responses = ResponsesEndpoint(gateway)
+    admin = AdapterAdminRoutes(clients, settings, gateway.answer, gateway.refuse)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -49,7 +53,13 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
         Route("/v1/completions", gateway.completions, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{rest:path}", responses.not_stored,
+              methods=["GET", "POST", "DELETE"]),
         Route("/v1/jobs/{job_id}/cancel", gateway.cancel, methods=["POST"]),
+        Route("/v1/admin/adapters", admin.list, methods=["GET"]),
+        Route("/v1/admin/adapters", admin.load, methods=["POST"]),
+        Route("/v1/admin/adapters/{name:path}", admin.unload, methods=["DELETE"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_text, methods=["GET"]),
     ]

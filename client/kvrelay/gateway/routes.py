@@ -16,6 +16,7 @@ from kvrelay.client import AsyncClient
 from kvrelay.completion import Completion
 from kvrelay.errors import KvrelayError
 from kvrelay.gateway import auth
+from kvrelay.gateway.adapter_routes import ModelRouter, model_list
 from kvrelay.gateway.body import check_json_depth, read_body
 from kvrelay.gateway.disconnect import run_until_disconnect
 from kvrelay.gateway.errors import GatewayError, from_kvrelay, internal_error, new_request_id
@@ -50,12 +51,37 @@ class Gateway:
         self.metrics = metrics
         self.auth = auth.Authenticator(settings.api_keys)
         self.healthy = HealthCheck(self._ping_all)
+        # A ``model`` that names a LoRA adapter -> its base model and the adapter.
+        self.router = ModelRouter()
 
     # ------------------------------------------------------------------ helpers
 
     def client_of(self, tenant: str) -> AsyncClient:
         """The SDK client of the tenant's namespace: its jobs, logs and workers only."""
         return self.clients[self.settings.namespace_of(tenant)]
+
+    def new_job(self, client: AsyncClient, tenant: str, model: str,
+                options: dict[str, Any]) -> AsyncStream:
+        """A stream for a new job of ``tenant`` (not started): its id, cache salt, timeout,
+        priority cap and job quota are the tenant's."""
+        policy = self.settings.policies.of(tenant)
+        if "priority" in options:
+            options["priority"] = policy.clamp(options["priority"])
+        options.update(model=model, job_id=auth.new_job_id(tenant),
+                       cache_salt=auth.cache_salt(tenant), timeout=self.settings.job_timeout)
+        stream = client.stream(**options)
+        if policy.counts_jobs:
+            stream.set_quota(quota_of(tenant, policy))
+        return stream
+
+    async def routed_job(self, client: AsyncClient, tenant: str, model: str,
+                         options: dict[str, Any]) -> AsyncStream:
+        """``new_job`` for a ``model`` that may name a LoRA adapter: then the job goes to
+        its base model's queue with ``lora`` set (docs/lora.md)."""
+        base, lora = await self.router.route(client, self.settings.namespace_of(tenant), model)
+        if lora is not None:
+            options["lora"] = lora
+        return self.new_job(client, tenant, base, options)
 
     async def sdk_error(self, exc: KvrelayError, client: AsyncClient) -> GatewayError:
         any_worker = True
@@ -93,10 +119,7 @@ class Gateway:
             return self.refuse("models", exc)
         except KvrelayError as exc:
             return self.refuse("models", await self.sdk_error(exc, client))
-        names = sorted({w.model for w in workers})
-        created = {w.model: int(w.started_at) for w in workers}
-        data = [{"id": n, "object": "model", "created": created[n], "owned_by": "kvrelay"}
-                for n in names]
+        data = model_list(workers)  # the served models, then each adapter with its parent
         return self.answer("models", JSONResponse({"object": "list", "data": data}))
 
     async def chat(self, request: Request) -> Response:
@@ -129,7 +152,7 @@ class Gateway:
             await client.ping()
 
     async def metrics_text(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+        return Response(await self.metrics.scrape(), media_type=self.metrics.content_type)
 
     # ------------------------------------------------------------------ generation
 
@@ -143,23 +166,16 @@ class Gateway:
             raw = await read_body(request, self.settings.limits)
             check_json_depth(raw, self.settings.limits.max_json_depth)
             body: Any = decode(raw, ChatRequest if kind == CHAT else CompletionRequest)
-            maker = ChunkMaker(kind, "", body.model, int(time.time()), body.include_usage)
+            created = int(time.time())
             resume_from = request.headers.get("last-event-id")
+            form = body.output_form(resumed=bool(resume_from))
             if resume_from:
                 stream = await self._resume(client, tenant, resume_from)
             else:
                 options = body.options()
                 if not body.stream:
                     check_output_budget(options, self.settings.limits.max_output_entries)
-                policy = self.settings.policies.of(tenant)
-                if "priority" in options:
-                    options["priority"] = policy.clamp(options["priority"])
-                options.update(model=body.model, job_id=auth.new_job_id(tenant),
-                               cache_salt=auth.cache_salt(tenant),
-                               timeout=self.settings.job_timeout)
-                stream = client.stream(**options)
-                if policy.counts_jobs:
-                    stream.set_quota(quota_of(tenant, policy))
+                stream = await self.routed_job(client, tenant, body.model, options)
                 if body.stream:
                     stream.discard_output()  # each chunk is forwarded, never held
                     await stream.start()
@@ -167,7 +183,7 @@ class Gateway:
             return self.refuse(route, exc)
         except KvrelayError as exc:
             return self.refuse(route, await self.sdk_error(exc, client))
-        maker = ChunkMaker(kind, stream.job_id, body.model, maker.created, body.include_usage)
+        maker = ChunkMaker(form, stream.job_id, body.model, created)
         if body.stream or resume_from:
             self.metrics.count(route, 200)
             return EventStreamResponse(
@@ -179,7 +195,7 @@ class Gateway:
             return self.refuse(route, await self.sdk_error(exc, client))
         if done is None:
             return self.answer(route, Response(status_code=499))
-        return self.answer(route, JSONResponse(whole(kind, done, body.model, maker.created)))
+        return self.answer(route, JSONResponse(whole(form, done, body.model, created)))
 
     async def _resume(self, client: AsyncClient, tenant: str,
                       last_event_id: str) -> AsyncStream:

@@ -40,6 +40,8 @@ class GatewaySettings:
         before it answers 503 (a load balancer in front may rather try another gateway).
     limits: what one HTTP request may cost (``kvrelay.gateway.limits``).
     policies: each tenant's priority ceiling and quotas (``kvrelay.gateway.tenant_policy``).
+    admin_key: the bearer key of the admin routes (``/v1/admin/adapters``); empty turns
+        them off (403), so no API key alone can load code paths onto workers.
     """
 
     redis_url: str = "redis://localhost:6379/0"
@@ -53,6 +55,7 @@ class GatewaySettings:
     reconnect_timeout: float = 30.0
     limits: RequestLimits = field(default_factory=RequestLimits)
     policies: TenantPolicies = field(default_factory=TenantPolicies)
+    admin_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         _positive("job_timeout", self.job_timeout)
@@ -79,8 +82,8 @@ class GatewaySettings:
         ``KVRELAY_GATEWAY_API_KEYS_FILE``, ``KVRELAY_NAMESPACE``,
         ``KVRELAY_GATEWAY_TENANT_NAMESPACES`` (``tenant=namespace,...``),
         ``KVRELAY_GATEWAY_MAX_QUEUE``,
-        ``KVRELAY_GATEWAY_JOB_TIMEOUT``, ``KVRELAY_GATEWAY_STREAM_TIMEOUT`` and
-        ``KVRELAY_GATEWAY_RECONNECT_TIMEOUT``."""
+        ``KVRELAY_GATEWAY_JOB_TIMEOUT``, ``KVRELAY_GATEWAY_STREAM_TIMEOUT``,
+        ``KVRELAY_GATEWAY_RECONNECT_TIMEOUT`` and ``KVRELAY_GATEWAY_ADMIN_KEY``."""
         environ = os.environ if env is None else env
         keys: dict[str, str] = {}
         path = environ.get("KVRELAY_GATEWAY_API_KEYS_FILE")
@@ -107,6 +110,7 @@ class GatewaySettings:
             reconnect_timeout=_seconds("KVRELAY_GATEWAY_RECONNECT_TIMEOUT",
                                        environ.get("KVRELAY_GATEWAY_RECONNECT_TIMEOUT"))
             or cls.reconnect_timeout,
+            admin_key=environ.get("KVRELAY_GATEWAY_ADMIN_KEY", "").strip(),
         )
 
 

@@ -10,6 +10,8 @@ import torch
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.options import (
     BLOCK_SIZES,
+    DEFAULT_MAX_LORA_RANK,
+    MAX_LORA_RANK,
     PREEMPTION_MODES,
     QUANTIZATION_GROUP_SIZES,
     QUANTIZATIONS,
@@ -134,6 +136,11 @@ class EngineConfig:
     # "auto": "gguf" for a GGUF source on CPU, else "none" (decided at load).
     quantization: str | None = "none"
     quantization_group_size: int = 32
+    # LoRA adapters (``engine/lora``): how many can serve in one step (device slots; 0
+    # turns LoRA off and costs nothing), and the largest rank they may have (the slots'
+    # padded width: a wider one costs every adapted row more work).
+    max_loras: int = 0
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     def __post_init__(self) -> None:
         self.validate()
@@ -178,6 +185,9 @@ class EngineConfig:
              f"got {self.quantization_group_size}"),
             (self.min_prefill_chunk >= 1,
              f"min_prefill_chunk must be at least 1, got {self.min_prefill_chunk}"),
+            (self.max_loras >= 0, f"max_loras must be at least 0, got {self.max_loras}"),
+            (1 <= self.max_lora_rank <= MAX_LORA_RANK,
+             f"max_lora_rank must be 1 to {MAX_LORA_RANK}, got {self.max_lora_rank}"),
         ]
         for ok, message in checks:
             if not ok:

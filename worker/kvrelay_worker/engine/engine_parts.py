@@ -21,6 +21,7 @@ from kvrelay_worker.engine.kv.kv_sizing import decide_num_blocks, decide_num_swa
 from kvrelay_worker.engine.kv.kv_swap import allocate_host_kv
 from kvrelay_worker.engine.kv.max_model_len import fit_max_model_len
 from kvrelay_worker.engine.kv.swap_space import SwapSpace
+from kvrelay_worker.engine.lora.lora_manager import LoraManager
 from kvrelay_worker.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvrelay_worker.engine.sample.sampler import Sampler
 from kvrelay_worker.engine.sample.sampling_batch import SamplingBatchBuilder
@@ -51,6 +52,7 @@ class EngineParts:
     sampling_batches: SamplingBatchBuilder
     speculator: Speculator | None
     inputs: InputProcessor
+    loras: LoraManager | None  # None: LoRA is off (``max_loras`` 0)
 
 
 def build_engine_parts(config: EngineConfig, model: CausalLM, tokenizer: Any,
@@ -59,8 +61,13 @@ def build_engine_parts(config: EngineConfig, model: CausalLM, tokenizer: Any,
     device = config.torch_device
     vocab_size = model.config.vocab_size
     eos_token_ids = eos_token_ids_of(model, tokenizer)
+    # Before the runner: the adapter slots are allocated with the weights, and the
+    # KV pool is sized around both.
+    loras = (LoraManager(model, config.max_loras, config.max_lora_rank, config.torch_dtype,
+                         device) if config.max_loras else None)
     runner = ModelRunner(model, config.block_size, device, config.torch_dtype,
                          config.torch_kv_cache_dtype)
+    runner.lora = loras.batch if loras is not None else None
     step_timer = StepTimer.for_device(device)
     model_bytes = weight_bytes(model)
     draft_model = draft_weights(config, model, draft_model)
@@ -82,7 +89,7 @@ def build_engine_parts(config: EngineConfig, model: CausalLM, tokenizer: Any,
     stop = StopConditions(frozenset(eos_token_ids), max_len)
     scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens,
                           config.enable_chunked_prefill, stop, swap=swap, preemption=policy,
-                          pacer=_pacer(config))
+                          pacer=_pacer(config), max_loras=config.max_loras)
     generator = torch.Generator(device=device).manual_seed(config.seed)
     return EngineParts(
         eos_token_ids=eos_token_ids, runner=runner, step_timer=step_timer,
@@ -91,6 +98,7 @@ def build_engine_parts(config: EngineConfig, model: CausalLM, tokenizer: Any,
         sampling_batches=SamplingBatchBuilder(vocab_size, eos_token_ids, device),
         speculator=_speculator(config, max_len, vocab_size, num_blocks, draft_model),
         inputs=InputProcessor(tokenizer, vocab_size, eos_token_ids, max_len, device, stop),
+        loras=loras,
     )
 
 

@@ -28,3 +28,12 @@ class RequestFailedError(RuntimeError):
 
     Only this request ends, with this error; the others in the step go on.
     """
+
+
+class LoraAdapterError(EngineInputError):
+    """A LoRA adapter folder the engine cannot load: unreadable, of a kind or shape the
+    base model cannot take, or LoRA is off (``EngineConfig.max_loras`` is 0)."""
+
+
+class LoraNotLoadedError(EngineInputError):
+    """A request names a LoRA adapter the engine does not hold (never loaded, or removed)."""

@@ -68,13 +68,19 @@ class LLM:
             self.engine.step()  # drain the aborts so the engine is clean
             raise
 
-    def chat(self, messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
+    def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             *, use_tqdm: bool = False) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (or a list of them)."""
+             *, use_tqdm: bool = False, tools: Sequence[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None,
+             reasoning_effort: str | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation (or a list of them), with
+        OpenAI-style ``tools`` and extra template variables (``engine/chat.py``)."""
         single = bool(messages) and isinstance(messages[0], dict)
         conversations: list[Any] = [messages] if single else list(messages)
-        prompts = [apply_chat_template(self.tokenizer, c) for c in conversations]
+        prompts = [apply_chat_template(self.tokenizer, c, tools=tools,
+                                       template_kwargs=chat_template_kwargs,
+                                       reasoning_effort=reasoning_effort)
+                   for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     @staticmethod

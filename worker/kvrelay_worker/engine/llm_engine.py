@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence as Seq
+from pathlib import Path
 from typing import Any
 
+from kvrelay.protocol import ToolCallDelta
 from kvrelay_kernels.backend import cpu_kernels_allowed
 from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
 from kvrelay_worker.engine.beam.beam_group import (
@@ -25,15 +27,21 @@ from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.engine_model import build_model_for, resolve_quantization
 from kvrelay_worker.engine.engine_parts import build_engine_parts
 from kvrelay_worker.engine.engine_stats import engine_stats
-from kvrelay_worker.engine.errors import RequestFailedError
+from kvrelay_worker.engine.errors import (
+    LoraAdapterError,
+    LoraNotLoadedError,
+    RequestFailedError,
+)
 from kvrelay_worker.engine.kv.block_copy import copy_blocks
 from kvrelay_worker.engine.kv.kv_swap import copy_to_device, copy_to_host
 from kvrelay_worker.engine.kv.max_model_len import default_max_len
+from kvrelay_worker.engine.lora.adapter import LoraAdapter, LoraInfo
 from kvrelay_worker.engine.outputs import StepOutput
 from kvrelay_worker.engine.prompt import Prompt
 from kvrelay_worker.engine.request_state import RequestState
 from kvrelay_worker.engine.runner.device import bind_device
 from kvrelay_worker.engine.runner.device_errors import is_sticky_device_error
+from kvrelay_worker.engine.runner.prompt_scoring import PromptScores
 from kvrelay_worker.engine.sample.sampler import SamplerOutput
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.engine.sched.scheduler_output import BatchLayout, ScheduledSequence
@@ -93,6 +101,7 @@ class LLMEngine:
         self.sampling_batches = parts.sampling_batches
         self.speculator = parts.speculator
         self.inputs = parts.inputs
+        self.loras = parts.loras
         self.requests: dict[str, RequestState] = {}
         self.beam_groups: dict[str, BeamGroup] = {}
         self._pending: list[StepOutput] = []
@@ -104,12 +113,17 @@ class LLMEngine:
                     priority: int = 0, cache_salt: str | None = None,
                     prior_outputs: Seq[Seq[int]] | None = None,
                     prior_texts: Seq[str] | None = None,
-                    prior_finish_reasons: Seq[str | None] | None = None) -> list[int]:
+                    prior_finish_reasons: Seq[str | None] | None = None,
+                    prior_reasoning: Seq[str] | None = None,
+                    prior_tool_calls: Seq[Seq[ToolCallDelta]] | None = None,
+                    lora: str | None = None) -> list[int]:
         """Validate a request and queue it; return its prompt token ids.
 
         ``prior_*`` resume a request an earlier attempt started (failover): per choice,
         the tokens and text it already reported, and a finish reason for choices that had
-        already ended. Generation continues after them; they are never reported again.
+        already ended (with output parsers, the reasoning and tool-call pieces it sent).
+        Generation continues after them; they are never reported again.
+        ``lora`` names a loaded LoRA adapter (``add_lora``) the request runs with.
         Bad input raises before anything is queued, so the engine is left as it was.
         """
         if request_id in self.requests:
@@ -117,7 +131,10 @@ class LLMEngine:
         state = self.inputs.process(request_id, prompt, params, priority=priority,
                                     cache_salt=cache_salt, prior_outputs=prior_outputs,
                                     prior_texts=prior_texts,
-                                    prior_finish_reasons=prior_finish_reasons)
+                                    prior_finish_reasons=prior_finish_reasons,
+                                    prior_reasoning=prior_reasoning,
+                                    prior_tool_calls=prior_tool_calls,
+                                    lora=self._adapter(lora))
         self._queue(state)
         return state.prompt_token_ids
 
@@ -185,10 +202,12 @@ class LLMEngine:
         copy_blocks(self.runner.kv_caches, sched.copies)  # copy-on-write of forked beams
         if sched.is_empty:
             return outputs
+        if self.loras is not None:  # every adapter the step runs gets its device slot
+            self.loras.activate(self.scheduler.running)
         self.num_steps += 1
         touched: dict[str, RequestState] = {}
         try:
-            sampled = self._execute_and_sample(sched.layout)
+            sampled, scores = self._execute_and_sample(sched.layout)
         except Exception as exc:
             if is_sticky_device_error(exc):
                 raise  # the device is lost for every request: no part of the batch can run
@@ -196,7 +215,7 @@ class LLMEngine:
                         "the request that makes it fail", exc)
             self._isolate_failure(sched.scheduled, touched)
         else:
-            self._update(sched.layout, sampled, touched)
+            self._update(sched.layout, sampled, touched, scores)
             # The whole step, as a decoding stream waits for it: its device work done too
             # (a step where no row samples read nothing back).
             ms = self.step_timer.elapsed_ms()
@@ -210,15 +229,21 @@ class LLMEngine:
                 self.beam_groups.pop(request_id, None)
         return outputs
 
-    def _execute_and_sample(self, layout: BatchLayout) -> SamplerOutput | None:
+    def _execute_and_sample(self, layout: BatchLayout
+                            ) -> tuple[SamplerOutput | None, list[PromptScores]]:
         """Run the model on ``layout``'s batch and sample its rows; changes no sequence.
 
         A row after a draft samples as its output position would without speculation
-        (``spec/verification.py``); a beam's row also gives its best candidates.
+        (``spec/verification.py``); a beam's row also gives its best candidates. Prompt
+        chunks whose log-probabilities are asked come back scored.
         """
-        logits = self.runner.execute(layout.scheduled, layout=layout)
+        scores: list[PromptScores] = []
+        if layout.prompt_spans:
+            logits, scores = self.runner.execute_scoring(layout)
+        else:
+            logits = self.runner.execute(layout.scheduled, layout=layout)
         if not layout.num_rows:
-            return None
+            return None, scores
         batch = self.sampling_batches.build(layout.row_seqs, layout.row_offsets)
         result = self.sampler(logits, batch)
         if layout.beam_rows:  # what beam search ranks: log_softmax of the raw logits
@@ -226,12 +251,21 @@ class LLMEngine:
                            .candidates_per_beam for row in layout.beam_rows)
             result.beam_log_probs, result.beam_token_ids = beam_candidates(
                 logits[layout.beam_rows], per_beam)
-        return result
+        return result, scores
 
     def _update(self, layout: BatchLayout, result: SamplerOutput | None,
-                touched: dict[str, RequestState]) -> None:
-        """Let the scheduler apply the step, then report each sequence's new tokens."""
+                touched: dict[str, RequestState], scores: Seq[PromptScores] = ()) -> None:
+        """Let the scheduler apply the step, then report each sequence's new tokens (and
+        keep its prompt's scores; a ``max_tokens`` 0 request ends with its prompt)."""
         update = self.scheduler.update_from_output(layout, result.token_ids if result else [])
+        for chunk in scores:
+            prompt_logprobs = self.requests[chunk.seq.request_id].prompt_logprobs
+            if prompt_logprobs is not None:
+                prompt_logprobs.record(chunk)
+        for item in layout.prompt_only:
+            state = self.requests[item.seq.request_id]
+            state.choices[item.seq.choice_index].finish_reason = item.seq.status.value
+            touched[item.seq.request_id] = state
         if layout.beam_rows:
             assert result is not None
             for group in advance_beams(self.beam_groups, layout, result, self.scheduler,
@@ -272,7 +306,7 @@ class LLMEngine:
                 continue
             layout = BatchLayout.of(part)
             try:
-                sampled = self._execute_and_sample(layout)
+                sampled, scores = self._execute_and_sample(layout)
             except Exception as exc:
                 if is_sticky_device_error(exc):
                     raise
@@ -282,7 +316,7 @@ class LLMEngine:
                     middle = len(part) // 2
                     parts += [part[middle:], part[:middle]]
                 continue
-            self._update(layout, sampled, touched)
+            self._update(layout, sampled, touched, scores)
 
     def _fail_request(self, request_id: str, exc: Exception,
                       touched: dict[str, RequestState]) -> None:
@@ -298,6 +332,34 @@ class LLMEngine:
         error.__cause__ = exc
         state.error = error
         touched[request_id] = state
+
+    # ------------------------------------------------------------------ adapters
+
+    def add_lora(self, name: str, path: str | Path) -> LoraInfo:
+        """Load the PEFT LoRA folder ``path`` as adapter ``name`` (between steps); loading
+        a name again replaces it for later requests. Raises ``LoraAdapterError`` when
+        LoRA is off (``max_loras`` 0) or the folder cannot be served on this model."""
+        if self.loras is None:
+            raise LoraAdapterError("LoRA adapters are off on this engine: start it with "
+                                   "max_loras of 1 or more")
+        return self.loras.add(name, path)
+
+    def remove_lora(self, name: str) -> bool:
+        """Stop accepting requests for ``name``; False when it was not loaded. Requests
+        already accepted finish with it, then its memory is freed."""
+        return self.loras.remove(name) if self.loras is not None else False
+
+    def list_loras(self) -> list[LoraInfo]:
+        """The adapters requests may name, in the order they were loaded."""
+        return self.loras.list() if self.loras is not None else []
+
+    def _adapter(self, name: str | None) -> LoraAdapter | None:
+        if name is None:
+            return None
+        if self.loras is None:
+            raise LoraNotLoadedError(f"LoRA adapter {name!r} asked for, but LoRA adapters "
+                                     "are off on this engine")
+        return self.loras.get(name)
 
     # --------------------------------------------------------------------- stats
 

@@ -31,3 +31,9 @@ KV_CACHE_DTYPE_CHOICES: Final = (AUTO_KV_CACHE_DTYPE, *QUANTIZED_KV_CACHE_DTYPES
 # KV block sizes (tokens per block) the engine accepts; tests/kernels/test_block_sizes.py
 # runs the attention and KV-store kernels at every one of them.
 BLOCK_SIZES: Final = (8, 16, 32, 64, 128)
+
+# LoRA adapters' largest rank: what PEFT adapters use (8 to 64). Every device slot is
+# padded to ``EngineConfig.max_lora_rank`` (default 16), so a wider setting costs every
+# adapted row more work even for low-rank adapters.
+MAX_LORA_RANK: Final = 64
+DEFAULT_MAX_LORA_RANK: Final = 16

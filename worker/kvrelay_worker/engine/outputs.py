@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvrelay.protocol import ToolCall, ToolCallDelta
 from kvrelay_worker.engine.errors import RequestFailedError
 
 
@@ -32,6 +33,10 @@ class CompletionChoice:
     cumulative_logprob: float | None = None
     # Beam search: the beam's score, as transformers' ``sequences_scores``.
     beam_score: float | None = None
+    # With output parsers (``engine/tools``): the reasoning apart from ``text``, and the
+    # tools the model called (``finish_reason`` is then "tool_calls").
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -45,6 +50,10 @@ class RequestOutput:
     prompt: str | None = None
     # Tokens generated for the request, best_of candidates that lost included.
     num_generated_tokens: int = 0
+    # With ``prompt_logprobs``: one entry per prompt token (None for the first), each the
+    # token's log-probability under the model's raw distribution given the tokens before
+    # it, with that many most likely alternatives (``runner/prompt_scoring.py``).
+    prompt_logprobs: list[SampledLogprob | None] | None = None
 
     @property
     def text(self) -> str:
@@ -79,6 +88,11 @@ class ChoiceDelta:
     # On the last delta of a choice, when known (see ``CompletionChoice``).
     cumulative_logprob: float | None = None
     beam_score: float | None = None
+    # Reasoning text and tool-call pieces this step added (``text`` is then the answer's).
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    # Once, on the first delta of choice 0 (see ``RequestOutput.prompt_logprobs``).
+    prompt_logprobs: list[SampledLogprob | None] | None = None
 
 
 @dataclass

@@ -20,8 +20,11 @@ from kvrelay_worker.engine.outputs import (
     SampledLogprob,
     StepOutput,
 )
+from kvrelay_worker.engine.prompt_logprobs import PromptLogprobs
 from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.sched.sequence import Sequence
+from kvrelay_worker.engine.tools.choice_parsing import reported_reason, split, whole
+from kvrelay_worker.engine.tools.output_parsing import OutputParsing
 
 if TYPE_CHECKING:
     from kvrelay_worker.engine.sample.sampler import SamplerOutput
@@ -41,6 +44,8 @@ class ChoiceState:
     cumulative_logprob: float | None = None
     # A returned beam's score (beam search; see ``beam_group``).
     beam_score: float | None = None
+    # Reasoning and tool-call parsers over the text, when the request asks for them.
+    parsing: OutputParsing | None = None
 
     def __post_init__(self) -> None:
         # The sequence feeds its detokenizer each token it appends, so a stop string
@@ -76,12 +81,15 @@ class ChoiceState:
         finished = self.finish_reason is not None
         if finished:
             self.detok.flush()
+        parsed = split(self.detok, self.parsing, finished)
         delta = ChoiceDelta(
             index=self.seq.choice_index,
             token_ids=self.new_ids,
-            text=self.detok.take_delta(finished),
+            text=parsed.text,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
             logprobs=self.new_logprobs if self.logprobs is not None else None,
-            finish_reason=self.finish_reason,
+            finish_reason=reported_reason(self.parsing, self.finish_reason),
             cumulative_logprob=self.cumulative_logprob if finished else None,
             beam_score=self.beam_score if finished else None,
         )
@@ -92,28 +100,31 @@ class ChoiceState:
 
     def whole_delta(self, index: int) -> ChoiceDelta:
         """The finished choice as one delta under ``index`` (a best_of winner's report)."""
-        self.detok.flush()
-        self.detok.take_delta(True)
+        parsed = whole(self.detok, self.parsing)
         self.new_ids = []
         self.new_logprobs = []
         self.reported_finish = True
         return ChoiceDelta(
             index=index,
             token_ids=self.seq.output_token_ids,
-            text=self.detok.text,
+            text=parsed.text,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
             logprobs=self.logprobs,
-            finish_reason=self.finish_reason,
+            finish_reason=reported_reason(self.parsing, self.finish_reason),
             cumulative_logprob=self.cumulative_logprob,
             beam_score=self.beam_score,
         )
 
     def completion(self, index: int) -> CompletionChoice:
-        self.detok.flush()  # an unreported (best_of) choice may still hold text back
+        parsed = whole(self.detok, self.parsing)  # an unreported choice may hold text back
         return CompletionChoice(
             index=index,
-            text=self.detok.text,
+            text=parsed.text,
+            reasoning=parsed.reasoning,
+            tool_calls=[] if self.parsing is None else self.parsing.tool_calls,
             token_ids=self.seq.output_token_ids,
-            finish_reason=self.finish_reason,
+            finish_reason=reported_reason(self.parsing, self.finish_reason),
             logprobs=self.logprobs,
             cumulative_logprob=self.cumulative_logprob,
             beam_score=self.beam_score,
@@ -129,6 +140,8 @@ class RequestState:
     error: RequestFailedError | None = None
     # Choices returned; fewer than ``choices`` when best_of candidates compete for them.
     num_returned: int | None = None
+    # With ``prompt_logprobs`` (unless a resumed choice 0 already reported them).
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def selects(self) -> bool:
@@ -161,6 +174,8 @@ class RequestState:
             for c in self.choices:
                 c.new_ids, c.new_logprobs = [], []
             deltas = []
+        if self.prompt_logprobs is not None:
+            self._attach_prompt_logprobs(deltas)
         return StepOutput(
             request_id=self.request_id,
             deltas=deltas,
@@ -170,6 +185,13 @@ class RequestState:
             output=self.final_output() if finished else None,
             error=self.error,
         )
+
+    def _attach_prompt_logprobs(self, deltas: list[ChoiceDelta]) -> None:
+        """Put the prompt's log-probabilities on the first delta of choice 0, once."""
+        assert self.prompt_logprobs is not None
+        first = next((d for d in deltas if d.index == 0), None)
+        if first is not None:
+            first.prompt_logprobs = self.prompt_logprobs.take()
 
     def final_output(self) -> RequestOutput:
         winners = self.winners()
@@ -182,6 +204,8 @@ class RequestState:
             num_cached_tokens=self.num_cached_tokens,
             prompt=self.prompt,
             num_generated_tokens=sum(c.seq.num_output_tokens for c in self.choices),
+            prompt_logprobs=(self.prompt_logprobs.entries if self.prompt_logprobs is not None
+                             and self.prompt_logprobs.complete else None),
         )
 
 

@@ -17,6 +17,8 @@ from kvrelay_worker.engine.chat import apply_chat_template
 from kvrelay_worker.engine.errors import EngineInputError, PromptTooLongError
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.sampling_params import SamplingParams
+from kvrelay_worker.engine.tools.model_parsers import ModelParsers
+from kvrelay_worker.intake.tool_request import ToolRequestError, plan_and_reasoning
 
 # How much of an unexpected decoding error's text goes into the Failed event.
 _MAX_REASON_CHARS = 300
@@ -104,12 +106,19 @@ def _decode_payload(payload: object, task_id: str, model: str,
     return request, raw.decode() if isinstance(raw, bytes) else raw
 
 
-def sampling_params_from(request: GenerateRequest) -> SamplingParams:
-    """The engine's form of the request's options (decoding already enforced their bounds)."""
+def sampling_params_from(request: GenerateRequest,
+                         parsers: ModelParsers | None = None) -> SamplingParams:
+    """The engine's form of the request's options (decoding already enforced their bounds),
+    with its tool plan and reasoning parser for a model that writes ``parsers``' syntax."""
     try:
-        return SamplingParams.from_options(request.sampling)
+        params = SamplingParams.from_options(request.sampling)
+        params.tool_plan, params.reasoning_parser = plan_and_reasoning(
+            request, parsers or ModelParsers())
+    except ToolRequestError as exc:
+        raise JobRejected(exc.code, str(exc)) from None
     except EngineInputError as exc:
         raise JobRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
+    return params
 
 
 def prompt_ids_for(request: GenerateRequest, tokenizer: Any, vocab_size: int,
@@ -118,8 +127,10 @@ def prompt_ids_for(request: GenerateRequest, tokenizer: Any, vocab_size: int,
     prompt: Prompt
     try:
         if request.messages is not None:
-            messages = [{"role": m.role, "content": m.content} for m in request.messages]
-            prompt = apply_chat_template(tokenizer, messages)
+            messages = [msgspec.to_builtins(m) for m in request.messages]
+            prompt = apply_chat_template(tokenizer, messages, tools=request.tools,
+                                         template_kwargs=request.chat_template_kwargs,
+                                         reasoning_effort=request.reasoning_effort)
         else:
             prompt = request.prompt if request.prompt is not None else (
                 request.prompt_token_ids or [])

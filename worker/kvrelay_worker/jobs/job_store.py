@@ -23,6 +23,7 @@ from kvrelay.protocol import (
     AnyEvent,
     Failed,
     Tokens,
+    ToolCallDelta,
     decode_event,
     encode_event,
 )
@@ -108,6 +109,9 @@ class PriorProgress:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     texts: dict[int, list[str]] = field(default_factory=dict)
     finish_reasons: dict[int, str] = field(default_factory=dict)
+    # With output parsers: the reasoning text and tool-call pieces sent, per choice.
+    reasoning: dict[int, list[str]] = field(default_factory=dict)
+    tool_calls: dict[int, list[ToolCallDelta]] = field(default_factory=dict)
     # (last seq, bytes) of every entry, oldest first: where the log's byte cap stands.
     entry_sizes: list[tuple[int, int]] = field(default_factory=list)
     # The seq of the log's first event (None: the log is empty).
@@ -131,6 +135,12 @@ class PriorProgress:
     def choice_finish_reasons(self, n: int) -> list[str | None]:
         return [self.finish_reasons.get(i) for i in range(n)]
 
+    def choice_reasoning(self, n: int) -> list[str]:
+        return ["".join(self.reasoning.get(i, [])) for i in range(n)]
+
+    def choice_tool_calls(self, n: int) -> list[list[ToolCallDelta]]:
+        return [self.tool_calls.get(i, []) for i in range(n)]
+
 
 def progress_from_events(events: list[AnyEvent]) -> PriorProgress:
     progress = PriorProgress()
@@ -141,6 +151,10 @@ def progress_from_events(events: list[AnyEvent]) -> PriorProgress:
         if isinstance(event, Tokens):
             progress.tokens.setdefault(event.index, []).extend(event.token_ids)
             progress.texts.setdefault(event.index, []).append(event.text)
+            if event.reasoning:
+                progress.reasoning.setdefault(event.index, []).append(event.reasoning)
+            if event.tool_calls:
+                progress.tool_calls.setdefault(event.index, []).extend(event.tool_calls)
             if event.finish_reason:
                 progress.finish_reasons[event.index] = event.finish_reason
         elif isinstance(event, TERMINAL_EVENTS):

@@ -14,18 +14,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvrelay.protocol import ToolCallDelta
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.jobs.job_store import PriorProgress
 
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """The engine's ``prior_*`` arguments, and the choices not to publish again."""
+    """The engine's ``prior_*`` arguments, and the choices not to publish again.
+
+    ``reasoning`` and ``tool_calls``: per choice, the reasoning text and the tool-call
+    pieces already sent (the engine's parsers, replayed over the prior tokens, skip them).
+    """
 
     outputs: list[list[int]] | None
     texts: list[str] | None
     finish_reasons: list[str | None] | None
     published: dict[int, str]
+    reasoning: list[str] | None = None
+    tool_calls: list[list[ToolCallDelta]] | None = None
 
     @classmethod
     def of(cls, params: SamplingParams, prior: PriorProgress) -> ReplayPlan:
@@ -39,4 +46,6 @@ class ReplayPlan:
             texts=prior.choice_texts(n) if prior.has_tokens else None,
             finish_reasons=prior.choice_finish_reasons(n),
             published={},
+            reasoning=prior.choice_reasoning(n) if prior.has_tokens else None,
+            tool_calls=prior.choice_tool_calls(n) if prior.has_tokens else None,
         )

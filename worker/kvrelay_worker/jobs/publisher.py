@@ -294,6 +294,7 @@ class Publisher:
         if item.outcome is not None:
             self.metrics.e2e.observe(max(0.0, now - job.enqueued_at))
             self.metrics.jobs.labels(outcome=item.outcome).inc()
+            self.metrics.vllm.request_ended(item.event, job.enqueued_at, job.claimed_at, now)
             job.finish(item.outcome)
 
     def _hand_back(self, job: ActiveJob) -> None:

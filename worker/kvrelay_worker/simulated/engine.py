@@ -10,8 +10,8 @@ CPU cost stays that of the worker's Python path alone.
 
 A choice's tokens depend only on the prompt, the choice's index and the position, so a
 job taken over after its worker died continues exactly where the log stopped. There are
-no logits: requests that need them (logprobs, best_of, beam search, response_format) are
-refused with a clear error.
+no logits: requests that need them (logprobs, prompt_logprobs, best_of, beam search,
+response_format) are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvrelay.protocol import ToolCallDelta
 from kvrelay_worker.engine.errors import EngineInputError, InvalidPromptError
 from kvrelay_worker.engine.outputs import ChoiceDelta, CompletionChoice, RequestOutput, StepOutput
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
@@ -109,8 +110,11 @@ class SimulatedEngine:
                     priority: int = 0, cache_salt: str | None = None,
                     prior_outputs: Seq[Seq[int]] | None = None,
                     prior_texts: Seq[str] | None = None,
-                    prior_finish_reasons: Seq[str | None] | None = None) -> list[int]:
-        """Queue a request (``prior_*`` resume one, as ``LLMEngine.add_request``)."""
+                    prior_finish_reasons: Seq[str | None] | None = None,
+                    prior_reasoning: Seq[str] | None = None,
+                    prior_tool_calls: Seq[Seq[ToolCallDelta]] | None = None) -> list[int]:
+        """Queue a request (``prior_*`` resume one, as ``LLMEngine.add_request``; its
+        text is never reasoning or tool calls, so those two are always empty)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         prompt_ids = prompt_token_ids(prompt, self.tokenizer, self.vocab_size,
@@ -140,6 +144,7 @@ class SimulatedEngine:
     def _check_supported(self, params: SamplingParams) -> None:
         unsupported = [name for name, used in (
             ("logprobs", params.logprobs is not None),
+            ("prompt_logprobs", params.prompt_logprobs is not None),
             ("best_of", params.selects_best),
             ("beam search", params.is_beam_search),
             ("response_format", params.response_format is not None),

@@ -8,6 +8,7 @@ English), so prompt lengths and their costs resemble a real model's. A token's t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 VOCAB_SIZE = 32_000
 _BYTES_PER_TOKEN = 4
@@ -29,7 +30,9 @@ class SimulatedTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(self.token_text(t) for t in token_ids)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
-                            add_generation_prompt: bool = True, tokenize: bool = False) -> str:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True, tokenize: bool = False,
+                            **template_variables: Any) -> str:
+        """Each message as a line; tools and other template variables change nothing."""
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
         return text + ("assistant:" if add_generation_prompt else "")

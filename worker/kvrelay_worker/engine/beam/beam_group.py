@@ -18,10 +18,10 @@ import torch
 from kvrelay_worker.engine.beam.beam_scheduling import reseat_beams
 from kvrelay_worker.engine.beam.beam_search import BeamConfig, BeamSearch, Hypothesis
 from kvrelay_worker.engine.request_state import ChoiceState, RequestState
-from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
 from kvrelay_worker.engine.sched.scheduler import Scheduler
 from kvrelay_worker.engine.sched.scheduler_output import BatchLayout
 from kvrelay_worker.engine.sched.sequence import Sequence, SequenceStatus
+from kvrelay_worker.engine.tools.choice_parsing import choice_output
 
 if TYPE_CHECKING:
     from kvrelay_worker.engine.sample.sampler import SamplerOutput
@@ -95,7 +95,8 @@ class BeamGroup:
         seq = Sequence(request_id=first.request_id, choice_index=len(self.beams),
                        token_ids=[], num_prompt_tokens=first.num_prompt_tokens,
                        params=first.params, priority=first.priority,
-                       arrival_order=first.arrival_order, cache_salt=first.cache_salt)
+                       arrival_order=first.arrival_order, cache_salt=first.cache_salt,
+                       lora=first.lora)
         seq.num_cached_tokens = first.num_cached_tokens
         self.beams.append(seq)
         # A choice per beam, so an abort or a failure finishes (frees) every beam.
@@ -117,11 +118,12 @@ class BeamGroup:
                        token_ids=[*prompt, *hyp.tokens], num_prompt_tokens=len(prompt),
                        params=first.params, status=status)
         seq.num_cached_tokens = first.num_cached_tokens
-        detok = IncrementalDetokenizer(tokenizer, prompt, (), first.params.skip_special_tokens, 0)
+        detok, parsing = choice_output(tokenizer, first.params, first.request_id, rank,
+                                       prompt, watch_stops=False)
         for token in hyp.tokens:
             detok.add_token(token)
         return ChoiceState(seq=seq, detok=detok, logprobs=None, new_ids=list(hyp.tokens),
-                           finish_reason=status.value, beam_score=hyp.score)
+                           finish_reason=status.value, beam_score=hyp.score, parsing=parsing)
 
 
 def advance_beams(groups: dict[str, BeamGroup], layout: BatchLayout, result: SamplerOutput,

@@ -3,8 +3,8 @@
 Answers the scheduler's two questions: how much of this sequence is already in the
 prefix cache, and is there room for its next tokens (allocating the blocks if so).
 Block identity for the prefix cache is a chained hash: each full block's hash covers the
-model, the request's cache salt, every earlier token and its own tokens, so equal hashes
-mean equal KV content.
+model, the request's cache salt and LoRA adapter, every earlier token and its own tokens,
+so equal hashes mean equal KV content.
 
 With a sliding window on every layer, a block whose tokens all lie before the window of
 the next token to compute is never read again: it goes back to the pool (still in the
@@ -32,10 +32,15 @@ from kvrelay_worker.engine.kv.block_pool import BlockPool, KVBlock
 from kvrelay_worker.engine.sched.sequence import Sequence
 
 
-def root_hash(model_id: str, cache_salt: str | None) -> bytes:
-    """The chain's starting point: different models or salts never share blocks."""
+def root_hash(model_id: str, cache_salt: str | None, adapter: str | None = None) -> bytes:
+    """The chain's starting point: different models, salts or LoRA adapters (``adapter``:
+    the adapter's content key) never share blocks."""
     salt = b"" if cache_salt is None else b"\x01" + cache_salt.encode()
-    return hashlib.sha256(b"kvrelay-block\x00" + model_id.encode() + b"\x00" + salt).digest()
+    root = hashlib.sha256(b"kvrelay-block\x00" + model_id.encode() + b"\x00" + salt).digest()
+    if adapter is None:
+        return root
+    # Hashed over the fixed-size root, so no salt can spell an adapter's chain.
+    return hashlib.sha256(root + b"lora\x00" + adapter.encode()).digest()
 
 
 def hash_block(parent: bytes, tokens: list[int]) -> bytes:
@@ -87,7 +92,8 @@ class KVCacheManager:
         hashes = seq.block_hashes
         full = seq.num_tokens // self.block_size
         bs = self.block_size
-        parent = hashes[-1] if hashes else root_hash(self.model_id, seq.cache_salt)
+        parent = hashes[-1] if hashes else root_hash(
+            self.model_id, seq.cache_salt, None if seq.lora is None else seq.lora.cache_key)
         for i in range(len(hashes), full):
             parent = hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs])
             hashes.append(parent)

@@ -24,6 +24,9 @@ class HostBatch:
     logits_indices: torch.Tensor  # [num_sampling] int64
     max_query_len: int
     max_seq_len: int
+    # Per token, its sequence's LoRA adapter slot (-1: none) [num_tokens] int64; None
+    # when no row of the step has an adapter (``models/lora_linear.py``).
+    lora_slots: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

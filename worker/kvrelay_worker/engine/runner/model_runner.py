@@ -21,10 +21,12 @@ from kvrelay_kernels.kv_quant import kv_row_size
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.runner.cuda_graphs import DecodeRunner
 from kvrelay_worker.engine.runner.host_batch import HostBatch
+from kvrelay_worker.engine.runner.prompt_scoring import PromptScores, score_prompt_spans
 from kvrelay_worker.engine.runner.transfer import host_to_device
 from kvrelay_worker.engine.sched.scheduler_output import BatchLayout, ScheduledSequence
 from kvrelay_worker.models.attention import AttentionMetadata
 from kvrelay_worker.models.decoder import CausalLM
+from kvrelay_worker.models.lora_linear import LoraBatch
 
 
 @dataclass
@@ -60,6 +62,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.decode_runner: DecodeRunner | None = None
+        # The model's LoRA linears read each step's adapter rows here (None: no LoRA).
+        self.lora: LoraBatch | None = None
         if device.type == "cuda":
             self._check_kernels_fit()
 
@@ -144,9 +148,26 @@ class ModelRunner:
             logits_indices=torch.tensor(layout.token_indices, dtype=torch.int64),
             max_query_len=int(query_lens.max()) if num_seqs else 0,
             max_seq_len=int(seq_lens.max()) if num_seqs else 0,
+            lora_slots=self._lora_slots(scheduled, query_lens),
         )
 
+    def _lora_slots(self, scheduled: Seq[ScheduledSequence], query_lens: np.ndarray
+                    ) -> torch.Tensor | None:
+        """Each token's adapter slot, or None when no sequence of the batch has one (the
+        LoRA linears then cost nothing). Forgets the previous step's rows first."""
+        if self.lora is None:
+            return None
+        self.lora.clear()
+        slots = [-1 if item.seq.lora is None else item.seq.lora.slot for item in scheduled]
+        if all(slot == -1 for slot in slots):
+            return None
+        if None in slots:
+            raise RuntimeError("a scheduled sequence's LoRA adapter has no device slot")
+        return torch.from_numpy(np.repeat(np.asarray(slots, dtype=np.int64), query_lens))
+
     def to_device(self, host: HostBatch) -> ModelInputs:
+        if self.lora is not None and host.lora_slots is not None:
+            self.lora.bind(self._to_device(host.lora_slots), host.lora_slots)
         meta = AttentionMetadata(
             slot_mapping=self._to_device(host.slot_mapping),
             block_tables=self._to_device(host.block_tables),
@@ -177,12 +198,25 @@ class ModelRunner:
         reading them: those host ids are then placeholders).
         """
         host = self.prepare_host(scheduled, layout)
-        if self.decode_runner is not None and self.decode_runner.handles(host):
+        if (self.decode_runner is not None and host.lora_slots is None
+                and self.decode_runner.handles(host)):  # graphs hold no adapter rows
             return self.decode_runner.run(host, input_ids)
         inputs = self.to_device(host)
         if input_ids is not None:
             inputs.input_ids = input_ids
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        return self._sampling_logits(hidden, inputs)
+
+    @torch.inference_mode()
+    def execute_scoring(self, layout: BatchLayout) -> tuple[torch.Tensor, list[PromptScores]]:
+        """``execute``, plus the log-probabilities of ``layout.prompt_spans``' prompt
+        positions (always eager: the scored rows need every hidden state of the chunk)."""
+        inputs = self.to_device(self.prepare_host(layout.scheduled, layout))
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        scores = score_prompt_spans(self.model, hidden, layout.prompt_spans)
+        return self._sampling_logits(hidden, inputs), scores
+
+    def _sampling_logits(self, hidden: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
         if inputs.logits_indices.numel() == 0:
             return torch.empty((0, self.model.config.vocab_size), device=self.device)
         return self.model.compute_logits(hidden[inputs.logits_indices]).float()

@@ -15,6 +15,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from kvrelay_worker.engine.sample.stop_matcher import ROOT, stop_matcher
+from kvrelay_worker.engine.tools.marker_tokens import special_token_ids
 
 _INCOMPLETE = "\ufffd"
 # Prompt tokens decoded in front of the output, so tokenizers that drop a word's leading
@@ -26,10 +27,17 @@ class IncrementalDetokenizer:
     """Decodes one choice's output tokens as they arrive and watches for stop strings."""
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Seq[int], stop: Seq[str] = (),
-                 skip_special_tokens: bool = True, min_tokens: int = 0) -> None:
+                 skip_special_tokens: bool = True, min_tokens: int = 0,
+                 keep_special_ids: frozenset[int] = frozenset()) -> None:
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.skip_special_tokens = skip_special_tokens
+        # Special tokens shown although the others are skipped (tool-call markers the
+        # output parsers read, ``engine/tools/marker_tokens.py``): the rest are dropped
+        # before decoding, so an EOS never reaches the text.
+        self._dropped_ids: frozenset[int] | None = None
+        if skip_special_tokens and keep_special_ids:
+            self._dropped_ids = special_token_ids(tokenizer) - keep_special_ids
         # Stop strings count only from the min_tokens-th output token on, as stop tokens
         # and EOS do: cutting the text earlier would end it while generation goes on.
         self.min_tokens = min_tokens
@@ -45,6 +53,10 @@ class IncrementalDetokenizer:
         self._stop_state = ROOT
 
     def _decode(self, ids: list[int]) -> str:
+        if self._dropped_ids is not None:
+            kept = [i for i in ids if i not in self._dropped_ids]
+            shown: str = self.tokenizer.decode(kept, skip_special_tokens=False)
+            return shown
         text: str = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return text
 

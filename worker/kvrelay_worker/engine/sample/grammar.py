@@ -29,6 +29,12 @@ from kvrelay.protocol import (
 )
 from kvrelay_worker.engine.errors import SamplingParamsError
 from kvrelay_worker.engine.runner.transfer import host_to_device
+from kvrelay_worker.engine.tools.plan import ToolPlan
+from kvrelay_worker.engine.tools.tool_grammar import (
+    compile_tool_grammar,
+    constrains,
+    tool_grammar_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,20 @@ def _schema_text(fmt: JsonSchemaFormat | JsonObjectFormat) -> str:
     # OpenAI's JSON mode is an object (any members), not any JSON value.
     schema = fmt.json_schema.schema if isinstance(fmt, JsonSchemaFormat) else {"type": "object"}
     return json.dumps(schema)
+
+
+def structural_part(fmt: ResponseFormat) -> dict[str, Any]:
+    """A constraining format as a structural-tag format (beside tool calls)."""
+    import xgrammar as xgr
+
+    if isinstance(fmt, JsonSchemaFormat | JsonObjectFormat):
+        grammar = xgr.Grammar.from_json_schema(_schema_text(fmt), any_whitespace=False)
+        return {"type": "grammar", "grammar": str(grammar)}
+    if isinstance(fmt, RegexFormat):
+        return {"type": "regex", "pattern": fmt.pattern}
+    if isinstance(fmt, ChoiceFormat):
+        return {"type": "grammar", "grammar": _choice_ebnf(fmt.choices)}
+    raise TypeError(f"unknown response_format {type(fmt).__name__}")
 
 
 class SequenceGrammar:
@@ -104,10 +124,18 @@ class GrammarCompiler:
             self._compiler = xgr.GrammarCompiler(info, max_threads=2)
         return self._compiler
 
-    def compile(self, fmt: ResponseFormat | None) -> Any:
-        """The compiled grammar of ``fmt`` (None when free); ``SamplingParamsError`` when
-        the schema or regex cannot be compiled: that request fails, nothing else."""
-        key = canonical_text(fmt) if fmt is not None else None
+    def compile(self, fmt: ResponseFormat | None, tool_plan: ToolPlan | None = None) -> Any:
+        """The compiled grammar of ``fmt`` and the tool plan (None when free);
+        ``SamplingParamsError`` when the schema or regex cannot be compiled, or the two
+        cannot both hold: that request fails, nothing else."""
+        format_key = key = canonical_text(fmt) if fmt is not None else None
+        tools = tool_plan if tool_plan is not None and constrains(tool_plan) else None
+        if tools is not None:
+            if format_key is not None and tools.mode != "auto":
+                raise SamplingParamsError(
+                    f"response_format and tool_choice {tools.mode!r} cannot both hold: the "
+                    "output is the tool calls; drop one of them")
+            key = tool_grammar_key(tools, format_key)
         if key is None:
             return None
         cached = self._cache.get(key)
@@ -116,7 +144,10 @@ class GrammarCompiler:
             return cached
         compiler = self._xgr_compiler()
         try:
-            if isinstance(fmt, JsonSchemaFormat | JsonObjectFormat):
+            if tools is not None:
+                part = structural_part(fmt) if fmt is not None and format_key else None
+                compiled = compile_tool_grammar(compiler, tools, part)
+            elif isinstance(fmt, JsonSchemaFormat | JsonObjectFormat):
                 # Compact JSON: whitespace between tokens is never free to run on.
                 compiled = compiler.compile_json_schema(_schema_text(fmt), any_whitespace=False)
             elif isinstance(fmt, RegexFormat):
@@ -125,6 +156,8 @@ class GrammarCompiler:
                 compiled = compiler.compile_grammar(_choice_ebnf(fmt.choices))
             else:
                 raise TypeError(f"unknown response_format {type(fmt).__name__}")
+        except SamplingParamsError:
+            raise
         except Exception as exc:
             raise SamplingParamsError(
                 f"response_format cannot be compiled: {str(exc).strip() or type(exc).__name__}"
@@ -142,7 +175,8 @@ class GrammarCompiler:
         grammar = SequenceGrammar(xgr.GrammarMatcher(compiled))
         if not grammar.replay(prior_tokens):
             raise SamplingParamsError("the tokens already delivered do not match "
-                                      "response_format; cannot resume")
+                                      "response_format or the tool calls' grammar; "
+                                      "cannot resume")
         return grammar
 
 

@@ -2,7 +2,8 @@
 
 Every step, running sequences go first (a decode is one token; a prompt still being
 prefilled gets its next chunk), then waiting ones are admitted by priority and arrival
-while the token budget, the sequence limit and the KV pool allow. When the pool cannot
+while the token budget, the sequence limit, the KV pool and the LoRA adapter slots
+(``lora_admission``) allow. When the pool cannot
 hold a running sequence's next tokens, the lowest-priority, newest running sequence is
 preempted, even one already placed in this step's batch (it is taken out again: its
 tokens go back to the step's budget, the blocks this step gave it to the pool), so a
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from kvrelay_worker.engine.beam.beam_scheduling import partial_group, preemption_unit, shares_blocks
 from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv.swap_space import SwapSpace
+from kvrelay_worker.engine.sched.lora_admission import LoraAdmission
 from kvrelay_worker.engine.sample.stop_conditions import StopConditions
 from kvrelay_worker.engine.sched.preemption import PreemptionPolicy
 from kvrelay_worker.engine.sched.prefill_pacing import PrefillPacer, StepPlan
@@ -81,8 +83,10 @@ class Scheduler:
                  enable_chunked_prefill: bool = True,
                  stop: StopConditions | None = None, swap: SwapSpace | None = None,
                  preemption: PreemptionPolicy | None = None,
-                 pacer: PrefillPacer | None = None) -> None:
+                 pacer: PrefillPacer | None = None, max_loras: int = 0) -> None:
         self.kv = kv
+        # Distinct LoRA adapters running at once (``lora_admission``); 0: LoRA is off.
+        self.max_loras = max_loras
         self.pacer = pacer
         self.swap = swap
         self.preemption = preemption or PreemptionPolicy()
@@ -174,6 +178,11 @@ class Scheduler:
             item.seq.num_computed_tokens += item.num_new_tokens - len(item.drafts)
             self.kv.publish_computed_blocks(item.seq)
             self.kv.release_out_of_window(item.seq)
+        for span in layout.prompt_spans:
+            if span.item.seq.prompt_computed:  # every prompt position is scored
+                span.item.seq.scores_prompt = False
+        for item in layout.prompt_only:  # max_tokens 0: the prompt was all it asked for
+            self.finish(item.seq, SequenceStatus.FINISHED_LENGTH)
         appended: list[int] = []
         accepted: list[int] = []
         for item, row in zip(layout.sampling, layout.first_rows, strict=True):
@@ -387,9 +396,13 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int, plan: StepPlan | None) -> None:
         deferred: list[tuple[int, int, int, Sequence]] = []
         in_flight: PrefillsInFlight | None = None
+        lora = LoraAdmission(self.max_loras, self.running) if self.max_loras else None
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             entry = self._waiting[0]
             seq = entry[3]
+            if lora is not None and not lora.admits(seq):
+                deferred.append(heapq.heappop(self._waiting))  # its adapter has no slot
+                continue
             if seq.status is SequenceStatus.SWAPPED:
                 remaining = seq.num_tokens - seq.num_computed_tokens
                 if remaining > budget and not self.enable_chunked_prefill:
@@ -401,6 +414,8 @@ class Scheduler:
                 heapq.heappop(self._waiting)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                if lora is not None:
+                    lora.add(seq)
                 out.scheduled.append(ScheduledSequence(seq, num_new))
                 budget -= num_new
                 continue
@@ -408,10 +423,12 @@ class Scheduler:
                 # Choices 2..n wait for choice 1's prompt so they hit its cached blocks.
                 deferred.append(heapq.heappop(self._waiting))
                 continue
-            cached = self.kv.find_cached_prefix(seq)
+            # A prompt whose log-probabilities are asked is computed whole: it takes no
+            # cache hit, so it waits for no other prefill either.
+            cached = [] if seq.scores_prompt else self.kv.find_cached_prefix(seq)
             if in_flight is None:
                 in_flight = PrefillsInFlight(self.kv, self.running)
-            if in_flight.holds_next_block(seq, len(cached)):
+            if not seq.scores_prompt and in_flight.holds_next_block(seq, len(cached)):
                 # Another prompt is computing its next blocks: wait for them to be cached.
                 deferred.append(heapq.heappop(self._waiting))
                 self.stats.prefill_waits += 1
@@ -431,6 +448,8 @@ class Scheduler:
                 seq.num_cached_tokens = min(num_cached, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if lora is not None:
+                lora.add(seq)
             in_flight.add(seq)
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new

@@ -29,6 +29,35 @@ class ScheduledSequence:
         return self.seq.num_computed_tokens + self.num_new_tokens >= self.seq.num_tokens
 
 
+@dataclass
+class PromptSpan:
+    """A scheduled prompt chunk whose positions are scored (``prompt_logprobs``).
+
+    The logits at position ``p`` give the log-probability of prompt token ``p + 1``, so
+    the chunk's positions before the prompt's last one are scored: ``count`` rows from
+    ``flat_start`` (the chunk's first token among the batch's flattened tokens).
+    """
+
+    item: ScheduledSequence
+    flat_start: int
+
+    @property
+    def first_position(self) -> int:
+        return self.item.seq.num_computed_tokens
+
+    @property
+    def count(self) -> int:
+        seq = self.item.seq
+        end = min(seq.num_computed_tokens + self.item.num_new_tokens, seq.num_prompt_tokens - 1)
+        return max(0, end - seq.num_computed_tokens)
+
+    @property
+    def targets(self) -> list[int]:
+        """The prompt tokens the scored positions predict."""
+        start = self.first_position + 1
+        return self.item.seq.token_ids[start : start + self.count]
+
+
 @dataclass(eq=False)
 class BatchLayout:
     """A batch and its sampling rows: each item that samples owns ``len(drafts) + 1``
@@ -45,6 +74,11 @@ class BatchLayout:
     row_offsets: list[int]
     token_indices: list[int]  # per row: its position among the batch's flattened tokens
     beam_rows: list[int]  # rows of beam-search sequences (a beam never verifies drafts)
+    # Chunks of prompts whose log-probabilities are asked (``Sequence.scores_prompt``).
+    prompt_spans: list[PromptSpan] = field(default_factory=list)
+    # Items that reach the end of their prompt and sample nothing (``max_tokens`` 0):
+    # the scheduler finishes them once the step is applied.
+    prompt_only: list[ScheduledSequence] = field(default_factory=list)
 
     @classmethod
     def of(cls, scheduled: list[ScheduledSequence]) -> BatchLayout:
@@ -54,12 +88,19 @@ class BatchLayout:
         row_offsets: list[int] = []
         token_indices: list[int] = []
         beam_rows: list[int] = []
+        prompt_spans: list[PromptSpan] = []
+        prompt_only: list[ScheduledSequence] = []
         end = 0
         for item in scheduled:
             end += item.num_new_tokens
+            seq = item.seq
+            if seq.scores_prompt:
+                prompt_spans.append(PromptSpan(item, end - item.num_new_tokens))
             if not item.samples:
                 continue
-            seq = item.seq
+            if seq.params.max_tokens == 0:
+                prompt_only.append(item)
+                continue
             num_rows = len(item.drafts) + 1
             if seq.params.is_beam_search:
                 beam_rows.append(len(row_seqs))
@@ -74,7 +115,7 @@ class BatchLayout:
                 row_offsets.extend(range(num_rows))
                 token_indices.extend(range(end - num_rows, end))
         return cls(scheduled, sampling, first_rows, row_seqs, row_offsets, token_indices,
-                   beam_rows)
+                   beam_rows, prompt_spans, prompt_only)
 
     @property
     def num_rows(self) -> int:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from kvrelay_worker.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvrelay_worker.engine.lora.adapter import LoraAdapter
     from kvrelay_worker.engine.sample.detokenizer import IncrementalDetokenizer
     from kvrelay_worker.engine.sample.grammar import SequenceGrammar
 
@@ -58,6 +59,9 @@ class Sequence:
     priority: int = 0
     arrival_order: int = 0
     cache_salt: str | None = None
+    # The request's LoRA adapter (None: the base model): its rows run with it, and its
+    # blocks are cached under it (``kv_cache.root_hash``).
+    lora: LoraAdapter | None = None
     seq_id: int = field(default_factory=lambda: next(_seq_counter))
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
@@ -81,6 +85,10 @@ class Sequence:
     # engine fails this request alone once the step's update is done.
     detok: IncrementalDetokenizer | None = None
     detok_error: Exception | None = None
+    # True while the prompt's log-probabilities are still to compute (``prompt_logprobs``,
+    # choice 0): the prompt then runs whole, with no prefix-cache hit, and each chunk's
+    # positions are scored. The scheduler clears it once the prompt is computed.
+    scores_prompt: bool = False
 
     @property
     def num_tokens(self) -> int:
