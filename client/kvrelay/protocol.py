@@ -34,6 +34,21 @@ from kvrelay.adapter_wire import AdapterInfo as AdapterInfo
 from kvrelay.adapter_wire import AdapterMessage as AdapterMessage
 from kvrelay.adapter_wire import AdapterName as AdapterName
 from kvrelay.adapter_wire import AdapterResult as AdapterResult
+from kvrelay.tool_wire import MAX_SCHEMA_BYTES as MAX_SCHEMA_BYTES
+from kvrelay.tool_wire import MAX_TEMPLATE_KWARGS_BYTES as MAX_TEMPLATE_KWARGS_BYTES
+from kvrelay.tool_wire import MAX_TOOL_CALLS_PER_MESSAGE as MAX_TOOL_CALLS_PER_MESSAGE
+from kvrelay.tool_wire import MAX_TOOL_NAME_CHARS as MAX_TOOL_NAME_CHARS
+from kvrelay.tool_wire import MAX_TOOLS as MAX_TOOLS
+from kvrelay.tool_wire import FunctionCall as FunctionCall
+from kvrelay.tool_wire import FunctionName as FunctionName
+from kvrelay.tool_wire import FunctionSpec as FunctionSpec
+from kvrelay.tool_wire import NamedToolChoice as NamedToolChoice
+from kvrelay.tool_wire import ReasoningEffort as ReasoningEffort
+from kvrelay.tool_wire import ToolCall as ToolCall
+from kvrelay.tool_wire import ToolCallDelta as ToolCallDelta
+from kvrelay.tool_wire import ToolChoice as ToolChoice
+from kvrelay.tool_wire import ToolName as ToolName
+from kvrelay.tool_wire import ToolSpec as ToolSpec
 from kvrelay.trace_wire import TraceContext
 
 PROTOCOL_MAJOR: Final = 3
@@ -102,7 +117,6 @@ Priority = Annotated[int, Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 
 
 # Structured output (``response_format``): the sizes a worker compiles into a grammar.
-MAX_SCHEMA_BYTES: Final = 32 << 10
 MAX_PATTERN_CHARS: Final = 2048
 MAX_CHOICES: Final = 256
 MAX_CHOICE_CHARS: Final = 512
@@ -320,70 +334,6 @@ def priority_from(value: object) -> int:
 # --------------------------------------------------------------------------- requests
 
 
-# Tool calling (OpenAI's function tools): the bounds a worker renders and compiles.
-MAX_TOOLS: Final = 128
-MAX_TOOL_NAME_CHARS: Final = 64
-MAX_TOOL_CALLS_PER_MESSAGE: Final = 64
-MAX_TEMPLATE_KWARGS_BYTES: Final = 8 << 10
-ToolName = Annotated[str, Meta(min_length=1, max_length=MAX_TOOL_NAME_CHARS,
-                                pattern=r"^[A-Za-z0-9_.\-]+$")]
-# OpenAI's ``reasoning_effort`` values; the worker passes it to templates that read it.
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
-
-
-class FunctionSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A callable function: its name, what it does, and the JSON Schema of its arguments."""
-
-    name: ToolName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    def __post_init__(self) -> None:
-        size = len(msgspec.json.encode(self.parameters or {}))
-        if size > MAX_SCHEMA_BYTES:
-            raise ValueError(f"the parameters schema of tool {self.name!r} is {size} bytes, "
-                             f"over the {MAX_SCHEMA_BYTES} allowed")
-
-
-class ToolSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One entry of ``tools`` (only function tools exist)."""
-
-    type: Literal["function"] = "function"
-    function: FunctionSpec
-
-
-class FunctionName(msgspec.Struct, kw_only=True):
-    name: ToolName
-
-
-class NamedToolChoice(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """``tool_choice`` naming the one function the model must call."""
-
-    type: Literal["function"] = "function"
-    function: FunctionName
-
-
-# "auto": the model may call tools; "none": it answers in text; "required": it calls at
-# least one tool; a ``NamedToolChoice``: it calls that one.
-ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
-
-
-class FunctionCall(msgspec.Struct, kw_only=True):
-    """A function the model called: its name and its arguments as JSON text."""
-
-    name: str
-    arguments: str
-
-
-class ToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One tool call (in an assistant message sent back, or in a finished choice)."""
-
-    id: Annotated[str, Meta(min_length=1, max_length=128)]
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One message of a conversation, as OpenAI's chat messages carry it (text only).
 
@@ -502,16 +452,6 @@ class PromptLogprob(msgspec.Struct, kw_only=True, omit_defaults=True):
     @property
     def token(self) -> str | None:
         return None if self.token_bytes is None else self.token_bytes.decode("utf-8", "replace")
-
-
-class ToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A piece of tool call ``index`` of a choice, as OpenAI streams it: ``id`` and
-    ``name`` on its first piece only, ``arguments`` (JSON text) in fragments."""
-
-    index: int
-    id: str | None = None
-    name: str | None = None
-    arguments: str = ""
 
 
 class Usage(msgspec.Struct, kw_only=True):
