@@ -10,7 +10,6 @@ block is free afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ def _engine(folder: Path, adapters: dict[str, Path], **options: Any) -> LLMEngin
 
 
 @pytest.fixture(scope="module")
-def alone(smollm2_folder: Path, adapters: dict[str, Path]) -> Iterator[dict[str, list[int]]]:
+def alone(smollm2_folder: Path, adapters: dict[str, Path]) -> dict[str, list[int]]:
     """Each request's tokens when it is the only one (prefix caching off: nothing shared)."""
     if not _alone:
         engine = _engine(smollm2_folder, adapters, enable_prefix_caching=False)
@@ -61,7 +60,7 @@ def alone(smollm2_folder: Path, adapters: dict[str, Path]) -> Iterator[dict[str,
             finals = final_outputs(run_engine(engine))
             _alone[request_id] = finals[request_id].choices[0].token_ids
         assert_engine_idle(engine)
-    yield _alone
+    return _alone
 
 
 def _record_batches(engine: LLMEngine) -> list[HostBatch]:
@@ -86,7 +85,8 @@ def test_sixteen_requests_over_four_adapters_in_one_step(
         engine.add_request(request_id, prompt, GREEDY, lora=lora)
     finals = final_outputs(run_engine(engine))
     first = batches[0]
-    assert first.num_seqs == 16 and first.input_ids.numel() == sum(map(len, PROMPTS))
+    assert first.num_seqs == 16
+    assert first.input_ids.numel() == sum(map(len, PROMPTS))
     assert first.lora_slots is not None
     assert sorted(set(first.lora_slots.tolist())) == [-1, 0, 1, 2, 3]
     # Each prompt's tokens carry its own request's slot.

@@ -24,7 +24,7 @@ from kvrelay_worker.engine import EngineConfig, LLMEngine
 ADAPTER = "rslora-r16"
 TEXT = ("The cat sat on the mat. The cat sat on the mat. The dog sat on the log. "
         "The dog sat on the log. The cat")
-GREEDY = {"temperature": 0.0, "max_tokens": 24, "ignore_eos": True}
+GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 24, "ignore_eos": True}
 SCHEMA = {"type": "object", "properties": {"animal": {"enum": ["cat", "dog", "bird"]},
                                            "count": {"type": "integer"}},
           "required": ["animal", "count"], "additionalProperties": False}
@@ -95,4 +95,5 @@ def test_beam_search_with_the_adapter(smollm2_folder: Path,
                                       folders: tuple[Path, Path]) -> None:
     params = SamplingParams(beam_width=3, n=2, max_tokens=10, ignore_eos=True)
     expected, got, _ = _merged_and_adapted(smollm2_folder, folders, params)
-    assert got == expected and len(got) == 2
+    assert got == expected
+    assert len(got) == 2

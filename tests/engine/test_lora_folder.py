@@ -93,7 +93,7 @@ def test_broken_folders_are_refused(tiny: tuple[Path, ModelConfig], tmp_path: Pa
     with pytest.raises(LoraAdapterError, match="cannot read the adapter"):
         read_lora_folder(folder, config, max_rank=16)
     (folder / "adapter_model.safetensors").unlink()
-    with pytest.raises(LoraAdapterError, match="has no adapter_model.safetensors"):
+    with pytest.raises(LoraAdapterError, match=r"has no adapter_model\.safetensors"):
         read_lora_folder(folder, config, max_rank=16)
     folder = _adapter(base, tmp_path / "b")
     (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "IA3"}))

@@ -75,6 +75,9 @@ def test_lru_evicts_the_least_recently_used_idle_adapter(
         assert (engine.loras.slot_holders(), engine.loras.num_slot_loads) == (holders, loads)
     assert [(info.name, info.slot) for info in engine.list_loras()] == [
         ("a", None), ("b", 0), ("c", 1)]
+    stats = engine.stats()
+    assert (stats["loras_loaded"], stats["lora_slots_used"], stats["lora_slots"],
+            stats["lora_slot_loads"]) == (3, 2, 2, 4)
     assert_engine_idle(engine)
 
 
@@ -116,7 +119,8 @@ def test_add_and_remove_while_requests_run(smollm2_folder: Path, adapters: dict[
     step()
     engine.add_lora("b", adapters["b"])  # between two steps, while "ra" decodes
     engine.add_request("rb", PROMPT, GREEDY, lora="b")
-    assert engine.remove_lora("a") and not engine.remove_lora("a")
+    assert engine.remove_lora("a")
+    assert not engine.remove_lora("a")
     with pytest.raises(LoraNotLoadedError, match=r"'a' is not loaded .*\(loaded: b\)"):
         engine.add_request("ra2", PROMPT, GREEDY, lora="a")
     assert [info.name for info in engine.list_loras()] == ["b"]
@@ -150,5 +154,6 @@ def test_lora_off_refuses_adapters_clearly(smollm2_folder: Path,
         engine.add_lora("a", adapters["a"])
     with pytest.raises(LoraNotLoadedError, match="adapters are off"):
         engine.add_request("r", PROMPT, GREEDY, lora="a")
-    assert engine.list_loras() == [] and not engine.remove_lora("a")
+    assert engine.list_loras() == []
+    assert not engine.remove_lora("a")
     assert_engine_idle(engine)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedModel
+
 from helpers.hf_reference import hf_greedy, load_hf_model
 from helpers.tiny_models import TOKENIZER_FILES
-from transformers import PreTrainedModel
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -29,7 +30,7 @@ class AdapterRecipe:
 
     rank: int
     targets: tuple[str, ...]
-    alpha: float
+    alpha: int
     rslora: bool = False
     seed: int = 0
 
@@ -57,7 +58,7 @@ def build_adapter(base_folder: Path, recipe: AdapterRecipe, root: Path) -> Path:
 
 
 def make_peft_adapter(base_folder: Path, folder: Path, *, seed: int, rank: int = 8,
-                      targets: tuple[str, ...] = ATTENTION + MLP, alpha: float = 16,
+                      targets: tuple[str, ...] = ATTENTION + MLP, alpha: int = 16,
                       rslora: bool = False) -> Path:
     """A PEFT adapter of ``base_folder``'s model written to ``folder`` (random non-zero
     A and B from ``seed``); returns ``folder``."""

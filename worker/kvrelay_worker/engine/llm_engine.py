@@ -58,7 +58,9 @@ class LLMEngine:
         from kvrelay_worker.loading import load_model_source
 
         bind_device(config.torch_device)  # before any weight, stream or graph exists
-        files = load_model_source(config.model, progress=progress)
+        # A GGUF the engine will keep quantized is read as it is, never converted to floats.
+        files = load_model_source(config.model, progress=progress,
+                                  keep_gguf=resolve_quantization(config, "gguf") == "gguf")
         config = dataclasses.replace(
             config, quantization=resolve_quantization(config, files.source.kind))
         max_len = default_max_len(config, files.config.max_position_embeddings)
@@ -351,7 +353,7 @@ class LLMEngine:
 
     def list_loras(self) -> list[LoraInfo]:
         """The adapters requests may name, in the order they were loaded."""
-        return self.loras.list() if self.loras is not None else []
+        return self.loras.loaded() if self.loras is not None else []
 
     def _adapter(self, name: str | None) -> LoraAdapter | None:
         if name is None:
@@ -364,7 +366,10 @@ class LLMEngine:
     # --------------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:
-        return engine_stats(self.scheduler, self.kv, self.speculator,
-                            requests=len(self.requests), steps=self.num_steps,
-                            weight_bytes=self.weight_bytes, max_model_len=self.max_model_len,
-                            block_size=self.config.block_size)
+        stats = engine_stats(self.scheduler, self.kv, self.speculator,
+                             requests=len(self.requests), steps=self.num_steps,
+                             weight_bytes=self.weight_bytes, max_model_len=self.max_model_len,
+                             block_size=self.config.block_size)
+        if self.loras is not None:
+            stats |= self.loras.stats()
+        return stats

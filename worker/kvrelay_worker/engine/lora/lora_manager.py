@@ -80,7 +80,7 @@ class LoraManager:
                                      f"(loaded: {held})")
         return adapter
 
-    def list(self) -> list[LoraInfo]:
+    def loaded(self) -> list[LoraInfo]:
         """Every adapter a request may name, in the order they were loaded."""
         return [adapter.info() for adapter in self._adapters.values()]
 
@@ -103,6 +103,12 @@ class LoraManager:
         for adapter in needed.values():
             if adapter.slot is None:
                 self._load(adapter, self._free_slot(needed))
+
+    def stats(self) -> dict[str, int]:
+        """Adapters loaded, device slots in use (of ``max_loras``), copies into slots."""
+        return {"loras_loaded": len(self._adapters),
+                "lora_slots_used": sum(holder is not None for holder in self._slots),
+                "lora_slots": self.max_loras, "lora_slot_loads": self.num_slot_loads}
 
     def slot_holders(self) -> list[str | None]:
         """The name of the adapter in each slot (None: empty), for tests and stats."""

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from kvrelay_worker.engine.beam.beam_scheduling import partial_group, preemption_unit, shares_blocks
 from kvrelay_worker.engine.kv.kv_cache import KVCacheManager
 from kvrelay_worker.engine.kv.swap_space import SwapSpace
-from kvrelay_worker.engine.sched.lora_admission import LoraAdmission
 from kvrelay_worker.engine.sample.stop_conditions import StopConditions
+from kvrelay_worker.engine.sched.lora_admission import LoraAdmission
 from kvrelay_worker.engine.sched.preemption import PreemptionPolicy
 from kvrelay_worker.engine.sched.prefill_pacing import PrefillPacer, StepPlan
 from kvrelay_worker.engine.sched.prefills_in_flight import PrefillsInFlight
