@@ -58,12 +58,12 @@ def endpoints_app(registry: CollectorRegistry, probes: WorkerProbes | None) -> _
 
 
 def serve_endpoints(registry: CollectorRegistry, port: int, host: str,
-                    probes: WorkerProbes | None = None) -> int:
-    """Serve on ``host``:``port`` from a daemon thread; returns the bound port (0: any)."""
+                    probes: WorkerProbes | None = None) -> WSGIServer:
+    """Serve on ``host``:``port`` (0: any free port) from a daemon thread."""
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                   flags=socket.AI_PASSIVE)[0]
     server_class = type("EndpointServer", (_ThreadingServer,), {"address_family": family})
     server: WSGIServer = make_server(str(address[0]), port, endpoints_app(registry, probes), server_class,
                          handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="kvrelay-http", daemon=True).start()
-    return int(server.server_port)
+    return server
