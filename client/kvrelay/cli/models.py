@@ -104,9 +104,13 @@ def list_families() -> None:
 
 
 @models.command("prepare")
-@click.argument("model", metavar="NAME|PATH")
+@click.argument("model", metavar="NAME|PATH|ORG/NAME")
 def prepare_cmd(model: str) -> None:
-    """Convert NAME (or a .gguf file) into the local cache, then load it once to check it."""
+    """Convert NAME (or a .gguf file) into the local cache, then load it once to check it.
+
+    ORG/NAME[@REVISION][:QUANT], a Hugging Face Hub repository, is downloaded into the
+    Hugging Face cache first.
+    """
     check_model(model)
     folder = prepare(model, progress=True)
     tensors, size = _load_check(folder)

@@ -52,7 +52,8 @@ from kvrelay.cli.worker_launch import plan_worker, prepare_if_needed, worker_env
     "--prepare/--no-prepare",
     default=True,
     show_default=True,
-    help="Convert the model into the cache before starting (with a progress bar).",
+    help="Download (org/name) and convert the model into the caches before starting "
+    "(with progress bars).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the environment and command, run nothing.")
 def worker(**params: Any) -> None:
@@ -75,7 +76,7 @@ def worker(**params: Any) -> None:
         click.echo(shlex.join(plan.argv))
         return
     if params["prepare"]:
-        prepare_if_needed(plan.model)
+        prepare_if_needed(plan.model, plan.env)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(plan.argv[0], plan.argv, plan.env)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
+
 from kvrelay.cli.errors import CliError, require_worker_package
 
 
@@ -89,11 +91,30 @@ def plan_worker(
     return WorkerPlan(env, argv, settings.model, served, settings.concurrency)
 
 
+def worker_plans(env: dict[str, str], workers: int = 1,
+                 gpus: tuple[int, ...] = ()) -> list[WorkerPlan]:
+    """``workers`` processes per device: on each GPU of ``gpus`` (``cuda:<id>``), else on
+    the device the settings name. Several get Celery node names of their own."""
+    devices: list[str | None] = [f"cuda:{gpu}" for gpu in gpus] or [None]
+    envs = [env if device is None else {**env, "KVRELAY_DEVICE": device}
+            for device in devices for _ in range(workers)]
+    first = plan_worker(envs[0])
+    if len(envs) == 1:
+        return [first]
+    port = env.get("KVRELAY_METRICS_PORT", "")
+    if port not in ("", "0"):
+        raise CliError(f"{len(envs)} workers cannot share metrics port {port}: use 0 "
+                       "(each binds a free port, named in its heartbeat)")
+    return [plan_worker(worker_env, hostname=f"kvrelay-{first.served_model}-{os.getpid()}-"
+                        f"{n}@%h") for n, worker_env in enumerate(envs, 1)]
+
+
 def check_model(model: str) -> None:
     """Fail with one line when ``model`` is neither an installed known model nor a path."""
     require_worker_package("loading a model")
     from kvrelay_worker.loading import (
         is_known_model,
+        parse_hub_name,
         registry_model_path,
         unknown_model_error,
     )
@@ -104,7 +125,7 @@ def check_model(model: str) -> None:
     try:
         if is_known_model(model):
             registry_model_path(model)
-        elif not Path(model).expanduser().exists():
+        elif not Path(model).expanduser().exists() and parse_hub_name(model) is None:
             raise unknown_model_error(model)
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -139,8 +160,43 @@ def prepare(model: str, *, progress: bool = True) -> Path:
         raise CliError(str(exc)) from None
 
 
-def prepare_if_needed(model: str) -> None:
-    """Convert before the worker starts, so the first start shows a progress bar instead of
-    a silent minute inside the worker."""
-    if needs_preparation(model):
+def keeps_gguf_blocks(env: Mapping[str, str]) -> bool:
+    """Whether a worker with this environment reads a GGUF's quantized blocks from the file
+    (quantization ``gguf``, or ``auto`` on a CPU): it needs no float copy in the cache."""
+    from kvrelay_worker.engine.config import EngineConfig  # imports torch
+    from kvrelay_worker.engine.engine_model import resolve_quantization
+    from kvrelay_worker.engine.errors import EngineConfigError
+    from kvrelay_worker.settings import WorkerSettings
+
+    settings = WorkerSettings.from_env(env)
+    try:
+        config = EngineConfig(device=settings.device, quantization=settings.quantization)
+    except EngineConfigError:  # the worker itself will say why it cannot start
+        return False
+    return resolve_quantization(config, "gguf") == "gguf"
+
+
+def fetch_if_repository(model: str) -> str:
+    """Download a Hub repository (``org/name[@rev][:QUANT]``) into the Hugging Face cache
+    now, with a progress bar on a terminal, so the worker finds it there: its local folder
+    or ``.gguf`` file; any other ``model`` as it is."""
+    from kvrelay_worker.loading import HubSettings, is_known_model, parse_hub_name, resolve_model
+
+    if is_known_model(model) or Path(model).expanduser().exists() or not parse_hub_name(model):
+        return model
+    hub = HubSettings.from_env()
+    where = "the Hugging Face cache alone" if hub.offline else hub.endpoint
+    click.echo(f"Fetching {model} from {where} into {hub.cache_dir} ...", err=True)
+    try:
+        return str(resolve_model(model).path)
+    except ValueError as exc:  # HubAccessError, UnknownModelError, UnsupportedModelError
+        raise CliError(str(exc)) from None
+
+
+def prepare_if_needed(model: str, env: Mapping[str, str] | None = None) -> None:
+    """Download and convert before the worker starts, so the first start shows a progress
+    bar instead of a silent minute inside the worker; no conversion for a worker (``env``)
+    that keeps the GGUF quantized."""
+    model = fetch_if_repository(model)
+    if needs_preparation(model) and not (env is not None and keeps_gguf_blocks(env)):
         prepare(model)

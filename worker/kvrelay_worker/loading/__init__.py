@@ -1,4 +1,5 @@
-"""Model loading: resolve a name or path, convert and cache it, load its weights, list models.
+"""Model loading: resolve a name, a path or a Hub repository, convert and cache it, load its
+weights, list models.
 
 The one door the engine and the ``kvrelay`` command use. The decoder itself (layers,
 attention, rotary tables, the model class) lives in ``kvrelay_worker.models`` and knows
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from kvrelay_worker.loading.gguf_storage import GGUFStorage
     from kvrelay_worker.loading.gguf_storage import gguf_storage as read_gguf_storage
     from kvrelay_worker.loading.hf_folder import safetensors_files
+    from kvrelay_worker.loading.hub_errors import HubAccessError
+    from kvrelay_worker.loading.hub_fetch import HubSettings, fetch_repo
+    from kvrelay_worker.loading.hub_name import HubName, default_served_name, parse_hub_name
     from kvrelay_worker.loading.model_cache import prepare_model
     from kvrelay_worker.loading.model_files import LoadedModelFiles, load_model_source
     from kvrelay_worker.loading.model_source import ModelSource, resolve_model
@@ -39,6 +43,12 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "is_prepared": "kvrelay_worker.loading.cache_layout",
     "model_cache_dir": "kvrelay_worker.loading.cache_layout",
     "safetensors_files": "kvrelay_worker.loading.hf_folder",
+    "HubAccessError": "kvrelay_worker.loading.hub_errors",
+    "fetch_repo": "kvrelay_worker.loading.hub_fetch",
+    "HubSettings": "kvrelay_worker.loading.hub_fetch",
+    "HubName": "kvrelay_worker.loading.hub_name",
+    "default_served_name": "kvrelay_worker.loading.hub_name",
+    "parse_hub_name": "kvrelay_worker.loading.hub_name",
     "build_gguf_quantized_model": "kvrelay_worker.loading.gguf_quantized_model",
     "GGUFCheckpoint": "kvrelay_worker.loading.gguf_file",
     "GGUFStorage": "kvrelay_worker.loading.gguf_storage",
@@ -66,11 +76,16 @@ __all__ = [
     "REGISTRY",
     "GGUFCheckpoint",
     "GGUFStorage",
+    "HubAccessError",
+    "HubName",
+    "HubSettings",
     "LoadedModelFiles",
     "ModelSource",
     "UnknownModelError",
     "UnsupportedModelError",
     "build_gguf_quantized_model",
+    "default_served_name",
+    "fetch_repo",
     "gguf_cache_name",
     "is_known_model",
     "is_prepared",
@@ -78,6 +93,7 @@ __all__ = [
     "load_model_source",
     "load_tokenizer",
     "model_cache_dir",
+    "parse_hub_name",
     "prepare_model",
     "read_gguf_storage",
     "registry_model_path",

@@ -96,7 +96,7 @@ def unknown_model_error(name: str) -> UnknownModelError:
     return UnknownModelError(
         f"unknown model {name!r}: not a known model name and no such file or folder "
         f"(known models: {', '.join(known_model_names())}; or pass a Hugging Face "
-        "folder or a .gguf file)"
+        "folder, a .gguf file or a Hugging Face Hub repository, org/name[@revision])"
     )
 
 
