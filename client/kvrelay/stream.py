@@ -66,6 +66,7 @@ from kvrelay.protocol import (
     decode_event,
 )
 from kvrelay.tenant_quota import UNBOUNDED_JOB_S, TenantQuota, current_quota
+from kvrelay.tracing.job_trace import JobTrace, begin_job_trace
 
 if typing.TYPE_CHECKING:
     from kvrelay.job_lifecycle import JobLifecycle
@@ -227,6 +228,8 @@ class AsyncStream(AsyncResource):
         # job still is (2: jobs and queued; 1: jobs, once started; 0: none).
         self._quota: TenantQuota | None = None
         self._quota_counted = 0
+        # The job's spans on this side (None: tracing is off, or a resume).
+        self._trace: JobTrace | None = None
 
     # ------------------------------------------------------------------ properties
 
@@ -290,6 +293,8 @@ class AsyncStream(AsyncResource):
         try:
             if self._request is not None:
                 await self._start_job(self._request)
+                if self._trace is not None:
+                    self._trace.admitted()
             else:
                 await self._start_resume()
         except BaseException as exc:
@@ -302,6 +307,7 @@ class AsyncStream(AsyncResource):
             self._last_progress = asyncio.get_running_loop().time()
 
     async def _start_job(self, request: GenerateRequest) -> None:
+        self._trace = begin_job_trace(request)  # before the job's clock: it holds the job
         # The job's clock starts now, not when the stream object was made.
         now = time.time()
         deadline = None if self._timeout is None else now + self._timeout
@@ -309,6 +315,7 @@ class AsyncStream(AsyncResource):
         request = msgspec.structs.replace(
             request, deadline=deadline, enqueued_at=now, queue_deadline=now + queue_wait,
             reply_to=self._jobs.reply_channel,
+            trace_context=self._trace.carrier() if self._trace is not None else None,
         )
         self._request = request
         if self._timeout is not None:
@@ -421,6 +428,9 @@ class AsyncStream(AsyncResource):
     def _end(self, state: str) -> None:
         """Release the subscription; abort the job if it may still be running."""
         self._state = state
+        if self._trace is not None:
+            self._trace.end(self._error, closed=state == _CLOSED)
+            self._trace = None
         if self._mailbox is not None:
             self._jobs.dispatcher.unsubscribe(self._mailbox)
         if self._watching:
@@ -486,11 +496,15 @@ class AsyncStream(AsyncResource):
             self._builder.add_tokens(event)
         elif isinstance(event, Started):
             self._builder.add_started(event)
+            if self._trace is not None:
+                self._trace.started(event)
             if self._quota_counted == 2 and self._quota is not None:
                 self._quota_counted = 1
                 self._jobs.release_quota(self._quota.tenant, self._job_id, started=True)
         elif isinstance(event, Finished):
             self._completion = self._builder.build(event)
+            if self._trace is not None:
+                self._trace.finished(event)
             self._abort_on_exit = False
             self._end(_DONE)
         elif isinstance(event, Failed):

@@ -24,6 +24,7 @@ from kvrelay.errors import KvrelayError
 from kvrelay.protocol import GenerateRequest, WorkerInfo
 from kvrelay.request_builder import GenerateOptions
 from kvrelay.stream import AsyncStream
+from kvrelay.tracing.caller_context import in_callers_context
 
 __all__ = ["Adapters", "Client", "Stream"]
 
@@ -51,7 +52,8 @@ class _LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("kvrelay.Client cannot be called from its own event loop")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        # Under the caller's trace context: a job started here joins the caller's trace.
+        future = asyncio.run_coroutine_threadsafe(in_callers_context(coro), self.loop)
         try:
             return future.result()
         except BaseException:

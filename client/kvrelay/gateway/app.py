@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -19,6 +20,8 @@ from kvrelay.gateway.metrics import GatewayMetrics
 from kvrelay.gateway.responses_api import ResponsesEndpoint
 from kvrelay.gateway.routes import Gateway
 from kvrelay.gateway.settings import GatewaySettings
+from kvrelay.gateway.trace_headers import TraceHeaders
+from kvrelay.tracing import switch as tracing
 
 log = logging.getLogger("kvrelay.gateway")
 
@@ -26,6 +29,7 @@ log = logging.getLogger("kvrelay.gateway")
 def create_app(settings: GatewaySettings | None = None) -> Starlette:
     """The gateway app; its SDK client connects when the server starts (lifespan)."""
     settings = settings or GatewaySettings.from_env()
+    log.info("gateway tracing: %s", tracing.configure("kvrelay-gateway"))
     clients = {namespace: AsyncClient(settings.redis_url, namespace=namespace,
                                       stream_timeout=settings.stream_timeout,
                                       reconnect_timeout=settings.reconnect_timeout,
@@ -67,7 +71,8 @@ def create_app(settings: GatewaySettings | None = None) -> Starlette:
         error = gateway.internal(f"unexpected error on {request.url.path}", exc)
         return gateway.refuse("unexpected", error)
 
-    app = Starlette(routes=routes, lifespan=lifespan,
+    # A caller's ``traceparent`` header: its job's spans continue the caller's trace.
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(TraceHeaders)],
                     exception_handlers={Exception: unexpected})
     app.state.gateway = gateway
     return app

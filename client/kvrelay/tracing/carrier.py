@@ -59,4 +59,5 @@ def parent_context(trace_context: Mapping[str, str] | None) -> Context:
 
     if not trace_context:
         return Context()
-    return _w3c().extract(bounded(trace_context))  # type: ignore[no-any-return]
+    extracted: Context = _w3c().extract(bounded(trace_context))
+    return extracted

@@ -15,6 +15,7 @@ and for tests that read a worker's spans.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -33,10 +34,6 @@ from opentelemetry.sdk.trace.export import (
 __all__ = ["JsonLinesExporter", "install"]
 
 log = logging.getLogger("kvrelay.tracing")
-
-# The service name when the variables give none (OpenTelemetry's default is
-# "unknown_service").
-DEFAULT_SERVICE: str = "kvrelay"
 
 
 class JsonLinesExporter(SpanExporter):
@@ -61,15 +58,17 @@ class JsonLinesExporter(SpanExporter):
         return True
 
 
-def install(exporters: Sequence[str], traces_file: str | None) -> Any:
+def install(exporters: Sequence[str], traces_file: str | None, service: str) -> Any:
     """Set up tracing; returns the provider it installed, or None when the application
-    already has one (then only the traces file, if any, is added to it)."""
+    already has one (then only the traces file, if any, is added to it). ``service``:
+    the service name when the variables give none (OpenTelemetry would say
+    "unknown_service")."""
     current = trace.get_tracer_provider()
     if not isinstance(current, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         if traces_file and isinstance(current, TracerProvider):
             current.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(traces_file)))
         return None
-    provider = TracerProvider(resource=_resource())
+    provider = TracerProvider(resource=_resource(service))
     for name in exporters:
         exporter = _exporter(name)
         if exporter is not None:
@@ -80,18 +79,29 @@ def install(exporters: Sequence[str], traces_file: str | None) -> Any:
     return provider
 
 
-def _resource() -> Resource:
+def _resource(service: str) -> Resource:
     resource = Resource.create()
     name = str(resource.attributes.get(SERVICE_NAME, ""))
     if not name or name.startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE}))
+        resource = resource.merge(Resource({SERVICE_NAME: service}))
     return resource
+
+
+def _entry_point_name(name: str) -> str:
+    """``otlp`` is the gRPC exporter unless ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (or
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``) says ``http/protobuf``, as the specification says."""
+    if name != "otlp":
+        return name
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+    return "otlp_proto_http" if protocol == "http/protobuf" else "otlp_proto_grpc"
 
 
 def _exporter(name: str) -> SpanExporter | None:
     """The exporter ``OTEL_TRACES_EXPORTER`` calls ``name``; None (and a warning) when it
     is not installed or cannot be made: the other exporters still get the spans."""
-    found = list(entry_points(group="opentelemetry_traces_exporter", name=name))
+    found = list(entry_points(group="opentelemetry_traces_exporter",
+                              name=_entry_point_name(name)))
     if not found:
         log.warning("no span exporter named %r is installed (OTEL_TRACES_EXPORTER); "
                     "install kvrelay[tracing] for otlp", name)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-__all__ = ["TRACES_FILE", "active_tracer", "flush", "summary"]
+__all__ = ["TRACES_FILE", "active_tracer", "configure", "flush", "summary"]
 
 log = logging.getLogger("kvrelay.tracing")
 
@@ -41,6 +41,11 @@ _lock = threading.Lock()
 # What the variables asked for (for ``summary``), and the provider kvrelay installed.
 _asked: list[str] = []
 _installed: Any = None
+# ``OTEL_PYTHON_TRACER_PROVIDER`` names a provider the API loads on first use.
+_provider_named = False
+_UNKNOWN = object()
+# The service name of a provider installed here when the variables give none.
+_service = "kvrelay"
 
 
 def active_tracer() -> Tracer | None:
@@ -59,6 +64,10 @@ def _adopt(api: Any) -> Tracer | None:
     """Use the installed provider, if one is (one is installed once per process, so the
     tracer is kept); None while the provider is still OpenTelemetry's placeholder."""
     global _tracer
+    if getattr(api, "_TRACER_PROVIDER", _UNKNOWN) is None and not _provider_named:
+        # The API's own record says none is installed: asking ``get_tracer_provider`` would
+        # cost a failed ``os.environ`` lookup (an exception) per job to say the same.
+        return None
     provider = api.get_tracer_provider()
     if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
         return None
@@ -68,18 +77,19 @@ def _adopt(api: Any) -> Tracer | None:
 
 def _read_env() -> None:
     """Install a provider from the variables when they ask for one (once per process)."""
-    global _env_read, _installed
+    global _env_read, _installed, _provider_named
     with _lock:
         if _env_read:
             return
         try:
+            _provider_named = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
             exporters = _exporters_asked()
             traces_file = os.environ.get(TRACES_FILE) or None
             _asked.extend(exporters + ([f"file {traces_file}"] if traces_file else []))
             if _asked and not _sdk_disabled():
                 from kvrelay.tracing.env_setup import install
 
-                _installed = install(exporters, traces_file)
+                _installed = install(exporters, traces_file, _service)
         except ImportError as exc:
             log.warning("tracing is asked for (%s) but OpenTelemetry's SDK is missing (%s); "
                         "install kvrelay[tracing]", ", ".join(_asked), exc)
@@ -119,6 +129,15 @@ def flush(timeout_s: float = 5.0) -> None:
             force_flush(int(timeout_s * 1000))
         except Exception as exc:
             log.warning("could not flush the last spans: %s", exc)
+
+
+def configure(service: str) -> str:
+    """Set tracing up now (a process's start: a worker, a gateway), naming the service
+    when the variables do not; returns ``summary()``."""
+    global _service
+    if not _env_read:
+        _service = service
+    return summary()
 
 
 def summary() -> str:

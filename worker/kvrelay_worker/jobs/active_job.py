@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from kvrelay.protocol import GenerateRequest
+from kvrelay.protocol import AnyEvent, GenerateRequest
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.jobs.job_store import PriorProgress
 from kvrelay_worker.jobs.log_window import LogWindow
@@ -42,6 +42,8 @@ class ActiveJob:
     # run owns it; every write of the run is fenced by it.
     run_id: str = ""
     claimed_at: float = field(default_factory=time.time)
+    # When the task thread got the job's message (before its claim): for its spans.
+    picked_at: float = 0.0
     # The prefix-cache salt the engine uses: the request's own, kept apart per namespace.
     cache_salt: str | None = None
     # Owned by the publisher thread: the seq the next event gets, the log's byte
@@ -61,9 +63,17 @@ class ActiveJob:
     # Set by the publisher when the batch that wrote the job's terminal event also
     # released it (``JobEvents.release``): nothing is left to release.
     released: bool = False
+    # When (monotonic clock) the job last moved: claimed, held by an engine loop that
+    # went round (running, queued in the engine or preempted), or its events sent to
+    # Redis. The lease keeper keeps the lease of a job that moved recently, no other.
+    progress_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     last_token_at: float | None = None
     outcome: str | None = None
+    # When the run ended here, and the terminal event it wrote (None: it wrote none):
+    # what its spans are made from once it is over (``run_trace``).
+    ended_at: float | None = None
+    terminal: AnyEvent | None = None
     done: threading.Event = field(default_factory=threading.Event)
     _replay: ReplayPlan | None = field(default=None, init=False, repr=False)
 
@@ -82,6 +92,8 @@ class ActiveJob:
             self._replay = ReplayPlan.of(self.params, self.prior)
         return self._replay
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: str, terminal: AnyEvent | None = None) -> None:
         self.outcome = outcome
+        self.terminal = terminal
+        self.ended_at = time.time()
         self.done.set()
