@@ -1,8 +1,9 @@
 """The local stack behind ``kvrelay up``: a Redis (private, or the one configured) and one
-worker process, started in that order and stopped in the reverse one.
+worker process per plan (``--workers``, ``--gpus``), started in that order and stopped in
+the reverse one.
 
 ``stop()`` is idempotent and is called from a ``finally``: whatever happened (an answer
-printed, an error, Ctrl-C, SIGTERM), the worker gets SIGTERM (it drains, then exits),
+printed, an error, Ctrl-C, SIGTERM), the workers get SIGTERM (they drain, then exit),
 SIGKILL after a grace period, then Redis the same. The children also die with the CLI if
 it is killed outright (see ``processes``).
 """
@@ -12,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvrelay import Client, KvrelayError, WorkerInfo
@@ -31,13 +34,17 @@ _STOP_MARGIN_S = 10.0
 
 
 class LocalStack:
-    def __init__(self, plan: WorkerPlan, workdir: Path, *, worker_logs_to_stderr: bool = False):
-        self.plan = plan
+    def __init__(self, plans: Sequence[WorkerPlan], workdir: Path, *,
+                 worker_logs_to_stderr: bool = False):
+        self.plans = list(plans)
+        self.plan = self.plans[0]  # the model, the Redis limits: the same in every plan
         self.workdir = workdir
-        self.worker_log: Path | None = None if worker_logs_to_stderr else workdir / "worker.log"
+        self.worker_logs: list[Path | None] = [
+            None if worker_logs_to_stderr else workdir / _log_name(i)
+            for i in range(len(self.plans))]
         self.redis: PrivateRedis | None = None
         self.redis_url = ""
-        self.worker: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
         self.gateway: subprocess.Popen[bytes] | None = None
         self.keep_workdir = False
 
@@ -59,10 +66,12 @@ class LocalStack:
             self.redis_url = self.redis.url
         return self.redis_url
 
-    def start_worker(self) -> None:
-        env = {**self.plan.env, "KVRELAY_REDIS_URL": self.redis_url}
-        self.plan = dataclasses.replace(self.plan, env=env)
-        self.worker = processes.spawn(self.plan.argv, env=env, log=self.worker_log)
+    def start_workers(self) -> None:
+        for i, plan in enumerate(self.plans):
+            env = {**plan.env, "KVRELAY_REDIS_URL": self.redis_url}
+            self.plans[i] = dataclasses.replace(plan, env=env)
+            self.workers.append(processes.spawn(plan.argv, env=env, log=self.worker_logs[i]))
+        self.plan = self.plans[0]
 
     def start_gateway(self, port: int) -> str:
         """The OpenAI-compatible gateway on ``port`` (``kvrelay gateway``); its URL."""
@@ -71,28 +80,37 @@ class LocalStack:
         self.gateway = processes.spawn(argv, log=self.workdir / "gateway.log")
         return f"http://127.0.0.1:{port}/v1"
 
-    def wait_ready(self, client: Client, timeout: float) -> WorkerInfo:
-        """Wait for this worker's heartbeat (the model is loaded); fail if it exits."""
-        assert self.worker is not None
-        spinner = Spinner(f"Loading {self.plan.served_model} in the worker")
+    def wait_ready(self, client: Client, timeout: float) -> list[WorkerInfo]:
+        """Wait for every worker's heartbeat (its model is loaded); fail if one exits."""
+        assert self.workers
+        many = f"{len(self.workers)} workers" if len(self.workers) > 1 else "the worker"
+        spinner = Spinner(f"Loading {self.plan.served_model} in {many}")
         deadline = time.monotonic() + timeout
         host = socket.gethostname()
+        pids = [worker.pid for worker in self.workers]
+        ready: dict[int, WorkerInfo] = {}
         while True:
             self.check_alive(starting=True)
             with contextlib.suppress(KvrelayError):
-                for info in client.workers():
-                    if info.pid == self.worker.pid and info.host == host:
-                        stats = info.stats
-                        spinner.done(
-                            f"Worker ready in {spinner.elapsed:.1f}s: {info.model} on "
-                            f"{info.device}, {stats.get('total_blocks', '?')} KV blocks"
-                        )
-                        return info
+                ready = {info.pid: info for info in client.workers()
+                         if info.pid in pids and info.host == host}
+                if len(ready) == len(pids):
+                    infos = [ready[pid] for pid in pids]
+                    devices = ", ".join(dict.fromkeys(info.device for info in infos))
+                    blocks = infos[0].stats.get("total_blocks", "?")
+                    spinner.done(
+                        f"{'Worker' if len(pids) == 1 else f'{len(pids)} workers'} ready in "
+                        f"{spinner.elapsed:.1f}s: {infos[0].model} on {devices}, {blocks} "
+                        f"KV blocks{' each' if len(pids) > 1 else ''}"
+                    )
+                    return infos
             if time.monotonic() >= deadline:
                 self.keep_workdir = True
+                late = next(i for i, pid in enumerate(pids) if pid not in ready)
+                which = f"worker {late + 1}" if len(pids) > 1 else "the worker"
                 raise CliError(
-                    f"the worker did not announce itself within {timeout:g}s "
-                    f"(KVRELAY_STARTUP_TIMEOUT); {self._log_hint()}"
+                    f"{which} did not announce itself within {timeout:g}s "
+                    f"(KVRELAY_STARTUP_TIMEOUT); {self._log_hint(late)}"
                 )
             spinner.tick()
             time.sleep(0.1)
@@ -100,13 +118,14 @@ class LocalStack:
     # ------------------------------------------------------------------ watch
 
     def check_alive(self, *, starting: bool = False) -> None:
-        """Raise ``CliError`` if the worker or the private Redis has exited."""
-        if self.worker is not None and self.worker.poll() is not None:
-            self.keep_workdir = True
-            when = "before it was ready" if starting else "unexpectedly"
-            raise CliError(
-                f"the worker exited with status {self.worker.returncode} {when}; {self._log_hint()}"
-            )
+        """Raise ``CliError`` if a worker or the private Redis has exited."""
+        for i, worker in enumerate(self.workers):
+            if worker.poll() is not None:
+                self.keep_workdir = True
+                when = "before it was ready" if starting else "unexpectedly"
+                which = f"worker {i + 1}" if len(self.workers) > 1 else "the worker"
+                raise CliError(f"{which} exited with status {worker.returncode} {when}; "
+                               f"{self._log_hint(i)}")
         if self.gateway is not None and self.gateway.poll() is not None:
             self.keep_workdir = True
             raise CliError(f"the gateway exited with status {self.gateway.returncode}; "
@@ -115,29 +134,38 @@ class LocalStack:
         if redis is not None and redis.poll() is not None:
             raise CliError(f"the private Redis exited with status {redis.returncode}")
 
-    def _log_hint(self) -> str:
-        if self.worker_log is None:
+    def _log_hint(self, i: int) -> str:
+        log = self.worker_logs[i]
+        if log is None:
             return "its log is above"
-        last = _last_meaningful_line(self.worker_log)
-        where = f"full log: {self.worker_log}"
+        last = _last_meaningful_line(log)
+        where = f"full log: {log}"
         return f"last log line: {one_line(last)[:300]}; {where}" if last else where
 
     # ------------------------------------------------------------------ stop
 
     def stop(self) -> None:
-        """Gateway, then worker (so it can finish or hand back its jobs), then Redis."""
+        """Gateway, then workers (so they can finish or hand back their jobs, all at
+        once), then Redis."""
         gateway, self.gateway = self.gateway, None
         if gateway is not None:
             processes.stop(gateway, grace=_STOP_MARGIN_S)
-        worker, self.worker = self.worker, None
-        if worker is not None:
-            grace = float(self.plan.env.get("KVRELAY_SHUTDOWN_GRACE") or 30.0)
+        workers, self.workers = self.workers, []
+        grace = float(self.plan.env.get("KVRELAY_SHUTDOWN_GRACE") or 30.0)
+        for worker in workers:
+            if worker.poll() is None:
+                processes.signal_group(worker, signal.SIGTERM)
+        for worker in workers:
             processes.stop(worker, grace=grace + _STOP_MARGIN_S)
         redis, self.redis = self.redis, None
         if redis is not None:
             redis.stop()
         if not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _log_name(i: int) -> str:
+    return "worker.log" if i == 0 else f"worker-{i + 1}.log"
 
 
 def _last_meaningful_line(log: Path) -> str:

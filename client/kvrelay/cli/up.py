@@ -1,7 +1,8 @@
 """``kvrelay up``: a whole stack on this machine, for a demo or for local development.
 
 Starts Redis (``KVRELAY_REDIS_URL`` when set, else a private server on a free port), one
-worker for the model (CUDA when present, else CPU), waits for the worker's heartbeat,
+worker for the model (CUDA when present, else CPU; ``--workers N`` and ``--gpus 0,1`` for
+more), waits for every worker's heartbeat,
 then either streams the answer to one prompt and stops everything, or (``--serve``)
 keeps running until Ctrl-C and tells clients where Redis is.
 """
@@ -21,6 +22,7 @@ from kvrelay.cli import stack_file
 from kvrelay.cli.config import env_float
 from kvrelay.cli.errors import CliError, require_worker_package
 from kvrelay.cli.gateway_cmd import require_gateway_extra
+from kvrelay.cli.gpu_ids import GpuIds
 from kvrelay.cli.options import (
     WORKER_SETTING_FLAGS,
     picked,
@@ -33,7 +35,7 @@ from kvrelay.cli.signals import interrupts_held, stop_signals_interrupt
 from kvrelay.cli.stack import LocalStack
 from kvrelay.cli.streaming import job_options, print_summary, stream_to_stdout, with_system
 from kvrelay.cli.target import namespace
-from kvrelay.cli.worker_launch import plan_worker, prepare_if_needed, worker_environment
+from kvrelay.cli.worker_launch import prepare_if_needed, worker_environment, worker_plans
 from kvrelay.connection import redact_url
 
 DEFAULT_PROMPT = "In two sentences, why do language models generate text one token at a time?"
@@ -58,6 +60,19 @@ _PLACEHOLDER_URL = "redis://127.0.0.1:0/0"
     help="With --serve: also serve the OpenAI-compatible API on this port (kvrelay[gateway]).",
 )
 @worker_options
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    metavar="N",
+    help="Worker processes per device (per GPU with --gpus) [default: 1].",
+)
+@click.option(
+    "--gpus",
+    type=GpuIds(),
+    default=(),
+    help="One worker per GPU, e.g. 0,1 (each on cuda:<id>) [default: the --device].",
+)
 @redis_url_option("Use this Redis instead of starting a private one.")
 @click.option(
     "--redis-port",
@@ -79,7 +94,7 @@ _PLACEHOLDER_URL = "redis://127.0.0.1:0/0"
     help="Show the worker's log on stderr [default: a file, shown on failure].",
 )
 def up(prompt: str | None, **params: Any) -> int:
-    """Start Redis and a worker, stream the answer to PROMPT, stop everything.
+    """Start Redis and a worker (or several), stream the answer to PROMPT, stop everything.
 
     Without PROMPT a default question is asked. With --serve the stack stays up and
     `kvrelay generate` / `kvrelay chat` in other shells use it.
@@ -93,14 +108,17 @@ def up(prompt: str | None, **params: Any) -> int:
     settings = picked(params, WORKER_SETTING_FLAGS) | {"redis_url": redis_url or _PLACEHOLDER_URL}
     env = worker_environment(os.environ, settings)
     env.setdefault("KVRELAY_SHUTDOWN_GRACE", UP_SHUTDOWN_GRACE)
-    plan = plan_worker(env)
-    prepare_if_needed(plan.model)
+    if params["gpus"] and params["device"] is not None:
+        raise click.UsageError("--gpus sets each worker's device: leave out --device")
+    plans = worker_plans(env, params["workers"], params["gpus"])
+    plan = plans[0]
+    prepare_if_needed(plan.model, plan.env)
     serve: bool = params["serve"]
     question = prompt if prompt is not None else (None if serve else DEFAULT_PROMPT)
     options = job_options(plan.served_model, params, env_float("STREAM_TIMEOUT", 120.0))
 
     workdir = Path(tempfile.mkdtemp(prefix="kvrelay-up-"))
-    stack = LocalStack(plan, workdir, worker_logs_to_stderr=params["worker_logs"])
+    stack = LocalStack(plans, workdir, worker_logs_to_stderr=params["worker_logs"])
     interrupted = False
     try:
         with stop_signals_interrupt():
@@ -126,7 +144,7 @@ def _run(
     redis_url: str | None = params["redis_url"]
     url = stack.start_redis(redis_url, params["redis_port"])
     click.echo(f"Redis: {redact_url(url)}" + ("" if redis_url else " (private)"), err=True)
-    stack.start_worker()
+    stack.start_workers()
     with Client(url, model=stack.plan.served_model, namespace=namespace()) as client:
         stack.wait_ready(client, params["startup_timeout"])
         if question is not None:

@@ -9,7 +9,11 @@ folder). The sources register ops under ``torch.ops.kvrelay_cpu``. When no compi
 gcc), ``load_cpu_kernels`` returns False once, logs why, and every caller falls back to the
 PyTorch reference.
 
-``python -m kvrelay_kernels.cpu_kernels.build`` builds ahead of time (``make install`` does).
+``python -m kvrelay_kernels.cpu_kernels.build`` builds ahead of time (``make install`` does,
+and the worker image's build stage). A finished build leaves a stamp beside the library;
+a later process that finds it loads the library directly, without torch's loader, which
+would run ninja and the compiler again to find nothing to do: so a runtime image without
+the toolchain (the stamped folder copied from its build stage) still gets the kernels.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ SOURCES = ("paged_attention.cpp", "tiled_attention.cpp", "quantized_linear.cpp",
 # Included by the sources: part of the build folder's key, so editing one rebuilds.
 HEADERS = ("quantized_args.h",)
 LIBRARY = "kvrelay_cpu"
+# Written into the build folder once a build has finished there.
+STAMP = f"{LIBRARY}.built"
 
 
 def compiler_flags() -> tuple[str, ...]:
@@ -97,6 +103,20 @@ def build_cpu_kernels(build_dir: Path, *, verbose: bool = False) -> None:
         is_python_module=False,
         verbose=verbose,
     )
+    try:
+        (build_dir / STAMP).write_text(f"{LIBRARY}.so built by {' '.join(compiler_flags())}\n")
+    except OSError:  # a read-only cache: the next start goes through torch's loader again
+        pass
+
+
+def load_prebuilt(build_dir: Path) -> bool:
+    """Load the library a finished build left in ``build_dir`` (no ninja, no compiler);
+    False when there is none. The folder's name already keys sources, flags, torch and CPU."""
+    library = build_dir / f"{LIBRARY}.so"
+    if not ((build_dir / STAMP).is_file() and library.is_file()):
+        return False
+    torch.ops.load_library(str(library))
+    return True
 
 
 @functools.cache
@@ -105,7 +125,9 @@ def load_cpu_kernels() -> bool:
     if hasattr(torch.ops, LIBRARY) and hasattr(getattr(torch.ops, LIBRARY), "paged_attention"):
         return True
     try:
-        build_cpu_kernels(default_build_dir())
+        build_dir = default_build_dir()
+        if not load_prebuilt(build_dir):
+            build_cpu_kernels(build_dir)
     except Exception as exc:  # no compiler, no ninja, a broken toolchain: use the reference
         log.warning("CPU kernels unavailable, using the PyTorch reference: %s: %s",
                     type(exc).__name__, str(exc).strip().splitlines()[-1:] or "")

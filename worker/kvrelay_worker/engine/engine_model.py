@@ -62,7 +62,7 @@ def build_model_for(config: EngineConfig, files: LoadedModelFiles, max_len: int)
 def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
                       max_len: int) -> CausalLM:
     """Read the GGUF file itself, its quantized blocks kept (``gguf_quantized_model``)."""
-    from kvrelay_worker.loading import GGUFCheckpoint, build_gguf_quantized_model
+    from kvrelay_worker.loading import build_gguf_quantized_model
 
     if files.source.kind != "gguf":
         raise EngineConfigError(
@@ -70,7 +70,7 @@ def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
             f"{files.name!r} is a Hugging Face folder; use int8 or int4 to quantize it"
         )
     model, formats = build_gguf_quantized_model(
-        GGUFCheckpoint(files.source.path), config.torch_dtype, config.torch_device, max_len)
+        files.gguf_checkpoint(), config.torch_dtype, config.torch_device, max_len)
     counts: dict[str, int] = {}
     for fmt in formats.values():
         key = f"{fmt.gguf_type} {fmt.how}"
