@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kvrelay_worker.loading.hub_errors import HubAccessError
     from kvrelay_worker.loading.hub_fetch import HubSettings, fetch_repo
     from kvrelay_worker.loading.hub_name import HubName, default_served_name, parse_hub_name
+    from kvrelay_worker.loading.lora_folder import LoraWeights, read_lora_folder
     from kvrelay_worker.loading.model_cache import prepare_model
     from kvrelay_worker.loading.model_files import LoadedModelFiles, load_model_source
     from kvrelay_worker.loading.model_source import ModelSource, resolve_model
@@ -49,6 +50,8 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "HubName": "kvrelay_worker.loading.hub_name",
     "default_served_name": "kvrelay_worker.loading.hub_name",
     "parse_hub_name": "kvrelay_worker.loading.hub_name",
+    "LoraWeights": "kvrelay_worker.loading.lora_folder",
+    "read_lora_folder": "kvrelay_worker.loading.lora_folder",
     "build_gguf_quantized_model": "kvrelay_worker.loading.gguf_quantized_model",
     "GGUFCheckpoint": "kvrelay_worker.loading.gguf_file",
     "GGUFStorage": "kvrelay_worker.loading.gguf_storage",
@@ -80,6 +83,7 @@ __all__ = [
     "HubName",
     "HubSettings",
     "LoadedModelFiles",
+    "LoraWeights",
     "ModelSource",
     "UnknownModelError",
     "UnsupportedModelError",
@@ -96,6 +100,7 @@ __all__ = [
     "parse_hub_name",
     "prepare_model",
     "read_gguf_storage",
+    "read_lora_folder",
     "registry_model_path",
     "resolve_model",
     "safetensors_files",

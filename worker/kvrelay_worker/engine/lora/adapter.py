@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvrelay_worker.loading.lora_folder import LoraWeights
+from kvrelay_worker.loading import LoraWeights
 
 
 @dataclass(frozen=True)

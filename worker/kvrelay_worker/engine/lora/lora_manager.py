@@ -20,7 +20,7 @@ import torch
 from kvrelay_worker.engine.errors import LoraAdapterError, LoraNotLoadedError
 from kvrelay_worker.engine.lora.adapter import LoraAdapter, LoraInfo
 from kvrelay_worker.engine.sched.sequence import Sequence
-from kvrelay_worker.loading.lora_folder import read_lora_folder
+from kvrelay_worker.loading import read_lora_folder
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.lora_layout import target_places
 from kvrelay_worker.models.lora_linear import LoraBatch, LoraLinear, install_lora
