@@ -61,12 +61,27 @@ def parse_lora_modules(text: str) -> list[tuple[str, str]]:
     return modules
 
 
+# What a PEFT LoRA repository holds that the engine reads (never pickled weights).
+ADAPTER_FILES = [ADAPTER_CONFIG_FILE, "adapter_model.safetensors"]
+
+
 def adapter_folder(path: str) -> Path:
-    """The PEFT folder ``path`` names, resolved; ``ValueError`` saying what is wrong."""
+    """The PEFT folder ``path`` names, resolved; ``ValueError`` saying what is wrong.
+
+    A local folder wins; otherwise ``org/name[@revision]`` is fetched into the shared
+    Hugging Face cache through the same resolution as models (``HF_TOKEN``,
+    ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``), its adapter files only.
+    """
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise ValueError(f"no adapter folder at {path} (a local PEFT folder with "
-                         f"{ADAPTER_CONFIG_FILE}; Hugging Face names are not resolved)")
+        from kvrelay_worker.loading import fetch_repo, parse_hub_name
+
+        hub = parse_hub_name(path)
+        if hub is None or hub.quant is not None:
+            raise ValueError(f"no adapter folder at {path} (a local PEFT folder with "
+                             f"{ADAPTER_CONFIG_FILE}, or a Hugging Face repository "
+                             "org/name[@revision])")
+        folder = fetch_repo(hub, ADAPTER_FILES, progress=False)
     if not (folder / ADAPTER_CONFIG_FILE).is_file():
         raise ValueError(f"{path} has no {ADAPTER_CONFIG_FILE}: not a PEFT adapter folder")
     return folder.resolve()
