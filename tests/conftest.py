@@ -28,7 +28,7 @@ except ImportError:  # client-only environments have no torch
 
 SMOLLM2 = "smollm2-135m-instruct"
 
-pytest_plugins = ["helpers.worker_fixtures", "helpers.lora_fixtures"]
+pytest_plugins = ["helpers.worker_fixtures", "helpers.lora_fixtures", "helpers.hub_fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ TENANT_COMMANDS: Final = (
     "lpush", "rpush", "rpop", "brpop", "llen", "lrange",
     "zadd", "zrem", "zrange", "zrangebyscore", "zrevrangebyscore", "zscore",
     # event logs
-    "xadd", "xrange", "xrevrange", "xtrim",
+    "xadd", "xrange", "xrevrange", "xtrim", "xsetid",
     # kvrelay's functions (``kvrelay.redis_functions``; they read the server's clock),
     # and transactions
     "fcall", "time",

@@ -6,7 +6,8 @@ A job's events live in two Redis streams:
   array (``kvrelay.event_frames``) in field ``e``; its id is ``f"{last_seq}-1"``, the seq
   of its last event (explicit, so the stream refuses a write it already has); a terminal
   entry carries a second field ``t``, so a writer can tell from the last entry alone that
-  the job already ended;
+  the job already ended, and the worker's scripts then set the stream's last id to the
+  highest there is (``ENDED_LAST_ID``), so Redis itself refuses any entry after it;
 - while it runs, the **tail** of the worker that owns it (``Keyspace.worker_tail``, the
   owner named by the job record's ``owner``): one entry per publisher batch, with one
   field ``b`` holding every job of the batch as a record (``tail_record``: the job id, its
@@ -42,6 +43,7 @@ from kvrelay.keys import Keyspace
 
 __all__ = [
     "DIGEST_FIELD",
+    "ENDED_LAST_ID",
     "EVENT_FIELD",
     "LIVE_LOG_TTL_S",
     "OWNER_FIELD",
@@ -65,6 +67,9 @@ EVENT_FIELD: Final = "e"
 TERMINAL_FIELD: Final = "t"
 # Every entry id is ``{seq}-{ENTRY_ID_SUFFIX}``; ``{seq}-0`` sorts just before it.
 ENTRY_ID_SUFFIX: Final = 1
+# A log's last id once its terminal entry is in (``XSETID``): every later ``XADD`` fails
+# as "equal or smaller than the top item", so nothing is ever appended after the end.
+ENDED_LAST_ID: Final = "18446744073709551615-0"
 # The one field of a tail entry: the batch's records, one after another.
 TAIL_FIELD: Final = "b"
 # A record's head: its job id's length; after the id, its last seq, 1 if the events end the
@@ -98,7 +103,7 @@ class AppendResult(IntEnum):
 
     # The job's lease belongs to another worker: nothing written.
     FENCED = -1
-    # An unfenced write found the log already ended: nothing written.
+    # The write found the log already ended: nothing written (nothing ever follows the end).
     ENDED = -2
     # An unfenced write's ``seq`` was not the next one: read the log again and retry.
     NOT_NEXT = -3

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
 import redis
@@ -28,12 +28,11 @@ from kvrelay.errors import (
     KvrelayError,
     PayloadTooLarge,
     QueueFull,
-    UnknownModel,
 )
 from kvrelay.job_scripts import RESERVE, UNWATCH
 from kvrelay.keys import Keyspace
 from kvrelay.lua_library import LIBRARY
-from kvrelay.patience import patiently
+from kvrelay.patience import passing, patiently
 from kvrelay.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     AbortMessage,
@@ -45,6 +44,8 @@ from kvrelay.protocol import (
 )
 from kvrelay.redis_functions import AsyncFunctions
 from kvrelay.replica_wait import ReplicaWait
+from kvrelay.served_models import FRESH_S as SERVED_FRESH_S
+from kvrelay.served_models import ServedModels
 from kvrelay.workers import (
     live_workers,
     missing_adapter,
@@ -52,6 +53,7 @@ from kvrelay.workers import (
     served_adapters,
     served_models,
 )
+from kvrelay.write_carrier import pool_primary
 
 __all__ = ["ABORT_FLAG_TTL_S", "JobLifecycle"]
 
@@ -80,10 +82,6 @@ ABORT_FLAG_TTL_S: Final = 3600
 # leaving (while it lives on, every worker checks each of its jobs for watchers).
 WATCH_TTL_S: float = 30.0
 WATCH_REFRESH_S: float = 10.0
-# How long the answer "which models have live workers" is reused.
-_SERVED_MODELS_TTL_S: Final = 1.0
-# A model missing from an answer older than this is looked up again before refusing.
-_SERVED_MODELS_RECHECK_S: Final = 0.1
 
 
 
@@ -132,7 +130,8 @@ class JobLifecycle:
         self._enqueuer = enqueuer
         self._where = where
         # Prechecks: a model some live worker serves (when required), a queue not too long.
-        self._served = _ServedModels(self._read_workers)
+        # (``kvrelay.served_models``: a failover does not make a model unknown).
+        self._served = ServedModels(self._read_workers, patience=reconnect_timeout)
         self._require_worker = require_worker
         self._max_queue = max_queue
         # A payload larger than the default must fit the model's workers' advertised limit.
@@ -158,15 +157,7 @@ class JobLifecycle:
         """Refuse before enqueueing: no worker for the model, or its queue too long."""
         model = request.model
         if self._require_worker:
-            served = await self._served.get(_SERVED_MODELS_TTL_S)
-            if model not in served:
-                served = await self._served.get(_SERVED_MODELS_RECHECK_S)
-            if model not in served:
-                listing = ", ".join(sorted(served)) if served else "none"
-                raise UnknownModel(
-                    f"no live worker serves model {model!r} (models served: {listing}); "
-                    "pass require_worker=False to enqueue ahead of the workers"
-                )
+            await self._served.require(model)
         if self._require_worker and request.lora is not None:
             missing = missing_adapter(self._adapters, model, request.lora)
             if missing is not None:  # loaded since the latest read, maybe: look again
@@ -190,7 +181,7 @@ class JobLifecycle:
         size = len(encode_request(request))
         if size <= DEFAULT_MAX_PAYLOAD_BYTES:
             return
-        await self._served.get(_SERVED_MODELS_TTL_S)
+        await self._served.get(SERVED_FRESH_S)
         limit = self._payload_limits.get(request.model, DEFAULT_MAX_PAYLOAD_BYTES)
         if size > limit:
             raise PayloadTooLarge(
@@ -359,12 +350,19 @@ class JobLifecycle:
 
     async def workers(self) -> list[WorkerInfo]:
         """Live workers (dead entries are removed from the registry on the way)."""
+        async def read() -> list[WorkerInfo]:
+            try:
+                return await live_workers(self.redis, self.keys)
+            except Exception as exc:
+                if passing(exc):  # out of reach or failing over: the registry may lag
+                    self._served.unreachable()
+                raise
+
         try:
-            workers = await patiently(lambda: live_workers(self.redis, self.keys),
-                                      self.reconnect_timeout)
+            workers = await patiently(read, self.reconnect_timeout)
         except REDIS_ERRORS as exc:
             raise self.connection_error(exc, "reading the worker registry") from exc
-        self._served.update(served_models(workers))
+        self._served.update(served_models(workers), pool_primary(self.redis.connection_pool))
         self._payload_limits = payload_limits(workers)
         self._adapters = served_adapters(workers)
         return workers
@@ -382,41 +380,10 @@ class JobLifecycle:
 
     async def _replicated(self, pipe: Any) -> list[Any]:
         """Execute a pipeline of writes, closed by a ``WAIT`` for the replicas behind
-        sentinels (its reply left out); raises the first error reply."""
-        wanted = self._replica_wait.wanted()
-        if wanted > 0:
-            pipe.execute_command("WAIT", wanted, self._replica_wait.timeout_ms)
-        replies = list(await pipe.execute())
-        acknowledged = replies.pop() if wanted > 0 else None
-        await self._replica_wait.asettle(acknowledged, self.redis.connection_pool)
-        return replies
+        sentinels (its reply left out, judged by the server that carried the writes);
+        raises the first error reply."""
+        return await self._replica_wait.aexecute(pipe)
 
     def connection_error(self, exc: BaseException, doing: str) -> KvrelayError:
         """``kvrelay.BrokerUnavailable`` naming this client's server and what it did."""
         return connection_error(self._where, doing, exc)
-
-
-class _ServedModels:
-    """Which models have a live worker: one registry read serves concurrent callers, and
-    the answer is reused for as long as a caller accepts."""
-
-    def __init__(self, read: Callable[[], Awaitable[frozenset[str]]]) -> None:
-        self._read = read
-        self._models: frozenset[str] | None = None
-        self._read_at = 0.0
-        self._reading: asyncio.Task[frozenset[str]] | None = None
-
-    def update(self, models: frozenset[str]) -> None:
-        self._models = models
-        self._read_at = asyncio.get_running_loop().time()
-
-    async def get(self, max_age: float) -> frozenset[str]:
-        loop = asyncio.get_running_loop()
-        if self._models is not None and loop.time() - self._read_at < max_age:
-            return self._models
-        if self._reading is None or self._reading.done():
-            self._reading = loop.create_task(self._read_once())
-        return await asyncio.shield(self._reading)
-
-    async def _read_once(self) -> frozenset[str]:
-        return await self._read()

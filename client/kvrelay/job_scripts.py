@@ -12,6 +12,13 @@ A job's lease holds the run id of the claim that owns it (``run_id``: the worker
 token of that claim), not just the worker's id, so a worker that claims a job it still
 runs from before a stall fences that older run like any other, and a claim sent again
 after its reply was lost recognises its own lease.
+
+Every ending fences: a job ended by anyone but its own run (a pickup that finds it
+cancelled or past its deadline, a rejected message, too many lost workers, any unowned
+write of a terminal event) drops the run from its record and raises the fence flag of
+the worker that ran it (``end_unowned``), so a run that stalled and wakes up writes
+nothing more; and no script writes past a terminal event. The lease scripts are in
+``kvrelay.lease_scripts``.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ _CONSTANTS: dict[str, object] = {
     "DIGEST_FIELD": event_log.DIGEST_FIELD,
     "OWNER_FIELD": event_log.OWNER_FIELD,
     "ENTRY_ID_SUFFIX": event_log.ENTRY_ID_SUFFIX,
+    "ENDED_LAST_ID": event_log.ENDED_LAST_ID,
     "TAIL_FIELD": event_log.TAIL_FIELD,
     "FENCE_FLAG_TTL_S": FENCE_FLAG_TTL_S,
     "CHECK_EACH_JOB": CHECK_EACH_JOB,
@@ -42,7 +50,7 @@ _CONSTANTS: dict[str, object] = {
 }
 
 
-def _format(script: str) -> str:
+def format_script(script: str) -> str:
     """Put the log format's names and the result codes into a script's ``{NAME}`` slots
     (other braces, Lua's tables, are left alone)."""
     for name, value in _CONSTANTS.items():
@@ -53,7 +61,7 @@ def _format(script: str) -> str:
 # job's record in a tail entry, the end of a job's log, and ``settle``: move a job's
 # events that are still only in its owner's tail (``kvrelay.event_log``) into its log,
 # as one entry.
-LUA_HELPERS = _format("""
+LUA_HELPERS = format_script("""
 local function array_header(n)
   if n < 16 then return string.char(0x90 + n) end
   if n < 65536 then return string.char(0xdc, math.floor(n / 256), n % 256) end
@@ -86,11 +94,17 @@ local function log_end(log_key)
   end
   return seq, false
 end
+-- A terminal entry also sets the log's last id to the top (``ENDED_LAST_ID``): Redis then
+-- refuses every later entry, whoever writes it and on whichever path.
 local function add_log_entry(log_key, max_len, last_seq, data, terminal)
   local id = last_seq .. '-{ENTRY_ID_SUFFIX}'
   if terminal then
-    return redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}', data,
-                       '{TERMINAL_FIELD}', '1')
+    local added = redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}',
+                              data, '{TERMINAL_FIELD}', '1')
+    if not (type(added) == 'table' and added.err) then
+      redis.call('XSETID', log_key, '{ENDED_LAST_ID}')
+    end
+    return added
   end
   return redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}', data)
 end
@@ -184,10 +198,34 @@ local function settle(log_key, tail_key, job_id, max_len, ttl)
   if not tail_key then return log_end(log_key) end
   return move_records(log_key, tail_by_job(tail_key)[job_id] or {}, max_len, ttl)
 end
+-- The server's clock, in ms: leases are judged on it alone, so a worker whose own clock
+-- is skewed neither delays a takeover nor causes one.
+local function server_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+-- End a job for good where its own run does not (cancelled or past its deadline at a
+-- pickup, rejected, too many lost workers, any unowned end): the record says done and
+-- names no run any more, the lease and the running entry go, and the fence flag of the
+-- worker whose run it named goes up. A run that stalled and wakes up then writes nothing
+-- more: its batches are checked job by job and fenced, and its refreshes, moves and
+-- releases find that the record no longer names it. The owner stays (its tail is where
+-- an unowned write finds the events that are in no log yet).
+local function end_unowned(record_key, lease_key, running_key, job_id, fence_prefix, ttl)
+  local record = redis.call('HMGET', record_key, '{OWNER_FIELD}', 'run')
+  if record[1] and record[2] and record[2] ~= '' then
+    redis.call('SET', fence_prefix .. record[1], '1', 'EX', {FENCE_FLAG_TTL_S})
+  end
+  redis.call('HSET', record_key, 'state', 'done')
+  redis.call('HDEL', record_key, 'payload', 'run')
+  redis.call('EXPIRE', record_key, ttl)
+  redis.call('DEL', lease_key)
+  redis.call('ZREM', running_key, job_id)
+end
 """)
 
 # KEYS: job record, lease, running zset, event log, abort flag
-# ARGV: job id, worker id, lease ms, payload json, now ms, record ttl s, request digest,
+# ARGV: job id, worker id, lease ms, payload json, record ttl s, request digest,
 #       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length,
 #       fence flag prefix (``Keyspace.worker_fenced`` less the worker id), run id, the
 #       job record's and log's names less the job id and closing brace, ended log ttl s
@@ -200,13 +238,13 @@ end
 # from the one the job id belongs to is "reused" (never run). A lease that already holds
 # this run id is this claim's own, sent again after its reply was lost: it is answered as
 # claimed, with nothing changed.
-CLAIM = LuaScript("claim", _format("""
+CLAIM = LuaScript("claim", format_script("""
 local record = redis.call('HMGET', KEYS[1], 'state', '{DIGEST_FIELD}', 'handback',
                           '{OWNER_FIELD}', 'attempts', 'run')
 if record[1] == 'done' then return {'done'} end
-if record[2] and record[2] ~= ARGV[7] then return {'reused'} end
+if record[2] and record[2] ~= ARGV[6] then return {'reused'} end
 local owner = redis.call('GET', KEYS[2])
-if owner == ARGV[11] then
+if owner == ARGV[10] then
   return {'claimed', tonumber(record[5] or '1'), redis.call('XRANGE', KEYS[4], '-', '+')}
 end
 if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
@@ -215,10 +253,10 @@ if redis.call('EXISTS', KEYS[5]) == 1 then return {'aborted'} end
 if owner and record[3] ~= owner then return {'owned', owner} end
 if record[4] then
   if record[4] ~= ARGV[2] then
-    settle_owner_tail(ARGV[8] .. record[4], record[4], ARGV[1], {ARGV[12], ARGV[13]},
-                      ARGV[9], ARGV[6], ARGV[14])
+    settle_owner_tail(ARGV[7] .. record[4], record[4], ARGV[1], {ARGV[11], ARGV[12]},
+                      ARGV[8], ARGV[5], ARGV[13])
   end
-  local _, ended = settle(KEYS[4], ARGV[8] .. record[4], ARGV[1], ARGV[9], ARGV[6])
+  local _, ended = settle(KEYS[4], ARGV[7] .. record[4], ARGV[1], ARGV[8], ARGV[5])
   if ended then
     -- Its run wrote the terminal event but its release was lost: the job is done.
     redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
@@ -227,15 +265,15 @@ if record[4] then
   end
   local handed_back = record[3] and record[3] ~= '' and record[3] == record[6]
   if record[4] ~= ARGV[2] or not handed_back then
-    redis.call('SET', ARGV[10] .. record[4], '1', 'EX', {FENCE_FLAG_TTL_S})
+    redis.call('SET', ARGV[9] .. record[4], '1', 'EX', {FENCE_FLAG_TTL_S})
   end
 end
 local attempt = tonumber(record[5] or '0') + 1
-redis.call('SET', KEYS[2], ARGV[11], 'PX', ARGV[3])
-redis.call('HSET', KEYS[1], 'state', 'running', '{OWNER_FIELD}', ARGV[2], 'run', ARGV[11],
-           'payload', ARGV[4], '{DIGEST_FIELD}', ARGV[7], 'attempts', attempt, 'handback', '')
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[3]), ARGV[1])
+redis.call('SET', KEYS[2], ARGV[10], 'PX', ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', '{OWNER_FIELD}', ARGV[2], 'run', ARGV[10],
+           'payload', ARGV[4], '{DIGEST_FIELD}', ARGV[6], 'attempts', attempt, 'handback', '')
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('ZADD', KEYS[3], server_ms() + tonumber(ARGV[3]), ARGV[1])
 return {'claimed', attempt, redis.call('XRANGE', KEYS[4], '-', '+')}
 """), helpers=True)
 
@@ -252,101 +290,51 @@ redis.call('DEL', KEYS[2])
 return 1
 """, helpers=True)
 
-# The job's running entry is scored 0 from the mark on: the admission script counts
-# entries scored in the past as jobs about to be pushed back, so its place in the
-# model's backlog is held until its copy is queued (and the release drops the entry).
-# KEYS: job record, lease, running zset -- ARGV: run id, job id -> 1 if marked
-MARK_HANDBACK = LuaScript("mark_handback", """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'handback', ARGV[1])
-redis.call('ZADD', KEYS[3], 'XX', 0, ARGV[2])
-return 1
-""")
-
-# KEYS: job record, lease, running zset -- ARGV: job id, run id -> 1 if released
-RELEASE_HANDBACK = LuaScript("release_handback", """
-if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
-redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HSET', KEYS[1], 'state', 'queued')
-return 1
-""")
-
-# Every held job's lease at once (one MGET, one ZADD; a PEXPIRE per job still held),
-# and whether it was aborted (its abort flag, in case the control message was missed).
-# A lease that expired while Redis was out of reach (refusing writes, failing over) and
-# that no other run has claimed since (the record still names this run, running) is
-# taken again: an outage is not a death.
-# KEYS: running zset, then per job: lease, abort flag, job record
-# ARGV: lease ms, now ms, then per job: job id, run id
-# -> per job: 0 (the lease is someone else's now) or 1 (extended), plus 2 when aborted
-REFRESH_LEASES = LuaScript("refresh_leases", """
-local flags = {}
-local jobs = (#KEYS - 1) / 3
-for j = 1, jobs do
-  flags[2 * j - 1] = KEYS[3 * j - 1]
-  flags[2 * j] = KEYS[3 * j]
-end
-local got = mget_all(flags)
-local results, members = {}, {}
-local expiry = tonumber(ARGV[2]) + tonumber(ARGV[1])
-for j = 1, jobs do
-  local code = 0
-  local run = ARGV[2 + 2 * j]
-  local lease = got[2 * j - 1]
-  if lease == run then
-    redis.call('PEXPIRE', KEYS[3 * j - 1], ARGV[1])
-    code = 1
-  elseif not lease then
-    local record = redis.call('HMGET', KEYS[3 * j + 1], 'state', 'run')
-    if record[1] == 'running' and record[2] == run then
-      redis.call('SET', KEYS[3 * j - 1], run, 'PX', ARGV[1])
-      code = 1
-    end
-  end
-  if code == 1 then
-    members[#members + 1] = expiry
-    members[#members + 1] = ARGV[1 + 2 * j]
-  end
-  if got[2 * j] then code = code + 2 end
-  results[j] = code
-end
-for first = 1, #members, 4000 do
-  redis.call('ZADD', KEYS[1], unpack(members, first, math.min(first + 3999, #members)))
-end
-return results
-""", helpers=True, flags=("allow-oom",))
-
 # Append one event to a job's log and publish it, in the format of ``kvrelay.event_log``,
 # for a job the publisher is not batching: one its worker cannot run, or one no worker
-# holds (an unfenced write first settles what the last owner left in its tail).
-# KEYS: event log, lease, job record
+# holds (an unfenced write first settles what the last owner left in its tail). Nothing
+# is ever written after a terminal event. An unfenced terminal event ends the job for
+# good in the same call (``end_unowned``: the run the record named is fenced); an
+# unfenced terminal write that finds the log ended marks the record done.
+# KEYS: event log, lease, job record, running zset
 # ARGV: reply channel ('' = none), job channel ('' = none: behind sentinels the caller
 #       publishes once a replica holds the event), run id ('' = unfenced), seq, events
 #       array (the one event), message (``pack_message`` of its pair), max log length,
-#       terminal (0/1), log ttl s (after a terminal event), live log ttl s (before it),
-#       oldest seq to keep (0: keep all; the byte cap, see ``log_window``), tail key
-#       prefix, job id
+#       terminal (0/1), log ttl s (after a terminal event; the ended record's too), live
+#       log ttl s (before it), oldest seq to keep (0: keep all; the byte cap, see
+#       ``log_window``), tail key prefix, job id, fence flag prefix
 # -> the seq written, or an ``AppendResult``: FENCED (the lease is not this run's),
-#    ALREADY_WRITTEN (the log has this seq), and for unfenced writes ENDED (the log
-#    already ended) or NOT_NEXT (``seq`` is not the next one: retry).
-APPEND_EVENT = LuaScript("append_event", _format("""
+#    ALREADY_WRITTEN (the log has this seq), ENDED (the log already ended: nothing
+#    written), and for unfenced writes NOT_NEXT (``seq`` is not the next one: retry).
+APPEND_EVENT = LuaScript("append_event", format_script("""
 local seq = tonumber(ARGV[4])
 local terminal = ARGV[8] == '1'
 if ARGV[3] ~= '' then
   if redis.call('GET', KEYS[2]) ~= ARGV[3] then return {FENCED} end
-  local last_seq = log_end(KEYS[1])
+  local last_seq, ended = log_end(KEYS[1])
   if seq <= last_seq then return {ALREADY_WRITTEN} end
+  if ended then return {ENDED} end
 else
   local owner = redis.call('HGET', KEYS[3], '{OWNER_FIELD}')
   local tail = nil
   if owner then tail = ARGV[12] .. owner end
   local last_seq, ended = settle(KEYS[1], tail, ARGV[13], ARGV[7], ARGV[10])
-  if ended then return {ENDED} end
+  if ended then
+    if terminal then
+      redis.call('HSET', KEYS[3], 'state', 'done')
+      redis.call('HDEL', KEYS[3], 'payload')
+      redis.call('EXPIRE', KEYS[3], ARGV[9])
+      redis.call('ZREM', KEYS[4], ARGV[13])
+    end
+    return {ENDED}
+  end
   if seq ~= last_seq + 1 then return {NOT_NEXT} end
 end
 local added = add_log_entry(KEYS[1], ARGV[7], seq, ARGV[5], terminal)
 if type(added) == 'table' and added.err then return added end
+if terminal and ARGV[3] == '' then
+  end_unowned(KEYS[3], KEYS[2], KEYS[4], ARGV[13], ARGV[14], ARGV[9])
+end
 if terminal then redis.call('EXPIRE', KEYS[1], ARGV[9]) else redis.call('EXPIRE', KEYS[1], ARGV[10]) end
 if tonumber(ARGV[11]) > 0 then redis.call('XTRIM', KEYS[1], 'MINID', ARGV[11]) end
 if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], ARGV[6]) end
@@ -383,15 +371,17 @@ return seq
 #       message: channel, message (``pack_message``); per move: its last seq, its events
 #       array, terminal (0/1), oldest seq to keep (0: keep all), log expiry s (0: leave it
 #       as is); per release: job id, run id
-# A checked job is this run's while its lease holds the run id, or while its lease is
-# gone (expired during an outage, or released by an earlier try of this batch whose
-# reply was lost) and its record still names this run, running or done; otherwise it is
-# fenced. A released job this run still holds (the same rule) is marked done, as
+# A checked job is this run's while its lease holds the run id (every ending by another
+# party drops the lease and the record's run together), or while its lease is gone and
+# its record still names this run: running (the lease expired during an outage), or done
+# by this very batch (released by an earlier try of it whose reply was lost: the job is
+# released here again); otherwise it is fenced, so nothing lands after a terminal event.
+# A released job this run still holds (the same rule) is marked done, as
 # ``RELEASE_DONE`` does.
 # -> {} when written, {CHECK_EACH_JOB} (fast path refused), or the positions (1-based)
 #    of the jobs fenced (nothing written). A log entry the log already has (an earlier
 #    try of this batch got through) is skipped.
-APPEND_BATCH = LuaScript("append_batch", _format("""
+APPEND_BATCH = LuaScript("append_batch", format_script("""
 local jobs, messages, moves = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local releases = tonumber(ARGV[11])
 local a = 13
@@ -407,13 +397,15 @@ else
     names[2 * j] = KEYS[2 + 3 * j]
   end
   local flags = mget_all(names)
+  local released = {}
+  for k = 1, releases do released[ARGV[ra + 2 * k - 2]] = true end
   local fenced = {}
   for j = 1, jobs do
     local lease, run = flags[2 * j - 1], ARGV[a + 3 * j - 1]
     if lease ~= run then
       local record = (not lease) and redis.call('HMGET', KEYS[3 + 3 * j], 'state', 'run')
-      if not (record and record[2] == run and
-              (record[1] == 'running' or record[1] == 'done')) then
+      if not (record and record[2] == run and (record[1] == 'running' or
+              (record[1] == 'done' and released[ARGV[a + 3 * j - 3]]))) then
         fenced[#fenced + 1] = j
       end
     end
@@ -466,11 +458,12 @@ return {}
 # Write a job's events that are only in this worker's tail into its log, as one entry
 # (the worker is letting go of the job). Fenced by the record: only while no other run
 # has claimed the job since this one (a successor settled the tail itself, and may have
-# written these seqs already). Harmless when the log already has them.
+# written these seqs already). Harmless when the log already has them; never past a
+# terminal event (the ended log's last id refuses it).
 # KEYS: event log, job record -- ARGV: last seq, events array, max log length, log
 # expiry s, run id
-# -> 1 written, 0 already there or fenced
-MOVE_TO_LOG = LuaScript("move_to_log", _format("""
+# -> 1 written, 0 already there, fenced or ended
+MOVE_TO_LOG = LuaScript("move_to_log", format_script("""
 if redis.call('HGET', KEYS[2], 'run') ~= ARGV[5] then return 0 end
 local added = add_log_entry(KEYS[1], ARGV[3], ARGV[1], ARGV[2], false)
 if type(added) == 'table' and added.err then
@@ -480,53 +473,6 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 """), helpers=True)
-
-# Failover check for one job whose lease looked expired.
-# KEYS: job record, lease, running zset, requeue marker
-# ARGV: job id, max attempts, marker ms, record ttl s (once failed)
-# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted", payload}
-#    | {"requeue", payload, run id of the run that lost its lease}
-CHECK_EXPIRED = LuaScript("check_expired", """
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'running' then
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  return {'gone'}
-end
-local lost = tonumber(redis.call('HGET', KEYS[1], 'lost') or '0')
-if lost + 1 >= tonumber(ARGV[2]) then
-  local payload = redis.call('HGET', KEYS[1], 'payload')
-  redis.call('HINCRBY', KEYS[1], 'lost', 1)
-  redis.call('HSET', KEYS[1], 'state', 'done')
-  redis.call('HDEL', KEYS[1], 'payload')
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  return {'exhausted', payload}
-end
-if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', ARGV[3]) then return {'busy'} end
-local record = redis.call('HMGET', KEYS[1], 'payload', 'run')
-return {'requeue', record[1], record[2] or ''}
-""")
-
-# After the requeued copy was sent. The marker goes too: it only guards the moment
-# between CHECK_EXPIRED and here, and left in place it would stop the next takeover if the
-# new owner dies within its lifetime (a second death then waited for the marker, ~10 s).
-# The death counts unless the lease is back with the run that lost it (its owner took it
-# again after an outage: the copy is a duplicate its claim drops); a lease another run
-# holds already (the copy was claimed first) still counts the death, and that run's
-# state and running entry are left as they are.
-# KEYS: job record, lease, running zset, requeue marker -- ARGV: job id, the lost run id
-COMMIT_REQUEUE = LuaScript("commit_requeue", """
-redis.call('DEL', KEYS[4])
-local lease = redis.call('GET', KEYS[2])
-if lease and lease == ARGV[2] then return 0 end
-redis.call('HINCRBY', KEYS[1], 'lost', 1)
-if not lease then
-  redis.call('HSET', KEYS[1], 'state', 'queued')
-  redis.call('ZREM', KEYS[3], ARGV[1])
-end
-return 1
-""")
 
 # Claim a job id for a request in one round trip: the digest set if the id is new (then
 # the record expires as a live log would: a job that never reaches a worker keeps its id

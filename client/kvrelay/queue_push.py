@@ -207,7 +207,8 @@ def _scripts(client: Any, namespace: str) -> Functions:
 
 def _replica_wait(transport_options: dict[str, Any]) -> ReplicaWait:
     """The process's ``ReplicaWait`` for a broker's WAIT settings (sentinel mode; none
-    elsewhere), shared by its connections: a missing replica is noticed once for all."""
+    elsewhere), shared by its connections: a primary's missing replica is noticed once
+    for all of them (it keeps that per primary)."""
     replicas = int(transport_options.get(WAIT_REPLICAS_OPTION, 0))
     timeout_ms = int(transport_options.get(WAIT_TIMEOUT_OPTION, 0))
     with _install_lock:
@@ -232,10 +233,10 @@ def _install() -> None:
                 return original(channel, queue, message, **kwargs)
             key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
             replica_wait = _replica_wait(channel.connection.client.transport_options)
-            wanted = replica_wait.wanted()
             with channel.conn_or_acquire() as client:
                 # One connection for the push and the WAIT that follows it (sentinel mode):
-                # the job is taken as enqueued only once a replica holds it too.
+                # the job is taken as enqueued only once a replica holds it too, and a
+                # short WAIT is judged by the server that took the push.
                 for attempt in range(2):
                     pipe = client.pipeline(transaction=False)
                     if push.front:
@@ -258,9 +259,7 @@ def _install() -> None:
                              repr(push.counted_until),
                              *(quota.script_args() if quota is not None
                                else ["", "", "", "1"])])
-                    if wanted > 0:
-                        pipe.execute_command("WAIT", wanted, replica_wait.timeout_ms)
-                    replies = pipe.execute(raise_on_error=False)
+                    replies = replica_wait.execute(pipe, raise_on_error=False)
                     if attempt == 0 and not push.front and is_missing(replies[0]):
                         scripts.load()  # the server lost them (restart): once more
                         continue
@@ -268,8 +267,6 @@ def _install() -> None:
                         if isinstance(reply, Exception):
                             raise reply
                     break
-                replica_wait.settle(replies[-1] if wanted > 0 else None,
-                                    client.connection_pool)
                 result = replies[0]
             if push.front:
                 return None

@@ -16,6 +16,10 @@ from kvrelay.redis_functions import LuaScript
 # tenant part (a job id given) checks and counts its quota (``kvrelay.tenant_quota``),
 # with only the commands a tenant's ACL user may send (``kvrelay.acl``): the counted
 # sets hold at most a limit's worth of live entries, so reading them whole is cheap.
+# A job whose record is marked enqueued already is not pushed again: a push sent again
+# (its WAIT was judged in doubt, its reply was lost) lands once per server, so a job
+# pushed to a demoted primary is pushed to the new one once, and one that got there
+# first is not pushed twice.
 # KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
 #   queued, tenant rate (these three any names without a quota), running-jobs set, the
 #   job's record (marked enqueued with the push when it exists:
@@ -25,6 +29,9 @@ from kvrelay.redis_functions import LuaScript
 # -> {1, length} admitted | {0, backlog, cap, retry} full | {2, jobs, limit, retry} |
 #    {3, queued, limit, retry} tenant over a limit | {4, 0, 0, wait s} tenant's rate
 ADMIT = LuaScript("admit", """
+if redis.call('HGET', KEYS[9], '@ENQUEUED_FIELD@') then
+  return {1, redis.call('LLEN', KEYS[1])}
+end
 local cap = tonumber(redis.call('HGET', KEYS[2], 'max_queue'))
 local mine = tonumber(ARGV[2])
 if mine and (not cap or mine < cap) then cap = mine end

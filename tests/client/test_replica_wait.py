@@ -67,7 +67,8 @@ OURS = ("127.0.0.1", 6380)
 def test_a_short_wait_is_judged_from_every_sentinels_view() -> None:
     healthy = _view()
     assert verdict([healthy, healthy], OURS)[0] is Verdict.LAGGING  # up, behind
-    assert verdict([], OURS)[0] is Verdict.REPLICA_DOWN  # nobody answered
+    # Nobody answered: nothing says this server is still the primary.
+    assert verdict([], OURS) == (Verdict.IN_DOUBT, "no sentinel answered")
     down = _view(replica_flags=("slave,s_down", "slave,disconnected"))
     assert verdict([down, down], OURS)[0] is Verdict.REPLICA_DOWN
     assert verdict([down, healthy], OURS)[0] is Verdict.LAGGING  # one sentinel sees it up
@@ -88,10 +89,11 @@ class _Sentinel:
         self.master_flags = master_flags
         self.replica_flags = replica_flags
         self.asked = 0
+        self.port = OURS[1]  # the primary it names
 
     def sentinel_master(self, name: str) -> dict[str, object]:
         self.asked += 1
-        return _parsed(self.master_flags, 6380)
+        return _parsed(self.master_flags, self.port)
 
     def sentinel_slaves(self, name: str) -> list[dict[str, object]]:
         return [_parsed(self.replica_flags, 6381)]
@@ -120,10 +122,10 @@ def test_a_primary_in_doubt_means_send_again_to_the_primary_named_now() -> None:
     with pytest.raises(PrimaryInDoubt, match="failover_in_progress"):
         wait.settle(0, pool)
     assert (sentinel.asked, pool.lookups) == (1, 1)
-    assert wait.wanted() == 1  # still waiting: the write goes again, and waits again
+    assert wait.wanted(pool) == 1  # still waiting: the write goes again, and waits again
     sentinel.master_flags, sentinel.replica_flags = "master", "slave,s_down"
     wait.settle(0, pool)  # the replica is down: stop waiting for a while
-    assert wait.wanted() == 0
+    assert wait.wanted(pool) == 0
     assert pool.lookups == 1
 
 
@@ -133,9 +135,9 @@ def test_a_lagging_replica_is_waited_for_again_a_few_times() -> None:
     for _ in range(2):
         with pytest.raises(ReplicaLagging):
             wait.settle(0, pool)
-        assert wait.wanted() == 1
+        assert wait.wanted(pool) == 1
     wait.settle(0, pool)  # a third short answer in a row: as if it were down
-    assert wait.wanted() == 0
+    assert wait.wanted(pool) == 0
 
 
 def test_unwaited_writes_ask_the_sentinels_at_most_every_probe_period() -> None:
@@ -148,7 +150,7 @@ def test_unwaited_writes_ask_the_sentinels_at_most_every_probe_period() -> None:
     for _ in range(5):
         wait.settle(None, pool)
     assert sentinel.asked == 2  # the short WAIT's question, then one for the period
-    assert wait.wanted() == 0
+    assert wait.wanted(pool) == 0
     time.sleep(0.25)
     sentinel.master_flags = "master,o_down"
     with pytest.raises(PrimaryInDoubt):
@@ -156,6 +158,39 @@ def test_unwaited_writes_ask_the_sentinels_at_most_every_probe_period() -> None:
     time.sleep(0.25)
     sentinel.master_flags, sentinel.replica_flags = "master", "slave"
     wait.settle(None, pool)  # the replica is back: the next write waits again
-    assert wait.wanted() == 1
+    assert wait.wanted(pool) == 1
     assert ReplicaWait(0, 200).settle(None, pool) is None  # plain mode never asks
     assert sentinel.asked == 4
+
+
+OTHER = ("127.0.0.1", 6390)
+
+
+def test_a_short_wait_is_judged_by_the_server_that_carried_the_write() -> None:
+    """The pool names the new primary already; the write went to the old one."""
+    sentinel = _Sentinel("master", "slave,s_down")
+    sentinel.port = OTHER[1]
+    pool = _Pool(sentinel)
+    pool.master_address = OTHER
+    wait = ReplicaWait(1, 200)
+    with pytest.raises(PrimaryInDoubt, match=r"went to 127\.0\.0\.1:6380"):
+        wait.settle(0, pool, OURS)
+    wait.settle(0, pool, OTHER)  # the new primary, no replica yet: it degrades, alone
+    assert wait.wanted(pool) == 0
+    pool.master_address = OURS
+    assert wait.wanted(pool) == 1
+
+
+def test_an_unwaited_write_another_server_took_is_judged_at_once() -> None:
+    """Planned unwaited for a degraded primary, carried by another: asked about now."""
+    sentinel = _Sentinel("master", "slave")
+    sentinel.port = OTHER[1]
+    pool = _Pool(sentinel)
+    wait = ReplicaWait(1, 200, probe_every_s=60.0)
+    with pytest.raises(ReplicaLagging):  # its replica is up: sent again, waiting
+        wait.settle(None, pool, OTHER, unplanned=True)
+    sentinel.replica_flags = "slave,s_down"
+    wait.settle(None, pool, OTHER, unplanned=True)  # no replica: that primary degrades
+    pool.master_address = OTHER
+    assert wait.wanted(pool) == 0
+    assert sentinel.asked == 2

@@ -24,6 +24,7 @@ from kvrelay_worker.intake.payload_gate import size_gated
 from kvrelay_worker.jobs.job_copy import send_job_copy
 from kvrelay_worker.runtime import WorkerRuntime
 from kvrelay_worker.settings import WorkerSettings
+from kvrelay_worker.vital_threads import exit_for_dead_thread
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,8 @@ class EngineBootstep(bootsteps.StartStopStep):
         global _runtime
         if _runtime is None:
             _runtime = WorkerRuntime(settings, requeue=requeue,
-                                     own_queue=_consumes_own_queue)
+                                     own_queue=_consumes_own_queue,
+                                     on_thread_death=exit_for_dead_thread)
             _runtime.start()
 
     def stop(self, worker: Any) -> None:

@@ -34,6 +34,9 @@ class ControlListener:
         self._stop.set()
         self._thread.join(timeout)
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)

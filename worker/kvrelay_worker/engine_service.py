@@ -185,6 +185,15 @@ class EngineService:
                 self._last_step_s = time.monotonic() - started
                 self._publish(outputs)
             self._refresh_stats()
+            self._mark_progress()
+
+    def _mark_progress(self) -> None:
+        """Every job the engine holds moved with this loop: it ran, or waits its turn in
+        the engine (queued, preempted), which the scheduler decides. A step that never
+        returns marks nothing, so the leases of its jobs go (``lease_keeper``)."""
+        now = time.monotonic()
+        for job in self._jobs.values():
+            job.progress_at = now
 
     def _apply_commands(self, block: bool) -> None:
         try:

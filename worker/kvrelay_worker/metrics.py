@@ -54,10 +54,11 @@ class WorkerMetrics:
         self.registry.register(_EngineStatsCollector(stats))
         self.vllm.watch_engine(self.registry, stats)
 
-    def serve(self, port: int, host: str = "127.0.0.1", probes: WorkerProbes | None = None) -> int:
+    def serve(self, port: int, host: str = "127.0.0.1",
+              probes: WorkerProbes | None = None) -> int:
         """Start the HTTP endpoint on ``host`` (with ``/ready`` and ``/live`` when ``probes``
         is given); returns the bound port (0 picks a free one)."""
-        return serve_endpoints(self.registry, port, host, probes)
+        return int(serve_endpoints(self.registry, port, host, probes).server_port)
 
 
 # Engine stats exported as gauges: (metric name, stats key, help).

@@ -38,6 +38,9 @@ class Periodic:
         self._stop.set()
         self._thread.join(timeout)
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         failing_since: float | None = None
         warned_at = 0.0

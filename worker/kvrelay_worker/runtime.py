@@ -2,7 +2,8 @@
 
 Created once per process by the worker bootstep: loads the engine, then starts the
 engine thread, the publisher thread, the lease keeper, the heartbeat, the failover watch
-and the control listener, all over one Redis connection pool. Task threads enter through
+and the control listener, all over one Redis connection pool; a watch on the vital ones
+(``vital_threads``) reports the death of any (the bootstep ends the process then). Task threads enter through
 ``run_job``; the jobs they hold live in one registry (``OwnedJobs``); shutdown goes
 through ``shutdown`` (graceful: finish within the grace period, hand the rest back).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvrelay.protocol import (
@@ -23,6 +25,7 @@ from kvrelay.protocol import (
     WorkerInfo,
     request_digest,
 )
+from kvrelay.tracing import switch as tracing
 from kvrelay_worker.control_listener import ControlListener
 from kvrelay_worker.engine.chat import template_text
 from kvrelay_worker.engine.tools.model_parsers import ModelParsers
@@ -44,6 +47,7 @@ from kvrelay_worker.jobs.lease_keeper import LeaseKeeper
 from kvrelay_worker.jobs.orphan_queues import OrphanQueues
 from kvrelay_worker.jobs.owned_jobs import OwnedJobs
 from kvrelay_worker.jobs.publisher import EventItem, Publisher
+from kvrelay_worker.jobs.run_trace import record_run
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.probes import WorkerProbes
 from kvrelay_worker.recent_prefixes import RecentPrefixes, prefix_capacity
@@ -52,6 +56,7 @@ from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.served_adapters import ServedAdapters
 from kvrelay_worker.served_engine import ServedEngine
 from kvrelay_worker.settings import WorkerSettings
+from kvrelay_worker.vital_threads import VitalThreads
 
 if TYPE_CHECKING:
     from kvrelay_worker.engine.llm_engine import LLMEngine
@@ -66,8 +71,12 @@ _PUBLISH_GRACE_S = 30.0
 
 class WorkerRuntime:
     def __init__(self, settings: WorkerSettings, requeue: Requeue,
-                 engine: LLMEngine | None = None, *, own_queue: bool = False) -> None:
+                 engine: LLMEngine | None = None, *, own_queue: bool = False,
+                 on_thread_death: Callable[[str], None] | None = None) -> None:
         self.settings = settings
+        # Called with the name of a vital thread that died (the worker process passes
+        # ``vital_threads.exit_for_dead_thread``; None: only logged, for in-process use).
+        self.on_thread_death = on_thread_death
         # Whether Celery consumes this worker's own queue: only then may clients place
         # jobs on it, so only then does the heartbeat advertise prefixes.
         self.own_queue = own_queue
@@ -136,13 +145,19 @@ class WorkerRuntime:
         # What the prefix cache most likely holds, advertised for placement.
         self.prefixes = RecentPrefixes(prefix_capacity(
             int(engine_stats["total_blocks"]) * int(engine_stats["block_size"])))
-        self.leases = LeaseKeeper(self.store, settings, self.jobs, self.health)
+        self.leases = LeaseKeeper(self.store, settings, self.jobs, self.health,
+                                  publisher_stuck_for=self.publisher.stuck_for)
         self.heartbeat = Heartbeat(self.redis, settings, self.worker_info, self.health)
         self.orphans = OrphanQueues(self.redis, settings, self.heartbeat.ttl_ms / 1000,
                                     self.store.scripts)
         self.failover = Failover(self.store, settings, requeue, self.orphans, self.health)
         self.control = ControlListener(self.redis, settings.keys.control_channel,
                                        on_abort=self.jobs.abort, on_adapter=self._on_adapter)
+        self.vital = VitalThreads({"engine": self.service.is_alive,
+                                   "publisher": self.publisher.is_alive,
+                                   "lease keeper": self.leases.is_alive,
+                                   "control listener": self.control.is_alive},
+                                  on_death=self._thread_died)
         self.draining = False
 
     # --------------------------------------------------------------- lifecycle
@@ -153,6 +168,7 @@ class WorkerRuntime:
         self.leases.start()
         self.heartbeat.start()
         self.failover.start()
+        self.vital.start()
         stats = self.engine.stats()
         log.info("kvrelay worker %s ready: model %s on %s, weights %.1f MiB (quantization "
                  "%s%s), %d KV blocks of %d tokens; speculative decoding: %s; CPU threads: %s",
@@ -160,6 +176,13 @@ class WorkerRuntime:
                  stats.get("weight_bytes", 0) / 2**20, self._quantization(),
                  self._quantized_kernels(), stats["total_blocks"], stats["block_size"],
                  self._speculative(), self._cpu_threads())
+        log.info("kvrelay worker tracing: %s", tracing.configure("kvrelay-worker"))
+
+    def _thread_died(self, name: str) -> None:
+        """A vital thread is gone: its jobs must move to live workers."""
+        log.critical("the %s thread died", name)
+        if self.on_thread_death is not None:
+            self.on_thread_death(name)
 
     def _speculative(self) -> str:
         """The speculative setting for the ready line (the simulated engine never does)."""
@@ -206,6 +229,7 @@ class WorkerRuntime:
         deadline = time.monotonic() + 10.0
         while len(self.jobs) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.vital.stop()
         self.failover.stop()
         self.leases.stop()
         self.heartbeat.stop()
@@ -213,6 +237,7 @@ class WorkerRuntime:
         self.control.stop()
         self.service.stop()
         self.publisher.stop()
+        tracing.flush()  # the process leaves without interpreter teardown (fast_exit)
         log.info("kvrelay worker stopped")
 
     def _release_own_queue(self) -> None:
@@ -277,6 +302,7 @@ class WorkerRuntime:
         if not job_id:
             log.warning("ignoring a task without an id")
             return "ignored"
+        picked_at = time.time()
         try:
             request, payload_json = decode_payload(payload, job_id, self.settings.served_model,
                                                    self.settings.max_payload_bytes)
@@ -310,7 +336,7 @@ class WorkerRuntime:
             log.info("dropping a copy of job %s (%s)", job_id, claim.status)
             return "duplicate"
         return self._run_claimed(job_id, request, payload_json, claim.attempt, claim.progress,
-                                 run)
+                                 run, picked_at)
 
     def _fail_claimed(self, request: GenerateRequest, prior: PriorProgress, code: str,
                       message: str, outcome: str, run: str) -> str:
@@ -326,7 +352,8 @@ class WorkerRuntime:
         return outcome
 
     def _run_claimed(self, job_id: str, request: GenerateRequest, payload_json: str,
-                     attempt: int, prior: PriorProgress, run: str) -> str:
+                     attempt: int, prior: PriorProgress, run: str,
+                     picked_at: float = 0.0) -> str:
         if prior.terminal:
             until_written(lambda: self.store.release_done(job_id, run),
                           f"the end of job {job_id}", self.health)
@@ -347,7 +374,7 @@ class WorkerRuntime:
                                       "rejected", run)
         job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
                         params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
-                        run_id=run, next_seq=prior.next_seq,
+                        run_id=run, next_seq=prior.next_seq, picked_at=picked_at,
                         cache_salt=self.settings.keys.cache_salt(request.cache_salt))
         with self.jobs.hold(job) as holds:
             if not holds:
@@ -361,6 +388,7 @@ class WorkerRuntime:
             # Started leaves with the next step's events while steps are short.
             self.service.submit(job, [EventItem(job, started)])
             self._wait_for_end(job)
+        record_run(job, self.settings.worker_name)  # its spans, now that it is over
         return job.outcome or "unknown"
 
     def _wait_for_end(self, job: ActiveJob) -> None:

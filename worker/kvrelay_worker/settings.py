@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from pathlib import Path
 
 from kvrelay.connection import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from kvrelay.connection import redact_url
@@ -42,6 +41,7 @@ from kvrelay_worker.engine.spec.speculative_config import (  # torch-free
 )
 from kvrelay_worker.engine.tools.model_parsers import AUTO, check_parser_setting  # torch-free
 from kvrelay_worker.engine.tools.plan import REASONING_FORMATS, TOOL_FORMATS  # torch-free
+from kvrelay_worker.loading.hub_name import default_served_name  # torch-free
 from kvrelay_worker.served_adapters import (  # torch-free
     AdapterSettingError,
     parse_lora_modules,
@@ -71,10 +71,11 @@ class WorkerSettings:
     redis_url: str = DEFAULT_REDIS_URL
     # The tenant: every key, channel and queue this worker uses starts with its prefix.
     namespace: str = ""
-    # What to load: a known name, a Hugging Face folder or a .gguf file.
+    # What to load: a known name, a Hugging Face folder, a .gguf file or a Hugging Face
+    # Hub repository, org/name[@revision][:QUANT] (fetched into the Hugging Face cache).
     model: str = "smollm2-135m-instruct"
-    # The name clients ask for (and the queue's name); defaults to ``model``, or the
-    # folder's / file's name when ``model`` is a path.
+    # The name clients ask for (and the queue's name); defaults to ``model``, the
+    # folder's / file's name when ``model`` is a path, org/name for a repository.
     model_name: str = ""
     device: str = "auto"
     dtype: str = "auto"
@@ -87,6 +88,9 @@ class WorkerSettings:
     lease_refresh: float = 1.0
     # How often live workers look for jobs whose owner died.
     watchdog_interval: float = 1.0
+    # A held job whose engine step and event writes have not moved for this long is
+    # stuck: its lease is no longer refreshed, so another worker takes it over.
+    stall_timeout: float = 30.0
     # A job whose workers died this many times fails with worker_lost.
     max_attempts: int = 3
     # Celery's redelivery of unacknowledged messages: the last resort, longer than any job.
@@ -164,6 +168,7 @@ class WorkerSettings:
             "lease_ttl": self.lease_ttl,
             "lease_refresh": self.lease_refresh,
             "watchdog_interval": self.watchdog_interval,
+            "stall_timeout": self.stall_timeout,
             "max_attempts": self.max_attempts,
             "visibility_timeout": self.visibility_timeout,
             "max_payload_bytes": self.max_payload_bytes,
@@ -227,6 +232,11 @@ class WorkerSettings:
                 f"KVRELAY_LEASE_REFRESH ({self.lease_refresh}) must be shorter than "
                 f"KVRELAY_LEASE_TTL ({self.lease_ttl})"
             )
+        if self.stall_timeout <= self.lease_refresh:
+            raise SettingsError(
+                f"KVRELAY_STALL_TIMEOUT ({self.stall_timeout}) must be longer than "
+                f"KVRELAY_LEASE_REFRESH ({self.lease_refresh})"
+            )
         if is_sentinel_url(self.redis_url):
             try:
                 parse_sentinel_url(self.redis_url)
@@ -280,11 +290,9 @@ class WorkerSettings:
         """The name jobs address (and the queue's): looked up once, it is read per job."""
         if self.model_name:
             return self.model_name
-        path = Path(self.model).expanduser()
-        if path.exists():
-            name = path.resolve().name
-            return name[: -len(".gguf")] if name.endswith(".gguf") else name
-        return self.model
+        # A path's name (org/name for a Hugging Face cache snapshot), a Hub repository's
+        # org/name (its @revision left out), else the model string itself.
+        return default_served_name(self.model)
 
     @property
     def simulated(self) -> bool:

@@ -13,6 +13,7 @@ from kvrelay import KvrelayError, __version__
 from kvrelay.cli.adapters_cmd import adapters
 from kvrelay.cli.bench import bench
 from kvrelay.cli.chat import chat
+from kvrelay.cli.compose_cmd import compose
 from kvrelay.cli.config import validate_environment
 from kvrelay.cli.env_cmd import env
 from kvrelay.cli.errors import CliError, one_line
@@ -43,7 +44,7 @@ def cli() -> None:
 
 
 for command in (up, worker, gateway, metrics, generate, chat, models, adapters, bench, env,
-                functions):
+                functions, compose):
     cli.add_command(command)
 
 

@@ -66,14 +66,16 @@ def worker_options(func: F) -> F:
                 "--model",
                 "MODEL",
                 metavar="NAME|PATH",
-                help="A known model name, a Hugging Face folder or a .gguf file "
-                "[default: smollm2-135m-instruct].",
+                help="A known model name, a Hugging Face folder, a .gguf file or a Hugging "
+                "Face Hub repository org/name[@revision][:QUANT] (downloaded into the "
+                "Hugging Face cache) [default: smollm2-135m-instruct].",
             ),
             env_option(
                 "--model-name",
                 "MODEL_NAME",
                 metavar="NAME",
-                help="The name clients ask for [default: the model's].",
+                help="The name clients ask for [default: the model's; org/name for a "
+                "repository].",
             ),
             env_option("--device", "DEVICE", metavar="DEVICE", help=DEVICE_HELP),
             env_option(

@@ -88,6 +88,10 @@ class Publisher:
         self._queue: queue.SimpleQueue[list[Item] | object] = queue.SimpleQueue()
         # Entries written to this worker's tail so far (retries counted: an upper bound).
         self._tail_entries = 0
+        # Since when (monotonic) a round is in hand (None: waiting for one), and when this
+        # thread last went round or tried a write: a round that stops trying is stuck.
+        self._busy_since: float | None = None
+        self._beat_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="kvrelay-publisher", daemon=True)
 
     def start(self) -> None:
@@ -100,6 +104,21 @@ class Publisher:
     def put(self, items: list[Item]) -> None:
         if items:
             self._queue.put(items)
+
+    def is_alive(self) -> bool:
+        """Whether the thread runs (a dead one writes no event again: ``vital_threads``)."""
+        return self._thread.is_alive()
+
+    def stuck_for(self, now: float) -> float:
+        """How long (monotonic seconds, at ``now``) a round has been in hand without
+        trying a write: 0 while idle or trying (a write Redis refuses is tried again and
+        again: the jobs wait on Redis, they are not stuck here); forever once the thread
+        is gone."""
+        if not self._thread.is_alive():
+            return float("inf")
+        if self._busy_since is None:
+            return 0.0
+        return max(0.0, now - self._beat_at)
 
     # ------------------------------------------------------------------ thread
 
@@ -120,7 +139,9 @@ class Publisher:
                 else:
                     items.extend(batch)  # type: ignore[arg-type]
             if items:
+                self._busy_since = self._beat_at = time.monotonic()
                 self._process(coalesce(items))
+                self._busy_since = None
 
     def _process(self, items: list[Item]) -> None:
         events = [i for i in items if isinstance(i, EventItem)]
@@ -226,6 +247,12 @@ class Publisher:
         tail_expiry = self._tail_expiry(holds_running)
 
         def attempt() -> list[object]:
+            # Each try marks the batch's jobs as moving, refused or not: a job whose
+            # events wait on Redis keeps its lease, as it did before (an outage is not a
+            # death); one whose events stop being tried does not.
+            self._beat_at = now = time.monotonic()
+            for job in per_job:
+                job.progress_at = now
             self._tail_entries += entries
             results = self.store.append_batch(batch, tail_expiry_s=tail_expiry)
             for result in results:
@@ -295,7 +322,7 @@ class Publisher:
             self.metrics.e2e.observe(max(0.0, now - job.enqueued_at))
             self.metrics.jobs.labels(outcome=item.outcome).inc()
             self.metrics.vllm.request_ended(item.event, job.enqueued_at, job.claimed_at, now)
-            job.finish(item.outcome)
+            job.finish(item.outcome, item.event)
 
     def _hand_back(self, job: ActiveJob) -> None:
         """Let another worker continue the job: mark, send a copy, release the lease

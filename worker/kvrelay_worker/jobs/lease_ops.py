@@ -1,0 +1,117 @@
+"""The job store's lease calls: keeping the leases of held jobs, registering again the
+jobs whose record Redis lost, handing a job back, finding and taking over the jobs
+whose lease ran out (``kvrelay.lease_scripts``). Every expiry is judged on Redis's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvrelay import lease_scripts
+from kvrelay_worker.jobs.store_calls import StoreCalls, text
+
+# ``REFRESH_LEASES``'s per-job code bits.
+_HELD, _ABORTED, _VANISHED = 1, 2, 4
+
+
+@dataclass
+class LeaseRefresh:
+    """What one refresh found: jobs whose lease another run holds now, jobs whose abort
+    flag is set, and jobs whose record is gone (Redis lost its keys)."""
+
+    lost: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)
+
+
+class LeaseOps(StoreCalls):
+    """Lease upkeep and failover, over ``StoreCalls``."""
+
+    def mark_handback(self, job_id: str, run: str = "") -> bool:
+        return bool(self._one(lease_scripts.MARK_HANDBACK,
+                              [self.keys.job_record(job_id), self.keys.lease(job_id),
+                               self.running_key],
+                              [run or self.worker_id, job_id]))
+
+    def release_handback(self, job_id: str, run: str = "") -> bool:
+        return bool(self._one(
+            lease_scripts.RELEASE_HANDBACK,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
+            [job_id, run or self.worker_id],
+        ))
+
+    def refresh_held(self, job_ids: list[str], runs: Sequence[str] | None = None
+                     ) -> LeaseRefresh:
+        """Extend the leases of the runs this worker holds (``runs``, per job; default:
+        the worker's id), in one script call. A lease that expired while Redis was out
+        of reach is taken again if no other run claimed the job since; a job whose
+        record is gone is reported ``vanished`` (see ``reregister``)."""
+        found = LeaseRefresh()
+        if not job_ids:
+            return found
+        key_list = [self.running_key]
+        args: list[Any] = [self.lease_ms]
+        for job_id, run in zip(job_ids, runs or [self.worker_id] * len(job_ids), strict=True):
+            key_list += [self.keys.lease(job_id), self.keys.abort_flag(job_id),
+                         self.keys.job_record(job_id)]
+            args += [job_id, run]
+        codes = self._one(lease_scripts.REFRESH_LEASES, key_list, args)
+        for job_id, raw in zip(job_ids, codes, strict=True):
+            code = int(raw)
+            if code & _VANISHED:
+                found.vanished.append(job_id)
+            elif not code & _HELD:
+                found.lost.append(job_id)
+            if code & _ABORTED:
+                found.aborted.append(job_id)
+        return found
+
+    def refresh_leases(self, job_ids: list[str], runs: Sequence[str] | None = None
+                       ) -> tuple[list[str], list[str]]:
+        """``refresh_held``'s jobs whose lease another run owns now, and those whose
+        abort flag is set."""
+        found = self.refresh_held(job_ids, runs)
+        return found.lost, found.aborted
+
+    def reregister(self, job_id: str, run: str, payload_json: str, digest: str,
+                   attempt: int) -> bool:
+        """Record again a held job whose record Redis lost (restarted without
+        persistence), as this run's, running; False when that is not why it is gone
+        (``lease_scripts.REREGISTER``)."""
+        return bool(self._one(
+            lease_scripts.REREGISTER,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+             self.fence_key],
+            [job_id, self.worker_id, run or self.worker_id, payload_json, digest, attempt,
+             self.lease_ms, self.live_ttl_s],
+        ))
+
+    def expired_candidates(self, limit: int = 100) -> list[str]:
+        """Jobs of this model whose lease expiry (as last refreshed) has passed, by
+        Redis's clock."""
+        ids = self._one(lease_scripts.EXPIRED_JOBS, [self.running_key], [limit])
+        return [text(i) for i in ids]
+
+    def check_expired(self, job_id: str) -> tuple[str, str | None, str]:
+        """(status, payload, the run that lost its lease: '' unless requeued)."""
+        result = self._one(
+            lease_scripts.CHECK_EXPIRED,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+             self.keys.requeue_marker(job_id)],
+            [job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000),
+             self.ended_ttl_s, self.fence_prefix],
+        )
+        status = text(result[0])
+        payload = text(result[1]) if len(result) > 1 and result[1] else None
+        lost_run = text(result[2]) if len(result) > 2 else ""
+        return status, payload, lost_run
+
+    def commit_requeue(self, job_id: str, lost_run: str = "") -> None:
+        self._one(
+            lease_scripts.COMMIT_REQUEUE,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+             self.keys.requeue_marker(job_id)],
+            [job_id, lost_run],
+        )
