@@ -73,7 +73,7 @@ def test_private_redis_refuses_values_over_the_bound(tmp_path: Path) -> None:
 def test_kvrelay_up_sizes_the_bound_from_the_workers_limit(tmp_path: Path) -> None:
     plan = WorkerPlan(env={"KVRELAY_MAX_PAYLOAD_BYTES": str(3 * MiB)}, argv=[], model=MODEL,
                       served_model=MODEL, concurrency=1)
-    stack = LocalStack(plan, tmp_path)
+    stack = LocalStack([plan], tmp_path)
     url = stack.start_redis(None)
     try:
         assert _bulk_len(url) == 12 * MiB
