@@ -10,7 +10,7 @@ from helpers.job_log import read_events
 from helpers.takeover import taken_over
 
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens, Usage
+from kvrelay.protocol import Failed, Finished, GenerateRequest, Tokens, ToolCallDelta, Usage
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
 from kvrelay_worker.jobs.job_store import JobStore, PriorProgress
@@ -84,6 +84,31 @@ def test_coalesce_merges_a_jobs_consecutive_tokens_of_one_choice() -> None:
         ("b", 0, [8], None),
     ]
     assert out[0].event.text == "<1><2>"  # type: ignore[union-attr]
+
+
+def test_coalesce_keeps_reasoning_call_pieces_and_prompt_logprobs() -> None:
+    """Steps merged into one event carry every step's reasoning and call arguments (a
+    speculative step or a slow round merges several): nothing of a tool call is lost."""
+    job = _job("a")
+    first = _tokens([1])
+    first.reasoning = "think"
+    first.prompt_logprobs = [None]
+    second = _tokens([2])
+    second.reasoning = "ing"
+    second.tool_calls = [ToolCallDelta(index=0, id="call_1", name="f", arguments='{"a"')]
+    third = _tokens([3, 4])
+    third.tool_calls = [ToolCallDelta(index=0, arguments=": 1"),
+                        ToolCallDelta(index=0, arguments="}"),
+                        ToolCallDelta(index=1, id="call_2", name="g", arguments="{}")]
+    out = coalesce([EventItem(job, first), EventItem(job, second), EventItem(job, third)])
+    (merged,) = [i.event for i in out if isinstance(i, EventItem)]
+    assert isinstance(merged, Tokens)
+    assert merged.token_ids == [1, 2, 3, 4]
+    assert merged.reasoning == "thinking"
+    assert merged.prompt_logprobs == [None]
+    assert merged.tool_calls == [
+        ToolCallDelta(index=0, id="call_1", name="f", arguments='{"a": 1}'),
+        ToolCallDelta(index=1, id="call_2", name="g", arguments="{}")]
 
 
 def test_events_are_numbered_written_and_published_in_order(store: JobStore) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvrelay.event_log import TAIL_READ_ENTRIES, AppendResult
-from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Tokens, encode_event
+from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Tokens, ToolCallDelta, encode_event
 from kvrelay_worker.jobs.active_job import ENDED_HERE, ActiveJob, Outcome
 from kvrelay_worker.jobs.held_writes import until_written
 from kvrelay_worker.jobs.job_store import TAIL_MAX_LEN, JobEvents, JobStore
@@ -380,6 +380,12 @@ def _merge_tokens(into: Tokens, extra: Tokens) -> None:
     """Append ``extra`` to ``into`` in place (both are this batch's own events)."""
     into.token_ids.extend(extra.token_ids)
     into.text += extra.text
+    if extra.reasoning:
+        into.reasoning = (into.reasoning or "") + extra.reasoning
+    if extra.tool_calls:
+        into.tool_calls = _merge_call_pieces(into.tool_calls or [], extra.tool_calls)
+    if into.prompt_logprobs is None:
+        into.prompt_logprobs = extra.prompt_logprobs
     if extra.logprobs is not None:
         if into.logprobs is None:
             into.logprobs = []
@@ -389,3 +395,17 @@ def _merge_tokens(into: Tokens, extra: Tokens) -> None:
     into.beam_score = extra.beam_score
 
 
+def _merge_call_pieces(into: list[ToolCallDelta], extra: list[ToolCallDelta]
+                       ) -> list[ToolCallDelta]:
+    """``into`` then ``extra``, a piece that only continues the previous piece's call
+    (same index, no id or name) folded into it: the same arguments, fewer pieces."""
+    merged = list(into)
+    for piece in extra:
+        last = merged[-1] if merged else None
+        if last is not None and last.index == piece.index and piece.id is None \
+                and piece.name is None:
+            merged[-1] = ToolCallDelta(index=last.index, id=last.id, name=last.name,
+                                       arguments=last.arguments + piece.arguments)
+        else:
+            merged.append(piece)
+    return merged
