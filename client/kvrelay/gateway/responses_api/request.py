@@ -33,7 +33,12 @@ _EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)
 
 
 class _Body(msgspec.Struct, kw_only=True):
-    """The typed fields (the nested ones are read by their own modules)."""
+    """The typed fields (the nested ones are read by their own modules).
+
+    Not ``forbid_unknown_fields``: the body was already checked field by field against
+    ``fields.py`` (an unknown field is a 400 there), and the no-ops and the refused
+    fields holding an empty value (``store: false``) reach this struct and are ignored.
+    """
 
     model: str
     input: Any
