@@ -5,7 +5,7 @@ live worker it concerns applies it between two engine steps and reports the outc
 its heartbeat (``WorkerInfo.adapter_results``, under the message's ``request_id``). The
 call waits for those reports, so when it returns the workers it names serve the adapter
 (or have dropped it). Only live workers hear it: a worker started later loads what its
-``KVRELAY_LORA_MODULES`` says (docs/lora.md).
+``KVRELAY_LORA_MODULES`` says (docs/adapters.md).
 """
 
 from __future__ import annotations

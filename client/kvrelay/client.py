@@ -389,7 +389,7 @@ class AsyncClient(AsyncResource):
 
     @property
     def adapters(self) -> AdapterAdmin:
-        """Load, unload and list the LoRA adapters of live workers (docs/lora.md)."""
+        """Load, unload and list the LoRA adapters of live workers (docs/adapters.md)."""
         self._check_open()
         return AdapterAdmin(self._jobs, default_model=self._model)
 

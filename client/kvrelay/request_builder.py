@@ -85,7 +85,7 @@ class GenerateOptions(TypedDict, total=False):
     stream_timeout: float | None
     queue_timeout: float
     job_id: str | None
-    # A LoRA adapter of ``model`` to run the job with (docs/lora.md).
+    # A LoRA adapter of ``model`` to run the job with (docs/adapters.md).
     lora: str | None
 
 

@@ -147,7 +147,7 @@ class WorkerSettings:
     # step_ms + token_ms x the tokens it batches, as a GPU would (kvrelay_worker/simulated).
     simulated_step_ms: float = 20.0
     simulated_token_ms: float = 0.08
-    # LoRA adapters loaded at start, "name=path,name2=path2" (docs/lora.md); the engine's
+    # LoRA adapters loaded at start, "name=path,name2=path2" (docs/adapters.md); the engine's
     # adapter slots (unset: one per adapter named here, 0 without: LoRA off) and their
     # largest rank (unset: the engine's default).
     lora_modules: str = ""

@@ -31,7 +31,7 @@ _timeout_option = click.option(
 
 @click.group("adapters")
 def adapters() -> None:
-    """Load, unload and list the LoRA adapters of live workers (docs/lora.md)."""
+    """Load, unload and list the LoRA adapters of live workers (docs/adapters.md)."""
 
 
 @adapters.command("load")

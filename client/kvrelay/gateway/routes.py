@@ -77,7 +77,7 @@ class Gateway:
     async def routed_job(self, client: AsyncClient, tenant: str, model: str,
                          options: dict[str, Any]) -> AsyncStream:
         """``new_job`` for a ``model`` that may name a LoRA adapter: then the job goes to
-        its base model's queue with ``lora`` set (docs/lora.md)."""
+        its base model's queue with ``lora`` set (docs/adapters.md)."""
         base, lora = await self.router.route(client, self.settings.namespace_of(tenant), model)
         if lora is not None:
             options["lora"] = lora
