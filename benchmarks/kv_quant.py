@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     text = english_text(args.seeds)
-    base = LLM(args.model, device=args.device, kv_cache_memory=args.kv_cache_memory)
+    base = LLM(args.model, device=args.device, kv_cache_memory=args.kv_cache_memory,
+               quantization="none")  # the engines below take its float weights
     token_ids = base.tokenizer.encode(text)
     if args.quick:
         token_ids = token_ids[: 2 * args.window]

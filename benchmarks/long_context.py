@@ -201,7 +201,8 @@ def run_decode_steps(args: argparse.Namespace) -> list[dict[str, Any]]:
     longest = max(args.contexts)
     per_token = kv_bytes_per_token(AutoConfig.from_pretrained(prepare_model(args.model)))
     cache_gib = 1.05 * args.decode_batch * longest * per_token / (1 << 30) + 0.25
-    llm = LLM(args.model, device="cpu", dtype="float32", max_num_seqs=args.decode_batch,
+    llm = LLM(args.model, device="cpu", dtype="float32", quantization="none",
+              max_num_seqs=args.decode_batch,
               max_model_len=longest + 16, kv_cache_memory=int(cache_gib * (1 << 30)),
               enable_prefix_caching=False)
     runner = llm.engine.runner

@@ -98,7 +98,8 @@ def chat_prompt(text: str) -> list[dict[str, str]]:
 def make_llm(speculative: str, **extra: Any) -> Any:
     from kvrelay_worker.engine import LLM
 
-    return LLM(MODEL, device="cpu", dtype="float32", speculative=speculative, **extra)
+    return LLM(MODEL, device="cpu", dtype="float32", quantization="none",
+               speculative=speculative, **extra)
 
 
 def timed_chat(llm: Any, prompts: list[str], max_tokens: int, batch: bool

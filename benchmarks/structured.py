@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model
     if args.tiny:
         model = str(make_tiny_model(Path(tempfile.gettempdir()) / "kvrelay-tiny-bench"))
-    llm = LLM(model, device="cpu", dtype="float32", max_num_seqs=BATCH, num_kv_blocks=512)
+    llm = LLM(model, device="cpu", dtype="float32", quantization="none", max_num_seqs=BATCH,
+              num_kv_blocks=512)
     run(llm, [8] * BATCH, True)  # warm-up: builds the compiler, compiles the grammar
     run(llm, [8] * BATCH, False)
     rounds: dict[str, list[float]] = {"free": [], "constrained": []}

@@ -160,6 +160,8 @@ class KvrelaySystem(System):
         from kvrelay_worker import LLM
 
         options = kvrelay_options(args, workload)
+        # Float weights, as the other systems compute with (LLM's default keeps a GGUF's).
+        options = {"quantization": "none", **options}
         self.llm = LLM(model, device="cpu", dtype="float32", **options)
         self.config = {"device": "cpu", "dtype": "float32", **options,
                        "block_size": self.llm.engine.config.block_size}

@@ -12,9 +12,11 @@ from helpers.worker_process import WorkerProcess
 
 from kvrelay_worker.cpu_threads import (
     THREAD_ENV_VARS,
+    ThreadChoice,
     cpu_thread_settings,
     describe_cpu_threads,
 )
+from kvrelay_worker.usable_cpus import usable_cpus
 
 
 def test_the_settings_name_both_pools_and_every_thread_variable_set(
@@ -31,6 +33,9 @@ def test_the_settings_name_both_pools_and_every_thread_variable_set(
     line = describe_cpu_threads()
     assert line.startswith(f"intra-op {torch.get_num_threads()}, "
                            f"inter-op {torch.get_num_interop_threads()}, of ")
+    why = ThreadChoice(None, "KVRELAY_CPU_THREADS unset, torch's from OMP_NUM_THREADS=1")
+    assert describe_cpu_threads(why).startswith(
+        f"intra-op {torch.get_num_threads()} ({why.reason}), inter-op ")
     assert line.endswith("OMP_PROC_BIND=close KMP_AFFINITY=granularity=fine,compact")
 
 
@@ -54,14 +59,30 @@ def _ready_line(worker: WorkerProcess, timeout: float = 30.0) -> str:
 @pytest.mark.integration
 def test_a_real_workers_start_line_carries_its_thread_settings(
         start_worker: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """KVRELAY_CPU_THREADS wins over OMP_NUM_THREADS (which torch would size its pool
+    from); the line's count is torch's own, read after the model loaded."""
     for name in THREAD_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    # The worker process inherits these; torch sizes its intra-op pool from the first.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # The worker process inherits these.
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("KMP_BLOCKTIME", "0")
-    line = _ready_line(start_worker("threads"))
-    assert "CPU threads: intra-op 1, inter-op " in line, line
-    assert "OMP_NUM_THREADS=1 KMP_BLOCKTIME=0" in line, line
+    line = _ready_line(start_worker("threads", cpu_threads=1))
+    assert "CPU threads: intra-op 1 (KVRELAY_CPU_THREADS=1), inter-op " in line, line
+    assert "OMP_NUM_THREADS=2 KMP_BLOCKTIME=0" in line, line
+
+
+@pytest.mark.integration
+def test_an_unset_worker_runs_one_thread_per_usable_cpu(
+        start_worker: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither KVRELAY_CPU_THREADS nor OMP_NUM_THREADS: the CPUs the affinity mask and the
+    cgroup quota allow (torch's own default would count the machine's cores)."""
+    for name in THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    usable = usable_cpus()
+    line = _ready_line(start_worker("usable"))
+    assert (f"CPU threads: intra-op {usable.count} (KVRELAY_CPU_THREADS unset: "
+            f"{usable.describe()}), inter-op ") in line, line
+    assert f"of {usable.count} usable CPUs, no OMP/KMP/MKL variables set" in line, line
 
 
 @pytest.mark.integration
@@ -82,6 +103,11 @@ def test_a_default_cpu_worker_keeps_a_gguf_quantized(
 
 @pytest.mark.integration
 def test_a_default_cpu_worker_keeps_float_weights_of_a_folder(
-        start_worker: Callable[..., WorkerProcess]) -> None:
+        start_worker: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float weights for a folder; and, KVRELAY_CPU_THREADS unset, the thread count
+    OMP_NUM_THREADS asked for (as every worker the tests start runs)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     line = _ready_line(start_worker("folder"))
     assert "(quantization none)" in line, line
+    assert ("CPU threads: intra-op 1 (KVRELAY_CPU_THREADS unset, torch's from "
+            "OMP_NUM_THREADS=1), inter-op ") in line, line

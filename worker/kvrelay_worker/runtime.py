@@ -59,6 +59,7 @@ from kvrelay_worker.settings import WorkerSettings
 from kvrelay_worker.vital_threads import VitalThreads
 
 if TYPE_CHECKING:
+    from kvrelay_worker.cpu_threads import ThreadChoice
     from kvrelay_worker.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
@@ -104,10 +105,16 @@ class WorkerRuntime:
         # Since when this process's writes get through (failover judges leases by it).
         self.health = RedisHealth()
 
+        # torch's intra-op thread count (KVRELAY_CPU_THREADS) and why, for the ready line.
+        self.cpu_threads: ThreadChoice | None = None
         if not settings.simulated:
             # torch and the engine load here, on the main thread, before any other thread
             # starts (as when this module imported them); a simulated worker never loads them.
             import kvrelay_worker.engine.llm_engine  # noqa: F401
+            from kvrelay_worker.cpu_threads import apply_cpu_threads
+
+            # Before the engine thread's first op: it picks the count up at its first one.
+            self.cpu_threads = apply_cpu_threads(settings.cpu_threads)
 
         # The LoRA adapters this worker serves (KVRELAY_LORA_MODULES, then control messages).
         self.adapters = ServedAdapters(settings.served_model)
@@ -210,7 +217,7 @@ class WorkerRuntime:
             return "none (simulated engine)"
         from kvrelay_worker.cpu_threads import describe_cpu_threads  # imports torch
 
-        return describe_cpu_threads()
+        return describe_cpu_threads(self.cpu_threads)
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop taking jobs; let running ones finish within ``grace``; hand back the rest."""

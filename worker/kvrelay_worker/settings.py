@@ -131,6 +131,9 @@ class WorkerSettings:
     # Weight-only quantization: auto, none, int8, int4 or gguf (EngineConfig.quantization).
     quantization: str = "auto"
     quantization_group_size: int = 32
+    # torch's intra-op threads on CPU (cpu_threads.py); unset: as OMP_NUM_THREADS asked
+    # when it is set, else the CPUs this process may use (affinity mask and cgroup quota).
+    cpu_threads: int | None = None
     enable_prefix_caching: bool = True
     enable_cuda_graphs: bool = True
     seed: int = 0
@@ -222,6 +225,9 @@ class WorkerSettings:
             raise SettingsError(f"KVRELAY_QUANTIZATION_GROUP_SIZE must be one of "
                                 f"{', '.join(map(str, QUANTIZATION_GROUP_SIZES))}, "
                                 f"got {self.quantization_group_size}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise SettingsError(f"KVRELAY_CPU_THREADS must be a positive integer (unset: the "
+                                f"usable CPUs), got {self.cpu_threads}")
         if self.target_step_ms is not None and self.target_step_ms <= 0:
             raise SettingsError(f"KVRELAY_TARGET_STEP_MS must be positive (milliseconds), "
                                 f"got {self.target_step_ms}")

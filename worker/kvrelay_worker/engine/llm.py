@@ -8,6 +8,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from kvrelay_worker.cpu_threads import ThreadChoice, apply_cpu_threads
 from kvrelay_worker.engine.chat import apply_chat_template
 from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.llm_engine import LLMEngine, Prompt
@@ -19,12 +20,23 @@ class LLM:
     """Generate for many prompts at once, batched continuously by one engine.
 
     ``model`` is a known name (``kvrelay models``), a Hugging Face folder or a ``.gguf``
-    file; other keyword arguments are ``EngineConfig`` fields.
+    file; other keyword arguments are ``EngineConfig`` fields. The defaults are the
+    worker's, so a script runs as fast as ``kvrelay worker`` does: ``quantization="auto"``
+    (a GGUF on CPU keeps its quantized blocks, as ``KVRELAY_QUANTIZATION`` does) and
+    ``cpu_threads=None``: as ``KVRELAY_CPU_THREADS`` unset, torch's intra-op threads are
+    left as ``OMP_NUM_THREADS`` asked, else lowered to the CPUs this process may use (by
+    affinity and cgroup quota) when torch runs more; a lower count, such as a script's own
+    ``torch.set_num_threads(2)``, stays. ``cpu_threads=N`` sets N.
     """
 
     def __init__(self, model: str = "smollm2-135m-instruct", *, device: str = "auto",
-                 dtype: str = "auto", progress: bool = False, **engine_options: Any) -> None:
-        config = EngineConfig(model=model, device=device, dtype=dtype, **engine_options)
+                 dtype: str = "auto", quantization: str | None = "auto",
+                 cpu_threads: int | None = None, progress: bool = False,
+                 **engine_options: Any) -> None:
+        config = EngineConfig(model=model, device=device, dtype=dtype,
+                              quantization=quantization, **engine_options)
+        # Before the model loads: building it is the first torch work of this process.
+        self.cpu_threads = apply_cpu_threads(cpu_threads, name="cpu_threads", keep_lower=True)
         self.engine = LLMEngine(config, progress=progress)
         self._ids = itertools.count()
 
@@ -32,6 +44,7 @@ class LLM:
     def from_engine(cls, engine: LLMEngine) -> LLM:
         llm = cls.__new__(cls)
         llm.engine = engine
+        llm.cpu_threads = ThreadChoice(None, "left as the engine's builder set it")
         llm._ids = itertools.count()
         return llm
 
