@@ -2,12 +2,13 @@
 
 ``torch.utils.cpp_extension.load`` compiles ``*.cpp`` from this folder into a cached build
 directory (torch's own: ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``)
-keyed by a hash of the sources and their folder, the flags, the torch version and the CPU,
-so only the first start on a machine pays the compile (10-20 s on two cores); later
-starts load the cached library (concurrent first starts wait on torch's lock in that
-folder). The sources register ops under ``torch.ops.kvrelay_cpu``. When no compiler works (a slim image without
-gcc), ``load_cpu_kernels`` returns False once, logs why, and every caller falls back to the
-PyTorch reference.
+keyed by a hash of the sources, the flags, the torch and Python versions and the CPU,
+not by the checkout: every checkout of the same sources on a machine (a CI clone, a second
+worktree) shares one build, and only the first pays the compile (100-250 s on two cores);
+later starts load the cached library (concurrent first starts wait on torch's lock in that
+folder). The sources register ops under ``torch.ops.kvrelay_cpu``. When no compiler works
+(a slim image without gcc), ``load_cpu_kernels`` returns False once, logs why, and every
+caller falls back to the PyTorch reference.
 
 ``python -m kvrelay_kernels.cpu_kernels.build`` builds ahead of time (``make install`` does,
 and the worker image's build stage). A finished build leaves a stamp beside the library;
@@ -83,9 +84,10 @@ def default_build_dir() -> Path:
     digest.update(torch.__version__.encode())
     digest.update(sys.version.encode())
     digest.update(_cpu_signature().encode())
-    # torch's build file names the sources by absolute path: two checkouts sharing one
-    # folder would each rebuild it (tens of seconds) whenever the other one had built.
-    digest.update(str(_source_dir()).encode())
+    # Not the sources' folder: every checkout of the same sources on this machine (a CI
+    # clone, a second worktree) shares one build. torch's build file names the sources by
+    # absolute path, so only an unstamped folder goes through its loader (which would
+    # rebuild for another checkout); a stamped one is loaded as it is.
     return cache / f"{LIBRARY}_{digest.hexdigest()[:16]}"
 
 
@@ -139,6 +141,9 @@ if __name__ == "__main__":
     import time
 
     start = time.perf_counter()
-    build_cpu_kernels(default_build_dir(), verbose="-v" in sys.argv)
-    print(f"kvrelay CPU kernels ready in {default_build_dir()} "
-          f"({time.perf_counter() - start:.1f} s)")
+    folder = default_build_dir()
+    if load_prebuilt(folder):  # the same sources, flags, torch and CPU: built already
+        print(f"kvrelay CPU kernels already built in {folder}")
+    else:
+        build_cpu_kernels(folder, verbose="-v" in sys.argv)
+        print(f"kvrelay CPU kernels ready in {folder} ({time.perf_counter() - start:.1f} s)")
