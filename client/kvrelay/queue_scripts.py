@@ -109,27 +109,3 @@ if moved == 0 and seen and tonumber(seen) < tonumber(ARGV[2]) then
 end
 return moved
 """)
-
-# A message a dead worker took (``Keyspace.celery_delivered`` names it as that worker's)
-# and never acknowledged: given back to the front of the shared queue (the end consumers
-# pop), with its unacknowledged records gone in the same step, so exactly one live worker
-# gives it back; or only dropped (no message: its job ended elsewhere). ``picked``: the
-# job's record is marked picked up in time (``event_log.PICKED_FIELD``), created with the
-# record's live TTL when the job has none yet.
-# KEYS: unacked hash, unacked index, delivered hash, target list, the job's record
-# ARGV: tag, the worker it names, message ('' = drop only), picked (0/1), record ttl s
-# -> 1 given back or dropped, 0 nothing left to do (acknowledged meanwhile), -1 not
-#    that worker's
-RESTORE_DELIVERY = LuaScript("restore_delivery", """
-if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return -1 end
-redis.call('HDEL', KEYS[3], ARGV[1])
-if not redis.call('HGET', KEYS[1], ARGV[1]) then return 0 end
-if ARGV[3] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[3]) end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[5], '@PICKED_FIELD@', '1')
-  if redis.call('PTTL', KEYS[5]) < 0 then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
-end
-return 1
-""".replace("@PICKED_FIELD@", event_log.PICKED_FIELD))

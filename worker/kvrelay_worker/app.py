@@ -63,10 +63,6 @@ def make_celery(s: WorkerSettings) -> Celery:
             "unacked_restore_throttle": s.unacked_restore_throttle,
             **s.keys.celery_transport_options(),
             **broker_options,
-            # Whose the messages this worker takes are (``broker_transport.HeldQoS``).
-            broker_transport.DELIVERED_KEY_OPTION:
-                s.keys.celery_delivered[len(s.keys.celery_key_prefix):],
-            broker_transport.WORKER_ID_OPTION: s.worker_id,
             # kombu's blocking pops time out after a second; these bound everything else.
             "socket_timeout": s.redis_socket_timeout,
             "socket_connect_timeout": s.redis_socket_timeout,

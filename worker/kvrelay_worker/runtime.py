@@ -372,8 +372,7 @@ class WorkerRuntime:
                 "(over KVRELAY_LOG_MAX_LEN or KVRELAY_LOG_MAX_BYTES): it cannot be continued",
                 Outcome.FAILED, run)
         try:
-            check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait,
-                             lambda: self.store.picked_in_time(job_id))
+            check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait)
             params = sampling_params_from(request, self.parsers)
             prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
                                         self.engine.max_model_len)
