@@ -6,7 +6,9 @@ stacks its adapters: ``lora_a`` ``[S, R, in]`` (ranks zero-padded to R) and ``lo
 gate|up) are block-structured A/B, so nothing here knows of them.
 
 CUDA tensors take the Triton shrink/expand kernels over segments of rows grouped by slot;
-CPU tensors take the reference (one pair of matmuls per adapter present in the batch).
+CPU tensors take the reference (one pair of matmuls per adapter present in the batch),
+or, given the step's ``LoraSegments`` (rows grouped by slot once for every call of the
+step), batched matmuls over those segments (``reference/lora_segments.py``).
 ``KVRELAY_KERNELS`` overrides the choice as for every kernel (``backend.py``).
 """
 
@@ -27,6 +29,7 @@ from kvrelay_kernels.checks import (
     check_shape,
 )
 from kvrelay_kernels.reference.lora import lora_apply_reference
+from kvrelay_kernels.reference.lora_segments import LoraSegments, lora_apply_segments
 
 # The widest padded rank the Triton kernels are planned for (one program holds a
 # [rows, R] float32 tile of the intermediate); PEFT adapters are rank 8 to 64.
@@ -78,7 +81,8 @@ def check_slot_range(row_slots: torch.Tensor, num_slots: int) -> None:
 
 
 def lora_apply(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-               row_slots: torch.Tensor, *, slots_checked: bool = False) -> torch.Tensor:
+               row_slots: torch.Tensor, *, slots_checked: bool = False,
+               segments: LoraSegments | None = None) -> torch.Tensor:
     """``y[t] += (x[t] @ lora_a[s].T) @ lora_b[s].T`` for each row ``t`` whose slot ``s =
     row_slots[t]`` is not -1, accumulated in float32; in place, returns ``y``.
 
@@ -90,6 +94,8 @@ def lora_apply(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: t
 
     ``slots_checked``: the caller has checked the slots' range already (the engine does
     once per step, on the host), so this call does not read them back from the device.
+    ``segments``: ``row_slots`` grouped on the host (the same slots), shared by the step's
+    calls; the CPU path then skips its per-call grouping (the Triton kernels ignore it).
     """
     check_lora_args(y, x, lora_a, lora_b, row_slots)
     capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -101,4 +107,9 @@ def lora_apply(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: t
         from kvrelay_kernels.triton_kernels.lora import lora_apply_triton
 
         return lora_apply_triton(y, x, lora_a, lora_b, row_slots)
+    if segments is not None:
+        if segments.host_slots.shape[0] != x.shape[0]:
+            raise KernelArgumentError(
+                f"segments describe {segments.host_slots.shape[0]} rows, x has {x.shape[0]}")
+        return lora_apply_segments(y, x, lora_a, lora_b, segments)
     return lora_apply_reference(y, x, lora_a, lora_b, row_slots)

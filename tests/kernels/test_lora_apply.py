@@ -16,6 +16,7 @@ from lora_cases import LoraBatch, make_batch, per_row_oracle
 from kvrelay_kernels import KernelArgumentError, lora_apply
 from kvrelay_kernels.lora import MAX_LORA_RANK
 from kvrelay_kernels.reference.lora import lora_apply_reference
+from kvrelay_kernels.reference.lora_segments import LoraSegments
 
 # float32: accumulation order only. bfloat16: one rounding of the float32 sum, at most
 # half a unit in the last of bfloat16's 8 significant bits (2**-8 of the value).
@@ -175,3 +176,76 @@ def test_bad_arguments_raise(make: Callable[[LoraBatch], tuple[torch.Tensor, ...
     args = make(batch)
     with pytest.raises(KernelArgumentError, match=message):
         lora_apply(*args)
+
+
+# ------------------------------------------------------------- step-shared segments
+
+def _segments_apply(batch: LoraBatch, y: torch.Tensor | None = None) -> torch.Tensor:
+    y = batch.y.clone() if y is None else y
+    return lora_apply(y, batch.x, batch.lora_a, batch.lora_b, batch.row_slots,
+                      slots_checked=True, segments=LoraSegments(batch.row_slots.cpu()))
+
+
+@pytest.mark.parametrize("rows", [1, 40, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segments_match_the_per_row_loop(rows: int, dtype: torch.dtype) -> None:
+    """Ragged slots (one adapter holds half the rows) take the per-segment loop."""
+    batch = make_batch(rows, 96, 80, 6, 16, dtype, seed=rows)
+    _check(batch, _segments_apply(batch))
+
+
+@pytest.mark.parametrize("order", ["sorted", "round-robin", "uneven", "with-none"])
+def test_segments_batched_over_equal_segments(order: str) -> None:
+    """Segments of (nearly) one length take the padded ``bmm`` path: padding positions
+    add nothing, and a row without an adapter is not read even when it is NaN."""
+    batch = make_batch(32, 64, 48, 6, 16, torch.float32, seed=7)
+    slots = {"sorted": torch.arange(32) // 8, "round-robin": torch.arange(32) % 4,
+             "uneven": torch.tensor([s % 4 for s in range(31)] + [1]),
+             "with-none": torch.tensor([-1 if s % 9 == 0 else s % 3 for s in range(32)])}
+    batch.row_slots = slots[order]
+    plan = LoraSegments(batch.row_slots).plan(6, torch.device("cpu"))
+    assert plan.width > 0, "equal segments take the batched path"
+    assert (plan.rows is None) == (order == "sorted")
+    none = batch.row_slots == -1
+    batch.x[none] = float("nan")
+    got = _segments_apply(batch)
+    assert torch.equal(got[none], batch.y[none])
+    _check(batch, got)
+
+
+def test_segments_write_a_column_block_and_skip_bad_slots() -> None:
+    batch = make_batch(25, 48, 32, 5, 16, torch.bfloat16, lora_dtype=torch.float32)
+    batch.row_slots[:2] = torch.tensor([5, 99])
+    fused = torch.randn(25, 96).to(torch.bfloat16)
+    fused[:, 40:72] = batch.y
+    before = fused.clone()
+    _segments_apply(batch, fused[:, 40:72])
+    assert torch.equal(fused[:2], before[:2])
+    batch.row_slots[:2] = -1
+    _check(batch, fused[:, 40:72])
+    assert torch.equal(fused[:, :40], before[:, :40])
+    assert torch.equal(fused[:, 72:], before[:, 72:])
+
+
+def test_segments_of_another_batch_size_are_refused() -> None:
+    batch = make_batch(6, 16, 8, 4, 8, torch.float32)
+    with pytest.raises(KernelArgumentError, match="segments describe 5 rows"):
+        lora_apply(*batch.args(), segments=LoraSegments(batch.row_slots[:5]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segments_mix_prompt_runs_and_decode_rows(dtype: torch.dtype) -> None:
+    """A prefill chunk's long runs of one slot are added in place (float32), the decode
+    rows around them gathered; a long run without an adapter is left alone."""
+    runs = [(2, 20), (-1, 17), (0, 3), (1, 1), (3, 1), (0, 1), (1, 40), (3, 16), (2, 2)]
+    slots = torch.cat([torch.full((n,), s) for s, n in runs])
+    batch = make_batch(slots.numel(), 64, 48, 6, 16, dtype, seed=3)
+    batch.row_slots = slots
+    plan = LoraSegments(slots).plan(6, torch.device("cpu"))
+    assert [(s, b - a) for s, a, b in plan.runs] == [(2, 20), (1, 40), (3, 16)]
+    assert sorted(s for s, _, _ in plan.segments) == [0, 1, 2, 3]
+    none = slots == -1
+    batch.x[none] = float("nan")
+    got = _segments_apply(batch)
+    assert torch.equal(got[none], batch.y[none])
+    _check(batch, got)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from kvrelay_kernels.lora import lora_apply
+from kvrelay_kernels.reference.lora_segments import LoraSegments
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.lora_layout import LoraGroup, adaptable_linears, linear_groups
 
@@ -23,42 +25,48 @@ from kvrelay_worker.models.lora_layout import LoraGroup, adaptable_linears, line
 class LoraBatch:
     """The step's adapter slot of every row (``[num_tokens]``, -1: none), shared by all the
     model's LoRA linears and set by the model runner; ``row_slots`` is None when no row
-    has an adapter."""
+    has an adapter. The rows' grouping by slot (``LoraSegments``) is likewise made once
+    per step and per set of live slots, for every layer."""
 
     def __init__(self) -> None:
         self.row_slots: torch.Tensor | None = None
         self.present: frozenset[int] = frozenset()  # the slots some row uses
-        self._masked: dict[frozenset[int], torch.Tensor] = {}
+        self._host: torch.Tensor | None = None
+        self._masked: dict[frozenset[int], tuple[torch.Tensor, LoraSegments]] = {}
 
     def bind(self, row_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """The step's slots on the device (``host_slots``: the same on the host)."""
         self.row_slots = row_slots
-        self.present = frozenset(host_slots.unique().tolist()) - {-1}
+        self._host = host_slots
+        self.present = frozenset(np.unique(host_slots.numpy()).tolist()) - {-1}
         self._masked = {}
 
     def clear(self) -> None:
         self.row_slots = None
+        self._host = None
         self.present = frozenset()
         self._masked = {}
 
-    def rows_for(self, holders: set[int]) -> torch.Tensor | None:
-        """The row slots a linear whose ``holders`` slots have weights should apply: rows
-        of other slots (whose adapter leaves this linear alone) become -1, so no work is
-        spent on their zero padding; None when no row's adapter touches the linear."""
-        if self.row_slots is None:
+    def rows_for(self, holders: set[int]) -> tuple[torch.Tensor, LoraSegments] | None:
+        """The row slots (and their grouping) a linear whose ``holders`` slots have
+        weights should apply: rows of other slots (whose adapter leaves this linear
+        alone) become -1, so no work is spent on their zero padding; None when no row's
+        adapter touches the linear."""
+        if self.row_slots is None or self._host is None:
             return None
         live = self.present & holders
         if not live:
             return None
-        if live == self.present:
-            return self.row_slots
-        masked = self._masked.get(live)
-        if masked is None:  # once per step per distinct set, shared by every layer
-            keep = torch.isin(self.row_slots, torch.tensor(
-                sorted(live), dtype=self.row_slots.dtype, device=self.row_slots.device))
-            masked = torch.where(keep, self.row_slots, torch.full_like(self.row_slots, -1))
-            self._masked[live] = masked
-        return masked
+        found = self._masked.get(live)
+        if found is None:  # once per step per distinct set, shared by every layer
+            host, slots = self._host, self.row_slots
+            if live != self.present:
+                keep = np.isin(host.numpy(), sorted(live))
+                host = torch.from_numpy(np.where(keep, host.numpy(), -1))
+                slots = host.to(slots.device, slots.dtype)
+            found = (slots, LoraSegments(host))
+            self._masked[live] = found
+        return found
 
 
 class LoraLinear(nn.Module):
@@ -102,10 +110,10 @@ class LoraLinear(nn.Module):
             return y
         for group, whole, holders, a, b in zip(self.groups, self._whole, self._holders,
                                                self.stacks_a, self.stacks_b, strict=True):
-            slots = self.batch.rows_for(holders)
-            if slots is not None:
+            rows = self.batch.rows_for(holders)
+            if rows is not None:
                 out = y if whole else y[:, group.start:group.stop]
-                lora_apply(out, x, a, b, slots, slots_checked=True)
+                lora_apply(out, x, a, b, rows[0], slots_checked=True, segments=rows[1])
         return y
 
     @torch.no_grad()
