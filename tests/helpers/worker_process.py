@@ -123,7 +123,9 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"worker {self.name} exited early:\n{self.tail()}")
-            log = self.tail(4000)
+            # The whole log: a worker started beside a queue of jobs logs a line per job
+            # from its first second, and its ready lines soon leave any fixed tail.
+            log = self.tail(None)
             if self.info() is not None and "kvrelay worker" in log and \
                     f"{self.name}@" in log and " ready." in log:
                 return self
@@ -158,8 +160,10 @@ class WorkerProcess:
             self._log.close()
             self._log = None
 
-    def tail(self, chars: int = 3000) -> str:
+    def tail(self, chars: int | None = 3000) -> str:
+        """The log's last ``chars`` characters (None: all of it)."""
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            text = self.log_path.read_text(errors="replace")
+            return text if chars is None else text[-chars:]
         except FileNotFoundError:
             return ""
