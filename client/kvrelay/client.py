@@ -7,6 +7,7 @@ few enqueue threads running Celery's producer. Create it once per process and sh
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Unpack
@@ -28,7 +29,7 @@ from kvrelay.dispatcher import (
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
 from kvrelay.errors import InvalidRequest, KvrelayError, UnknownJob
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
-from kvrelay.job_lookup import job_exists
+from kvrelay.job_lookup import is_known
 from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.prefix_placement import PrefixPlacement, placement_enabled
 from kvrelay.primary_watch import PrimaryWatchedTransport
@@ -336,6 +337,7 @@ class AsyncClient(AsyncResource):
             after_seq=after_seq,
             abort_on_exit=abort_on_exit,
             keep_output=keep_output,
+            still_known=functools.partial(is_known, self._jobs, job_id, self._model),
         )
         await stream.start()
         return stream
@@ -344,10 +346,7 @@ class AsyncClient(AsyncResource):
         """``UnknownJob`` unless the job is queued (for a served or the default model),
         taken by a worker, running, or still has its log."""
         try:
-            models = {worker.model for worker in await self._jobs.workers()}
-            if self._model:
-                models.add(self._model)
-            known = await job_exists(self._jobs.redis, self._keys, job_id, models)
+            known = await is_known(self._jobs, job_id, self._model)
         except REDIS_ERRORS as exc:
             raise self._jobs.connection_error(exc, f"looking up job {job_id}") from exc
         if not known:

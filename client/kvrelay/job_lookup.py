@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from redis.asyncio import Redis
 
 from kvrelay.keys import Keyspace
 
-__all__ = ["job_exists"]
+if TYPE_CHECKING:
+    from kvrelay.job_lifecycle import JobLifecycle
 
+__all__ = ["ENDED", "GONE", "LIVE", "is_known", "job_exists", "presence"]
+
+# ``presence``'s answers: the job has a log or a record of a job not ended (it is live:
+# queued, taken or running), its record says it ended and its log is gone, or neither
+# is there.
+LIVE: Final = "live"
+ENDED: Final = "ended"
+GONE: Final = "gone"
 # Messages per LRANGE page while looking through a queue.
 _PAGE: Final = 500
 # Longer than kombu's gap between taking a message off the queue and recording it.
@@ -39,6 +48,15 @@ async def job_exists(
         if await _has_trace(redis, keys, job_id, queues, needle):
             return True
     return False
+
+
+async def is_known(jobs: JobLifecycle, job_id: str, default_model: str | None) -> bool:
+    """``job_exists`` over the queues of the models live workers serve and the client's
+    default model."""
+    models = {worker.model for worker in await jobs.workers()}
+    if default_model:
+        models.add(default_model)
+    return await job_exists(jobs.redis, jobs.keys, job_id, models)
 
 
 async def _has_trace(
@@ -68,3 +86,19 @@ async def _list_holds(redis: Redis, key: str, needle: bytes) -> bool:
 
 def _as_bytes(value: object) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
+
+
+async def presence(redis: Redis, keys: Keyspace, job_id: str) -> str:
+    """The job's log and record read together (one transaction): ``LIVE``, ``ENDED`` (a
+    done record outlived the log) or ``GONE`` (no record, no log: it may still wait in a
+    queue, unrecorded, which ``job_exists`` looks for)."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.exists(keys.event_log(job_id))
+    pipe.exists(keys.job_record(job_id))
+    pipe.hget(keys.job_record(job_id), "state")
+    has_log, has_record, state = await pipe.execute()
+    if has_log:
+        return LIVE
+    if not has_record:
+        return GONE
+    return ENDED if state in (b"done", "done") else LIVE

@@ -26,45 +26,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 import typing
 import uuid
-from collections.abc import AsyncIterator
-from typing import ClassVar, Final
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final
 
 import msgspec
-import redis.exceptions as redis_exceptions
 
-from kvrelay import event_log
 from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
 from kvrelay.connection import REDIS_ERRORS
-from kvrelay.dispatcher import RESYNC, Mailbox
-from kvrelay.errors import (
-    Cancelled,
-    DeadlineExceeded,
-    InternalError,
-    KvrelayError,
-    QueueFull,
-    QueueTimeout,
-    StreamTimeout,
-    error_for_code,
-)
+from kvrelay.dispatcher import Mailbox
+from kvrelay.errors import Cancelled, KvrelayError, QueueFull, error_for_code
 from kvrelay.event_filter import ImpossibleEvents
-from kvrelay.event_frames import unpack_events
 from kvrelay.patience import patiently
-from kvrelay.protocol import (
-    TERMINAL_EVENTS,
-    AnyEvent,
-    Failed,
-    Finished,
-    GenerateRequest,
-    Started,
-    Tokens,
-    decode_event,
-)
+from kvrelay.protocol import Failed, Finished, GenerateRequest, Started, Tokens
+from kvrelay.stream_events import CLOSED as _CLOSED
+from kvrelay.stream_events import DONE as _DONE
+from kvrelay.stream_events import LIVE as _LIVE
+from kvrelay.stream_events import NEW as _NEW
+from kvrelay.stream_events import STARTING as _STARTING
+from kvrelay.stream_events import Event, GapRetry
+from kvrelay.stream_order import EventOrder
 from kvrelay.tenant_quota import UNBOUNDED_JOB_S, TenantQuota, current_quota
 from kvrelay.tracing.job_trace import JobTrace, begin_job_trace
 
@@ -75,102 +60,11 @@ __all__ = ["AsyncStream"]
 
 log = logging.getLogger("kvrelay.stream")
 
-# Entries per XRANGE page: bounds the time one reply takes to parse on the loop.
-_LOG_PAGE: Final = 256
 # Events one stream may deliver back to back before it yields to the event loop.
 _MAX_BURST: Final = 64
-# How long past its queue deadline a stream still waits for the first event (a worker
-# that picked the job up just in time needs a moment to say so).
-_PICKUP_GRACE_S: Final = 5.0
 
 
-class _SeqOnly(msgspec.Struct):
-    seq: int
-
-
-_seq_decoder = msgspec.msgpack.Decoder(_SeqOnly)
-_events_decoder = msgspec.msgpack.Decoder(list[AnyEvent])
-
-
-class _Unknown:
-    """An event this client cannot read (e.g. a newer type): it still takes its seq."""
-
-    __slots__ = ("seq",)
-
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
-
-
-_Event = AnyEvent | _Unknown
-
-
-def _decode_all(data: object) -> list[_Event]:
-    """The events of an events array (``kvrelay.event_frames``); one that cannot be read
-    is skipped, one of an unknown type keeps its seq."""
-    if not isinstance(data, (bytes, bytearray, memoryview, msgspec.Raw)):
-        return []
-    try:
-        return list(_events_decoder.decode(data))
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        pass
-    try:
-        parts = unpack_events(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        log.warning("dropping an unreadable events array (%d bytes)", len(memoryview(data)))
-        return []
-    return [event for part in parts if (event := _decode(part)) is not None]
-
-
-def _decode(data: object) -> _Event | None:
-    if isinstance(data, msgspec.Raw):
-        data = bytes(data)
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        return None
-    try:
-        return decode_event(bytes(data))
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        try:
-            seq = _seq_decoder.decode(data).seq
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            log.warning("dropping an unreadable event message (%d bytes)", len(data))
-            return None
-        log.warning("skipping event seq %d of an unknown type", seq)
-        return _Unknown(seq)
-
-
-class _GapRetry:
-    """When to read the log again for a hole it could not fill yet (doubling backoff from
-    ``FIRST`` to ``MAX`` seconds; given up after ``TRIES_WITH_TERMINAL`` once the job's
-    terminal event is in hand)."""
-
-    FIRST: ClassVar[float] = 0.05
-    MAX: ClassVar[float] = 1.0
-    TRIES_WITH_TERMINAL: ClassVar[int] = 4
-
-    __slots__ = ("at", "delay", "tries")
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.at = 0.0
-        self.delay = self.FIRST
-        self.tries = 0
-
-    def again(self, now: float) -> None:
-        self.tries += 1
-        self.at = now + self.delay
-        self.delay = min(self.delay * 2, self.MAX)
-
-
-_NEW: Final = "new"
-_STARTING: Final = "starting"
-_LIVE: Final = "live"
-_DONE: Final = "done"  # terminal event seen, or failed client-side
-_CLOSED: Final = "closed"  # left early by the caller
-
-
-class AsyncStream(AsyncResource):
+class AsyncStream(EventOrder, AsyncResource):
     """The events of one job as ``StreamChunk``s; ``final()`` gives the ``Completion``.
 
     Use as ``async with client.stream(...) as stream: async for chunk in stream: ...``.
@@ -190,6 +84,7 @@ class AsyncStream(AsyncResource):
         queue_timeout: float | None = None,
         abort_on_exit: bool = True,
         keep_output: bool = True,
+        still_known: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._jobs = jobs
         self._job_id = job_id
@@ -202,16 +97,18 @@ class AsyncStream(AsyncResource):
         # None: the job may wait in the queue as long as ``stream_timeout``.
         self._queue_timeout = queue_timeout
         self._abort_on_exit_wanted = abort_on_exit
+        # A resume: whether the job still has a trace anywhere (``EventOrder._confirm_known``).
+        self._still_known = still_known
         self._state: str = _NEW
         self._mailbox: Mailbox | None = None
         # A resume delivers from ``after_seq + 1`` on; earlier events only feed ``final()``.
         self._next_seq = 0 if request is not None else after_seq + 1
         self._filter = ImpossibleEvents(job_id, n if request is not None else None)
-        self._pending: dict[int, _Event] = {}
+        self._pending: dict[int, Event] = {}
         # Client-side clocks (loop time): the job's deadline, the last event.
         self._deadline: float | None = None
         self._last_progress = 0.0
-        self._gap = _GapRetry()
+        self._gap = GapRetry()
         self._completion: Completion | None = None
         self._error: KvrelayError | None = None
         self._abort_on_exit = self._busy = False
@@ -377,34 +274,6 @@ class AsyncStream(AsyncResource):
             raise self._jobs.connection_error(exc, f"watching job {self._job_id}") from exc
         self._watching = True
 
-    async def _replay_log(self) -> None:
-        """Read the log once subscribed (so nothing published from now on is missed), a
-        page at a time: events before ``next_seq`` only feed ``final()``; the first page
-        that reaches ``next_seq`` waits its turn to be delivered, and the pages after it
-        are read as it is (``_log_more``)."""
-        after = -1
-        while True:
-            try:
-                replay = await patiently(functools.partial(self._read_log, after_seq=after),
-                                         self._jobs.reconnect_timeout)
-            except REDIS_ERRORS as exc:
-                raise self._jobs.connection_error(
-                    exc, f"reading the event log of job {self._job_id}"
-                ) from exc
-            reached = False
-            for event in replay:
-                if self._impossible(event, live=False):
-                    continue
-                after = max(after, event.seq)
-                if event.seq < self._next_seq:
-                    self._absorb(event)
-                    if self._state == _DONE:
-                        return
-                else:
-                    reached = True
-                    self._pending.setdefault(event.seq, event)
-            if reached or not self._log_more or not replay:
-                return
 
     def __del__(self) -> None:
         # Dropped while live (iterated without ``async with``, then abandoned): release
@@ -490,7 +359,7 @@ class AsyncStream(AsyncResource):
         finally:
             self._busy = False
 
-    def _absorb(self, event: _Event) -> None:
+    def _absorb(self, event: Event) -> None:
         """Fold a non-chunk event (or any event, when replaying) into the result."""
         if isinstance(event, Tokens):
             self._builder.add_tokens(event)
@@ -534,158 +403,7 @@ class AsyncStream(AsyncResource):
 
     # ------------------------------------------------------------------ ordering
 
-    async def _next_event(self) -> _Event:
-        """The event with seq ``next_seq``: from the buffer, the mailbox, or the log."""
-        mailbox = self._mailbox
-        assert mailbox is not None
-        pending = self._pending
-        items = mailbox.items
-        loop = asyncio.get_running_loop()
-        while True:
-            if pending:
-                event = pending.pop(self._next_seq, None)
-                if event is not None:
-                    return self._advance(event, loop.time())
-            elif self._log_more:
-                await self._fill_gap()  # the next page of a long log
-                if not pending:  # nothing new there after all: wait as usual
-                    self._log_more = False
-                continue
-            if items:
-                item = mailbox.take()
-                if item is RESYNC:
-                    await self._fill_gap()
-                    continue
-                for decoded in _decode_all(item):
-                    # Seqs already delivered are duplicates; the rest wait their turn.
-                    if decoded.seq >= self._next_seq and not self._impossible(decoded, live=True):
-                        pending.setdefault(decoded.seq, decoded)
-                if pending and self._next_seq not in pending and loop.time() >= self._gap.at:
-                    await self._fill_gap()
-                continue
-            if mailbox.error is not None:
-                error = mailbox.error
-                raise self._fail(
-                    error
-                    if isinstance(error, KvrelayError)
-                    else InternalError(str(error), job_id=self._job_id)
-                )
-            idle_limit = self._idle_limit()
-            wake_at = self._last_progress + idle_limit
-            if self._deadline is not None and self._deadline < wake_at:
-                wake_at = self._deadline
-            if pending and self._gap.at < wake_at:
-                wake_at = self._gap.at
-            self._burst = 0
-            if await mailbox.wait(loop, wake_at):
-                continue
-            now = loop.time()
-            if self._deadline is not None and now >= self._deadline:
-                raise self._fail(
-                    DeadlineExceeded(
-                        f"the job did not finish within its timeout of {self._timeout:g}s",
-                        job_id=self._job_id,
-                    )
-                )
-            if pending and now >= self._gap.at:
-                await self._fill_gap()
-                continue
-            if now >= self._last_progress + idle_limit:
-                await self._fill_gap(check=True)
-                if self._next_seq in pending:
-                    continue
-                if self._jobs.dispatcher.connected or mailbox.error is not None:
-                    raise self._fail(self._idle_error())
-                # Redis is away and the dispatcher is reconnecting: it will either
-                # resync us or fail us; do not blame the worker for the outage.
-                self._last_progress = now
-
     @property
     def ignored_events(self) -> int:
         """Events dropped as impossible (see ``kvrelay.event_filter``)."""
         return self._filter.count
-
-    def _impossible(self, event: _Event, *, live: bool) -> bool:
-        return self._filter.rejects(event, next_seq=self._next_seq, live=live)
-
-    def _waiting_for_pickup(self) -> bool:
-        """A new job with its own queue-wait limit that no worker has reported on yet."""
-        return (
-            self._queue_timeout is not None and self._request is not None and (self._next_seq == 0)
-        )
-
-    def _idle_limit(self) -> float:
-        """Seconds without an event before giving up: the queue wait, then the stream's."""
-        if self._waiting_for_pickup():
-            assert self._queue_timeout is not None
-            return self._queue_timeout + _PICKUP_GRACE_S
-        return self._stream_timeout
-
-    def _idle_error(self) -> KvrelayError:
-        if self._waiting_for_pickup():
-            return QueueTimeout(
-                f"no worker picked the job up within its queue_timeout of {self._queue_timeout:g}s",
-                job_id=self._job_id,
-            )
-        return StreamTimeout(f"no event for {self._stream_timeout:g}s", job_id=self._job_id)
-
-    def _advance(self, event: _Event, now: float) -> _Event:
-        deadline = self._deadline
-        if deadline is not None and now >= deadline and not isinstance(event, TERMINAL_EVENTS):
-            # Events still flowing past the job's timeout: enforce it here too.
-            raise self._fail(
-                DeadlineExceeded(
-                    f"the job did not finish within its timeout of {self._timeout:g}s",
-                    job_id=self._job_id,
-                )
-            )
-        self._next_seq = event.seq + 1
-        self._last_progress = now
-        if self._gap.tries:
-            self._gap.reset()
-        return event
-
-    async def _fill_gap(self, *, check: bool = False) -> None:
-        """Read the log from ``next_seq`` into the buffer (gap, resync or timeout check)."""
-        try:
-            events = await self._read_log(after_seq=self._next_seq - 1)
-        except REDIS_ERRORS as exc:
-            if self._jobs.dispatcher.connected:
-                raise self._fail(
-                    self._jobs.connection_error(exc, f"reading the event log of job {self._job_id}")
-                ) from exc
-            events = []  # outage: the dispatcher resyncs us after reconnecting
-        except KvrelayError as exc:
-            raise self._fail(exc) from None
-        pending = self._pending
-        for event in events:
-            if event.seq >= self._next_seq and not self._impossible(event, live=False):
-                pending.setdefault(event.seq, event)
-        if not pending or self._next_seq in pending:
-            return
-        # Still a hole: retry later; give up if the job is over and the log cannot say.
-        self._gap.again(asyncio.get_running_loop().time())
-        terminal = any(isinstance(e, TERMINAL_EVENTS) for e in pending.values())
-        if terminal and self._gap.tries >= _GapRetry.TRIES_WITH_TERMINAL and not check:
-            first = min(pending)
-            raise self._fail(
-                InternalError(
-                    f"events {self._next_seq}..{first - 1} are missing from the job's log",
-                    job_id=self._job_id,
-                )
-            )
-
-    async def _read_log(self, *, after_seq: int) -> list[_Event]:
-        """The events in one page of the log after ``after_seq`` (maybe a few before it;
-        undecodable entries skipped), and the tail's once the log is read to its end
-        (``_log_more`` says whether it was)."""
-        try:
-            found, self._log_more = await event_log.read_some_after(
-                self._jobs.redis, self._jobs.keys, self._job_id, after_seq, page=_LOG_PAGE,
-                max_pages=1,
-            )
-        except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
-            raise InternalError(
-                f"Redis refused to read the job's event log: {exc}", job_id=self._job_id
-            ) from exc
-        return [event for data in found if (event := _decode(data)) is not None]
