@@ -47,6 +47,7 @@ __all__ = [
     "EVENT_FIELD",
     "LIVE_LOG_TTL_S",
     "OWNER_FIELD",
+    "PICKED_FIELD",
     "TAIL_FIELD",
     "TAIL_READ_ENTRIES",
     "TERMINAL_FIELD",
@@ -86,6 +87,10 @@ DIGEST_FIELD: Final = "digest"
 # that never got onto the queue (Redis refused the push, and giving the id back too), so
 # a retry of the same request pushes it instead of waiting on a job no worker will see.
 ENQUEUED_FIELD: Final = "enqueued"
+# The job record's field set when a live worker gave back a message that a dead worker had
+# taken before its queue deadline and never claimed: the job was picked up in time, so its
+# next pickup is not refused for the wait the death added.
+PICKED_FIELD: Final = "picked"
 # How many of a tail's newest entries a reader looks through: a worker moves a job's
 # events into its log within 16 of its batches (``publisher.LOG_MOVE_BATCHES``), so
 # those past the log's last entry are among them (a new owner moves a dead one's first).

@@ -144,12 +144,24 @@ class Keyspace:
         """kombu's hash of delivered-but-unacknowledged messages (its full Redis name)."""
         return f"{self.prefix}celery:unacked"
 
+    @property
+    def celery_unacked_index(self) -> str:
+        """kombu's sorted set of the same messages, scored by when they were taken (unix s)."""
+        return f"{self.prefix}celery:unacked_index"
+
+    @property
+    def celery_delivered(self) -> str:
+        """Hash of kombu's delivered-but-unacknowledged delivery tags, each naming the worker
+        that took the message (written with kombu's own record of it): how live workers
+        find the messages a dead worker took (``kvrelay_worker.jobs.dead_deliveries``)."""
+        return f"{self.prefix}celery:delivered"
+
     def celery_transport_options(self) -> dict[str, str]:
         """kombu options putting every Celery key and channel under ``prefix``."""
         options = {
             # Kombu's bookkeeping of delivered-but-unacknowledged messages.
             "unacked_key": self._celery_name(self.celery_unacked),
-            "unacked_index_key": self._celery_name(f"{self.prefix}celery:unacked_index"),
+            "unacked_index_key": self._celery_name(self.celery_unacked_index),
             "unacked_mutex_key": self._celery_name(f"{self.prefix}celery:unacked_mutex"),
         }
         if self.celery_key_prefix:

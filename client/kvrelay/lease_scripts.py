@@ -24,14 +24,17 @@ redis.call('ZADD', KEYS[3], 'XX', 0, ARGV[2])
 return 1
 """)
 
-# KEYS: job record, lease, running zset -- ARGV: job id, run id -> 1 if released
+# The job stays in the running zset, scored by when its copy should have been claimed
+# (``REARM_QUEUED``): a copy that never arrives is noticed there.
+# KEYS: job record, lease, running zset -- ARGV: job id, run id, claim due in ms
+# -> 1 if released
 RELEASE_HANDBACK = LuaScript("release_handback", """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[3], server_ms() + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 'queued')
 return 1
-""")
+""", helpers=True)
 
 # Every held job's lease at once (one MGET, one ZADD; a PEXPIRE per job still held),
 # and whether it was aborted (its abort flag, in case the control message was missed).
@@ -116,11 +119,18 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', server_ms(), 'LIMIT', 0, ARG
 # only have stalled); its ``worker_lost`` event follows as an unowned write.
 # KEYS: job record, lease, running zset, requeue marker
 # ARGV: job id, max attempts, marker ms, record ttl s (once failed), fence flag prefix
-# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted", payload}
+# A job left ``queued`` (requeued or handed back) whose copy was not claimed by its due
+# time is answered ``queued`` with its payload, under the requeue marker: the watch looks
+# for its copy and pushes one where there is none (``REARM_QUEUED`` follows).
+# -> {"alive"} | {"gone"} | {"busy"} | {"exhausted", payload} | {"queued", payload}
 #    | {"requeue", payload, run id of the run that lost its lease}
 CHECK_EXPIRED = LuaScript("check_expired", """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'alive'} end
 local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'queued' then
+  if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', ARGV[3]) then return {'busy'} end
+  return {'queued', redis.call('HGET', KEYS[1], 'payload')}
+end
 if state ~= 'running' then
   redis.call('ZREM', KEYS[3], ARGV[1])
   return {'gone'}
@@ -145,7 +155,12 @@ return {'requeue', record[1], record[2] or ''}
 # holds already (the copy was claimed first) still counts the death, and that run's
 # state and running entry are left as they are; so are those of a job that ended
 # meanwhile (its copy found it cancelled: it stays done).
-# KEYS: job record, lease, running zset, requeue marker -- ARGV: job id, the lost run id
+# A job set ``queued`` here stays in the running zset, scored by when its copy should have
+# been claimed: a copy lost on its way (pushed to a primary that was then demoted, or
+# taken by a worker killed while it held the message only in memory) is noticed by the
+# watch (``CHECK_EXPIRED``'s ``queued``) and pushed again; a claim scores it as usual.
+# KEYS: job record, lease, running zset, requeue marker
+# ARGV: job id, the lost run id, claim due in ms
 COMMIT_REQUEUE = LuaScript("commit_requeue", """
 redis.call('DEL', KEYS[4])
 local lease = redis.call('GET', KEYS[2])
@@ -153,7 +168,19 @@ if lease and lease == ARGV[2] then return 0 end
 redis.call('HINCRBY', KEYS[1], 'lost', 1)
 if not lease and redis.call('HGET', KEYS[1], 'state') == 'running' then
   redis.call('HSET', KEYS[1], 'state', 'queued')
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZADD', KEYS[3], server_ms() + tonumber(ARGV[3]), ARGV[1])
 end
 return 1
-""")
+""", helpers=True)
+
+# After the watch looked for the copy of a job left ``queued`` (and pushed one where there
+# was none): due again later, unless it was claimed or ended meanwhile. The marker goes.
+# KEYS: job record, lease, running zset, requeue marker -- ARGV: job id, claim due in ms
+# -> 1 due again, 0 no longer queued
+REARM_QUEUED = LuaScript("rearm_queued", """
+redis.call('DEL', KEYS[4])
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
+redis.call('ZADD', KEYS[3], server_ms() + tonumber(ARGV[2]), ARGV[1])
+return 1
+""", helpers=True)

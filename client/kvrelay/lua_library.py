@@ -14,4 +14,5 @@ LIBRARY: Final = Library(job_scripts.LUA_HELPERS, [
     job_scripts.APPEND_BATCH, job_scripts.MOVE_TO_LOG, lease_scripts.CHECK_EXPIRED,
     lease_scripts.COMMIT_REQUEUE, lease_scripts.REREGISTER, lease_scripts.EXPIRED_JOBS,
     job_scripts.RESERVE, job_scripts.UNWATCH, queue_scripts.ADMIT, queue_scripts.MOVE_ORPHANS,
+    queue_scripts.RESTORE_DELIVERY, lease_scripts.REARM_QUEUED,
 ])

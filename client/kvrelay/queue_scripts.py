@@ -109,3 +109,32 @@ if moved == 0 and seen and tonumber(seen) < tonumber(ARGV[2]) then
 end
 return moved
 """)
+
+# A message a dead worker took (``Keyspace.celery_delivered`` names it as that worker's)
+# and never acknowledged, settled by what the job's record says at this moment: ``done``
+# -> its unacknowledged records are dropped, so no copy ever runs it again; claimed
+# (``running``, or its lease held) -> left to the lease takeover; otherwise (never claimed,
+# or no record at all: a producer other than the SDK reserves none) given back to the
+# front of the shared queue (the end consumers pop) with its records gone in the same
+# step, so exactly one live worker gives it back. ``picked``: the record is marked picked
+# up in time (``event_log.PICKED_FIELD``), created with the live TTL if there is none.
+# KEYS: unacked hash, unacked index, delivered hash, target list, the job's record, its lease
+# ARGV: tag, the worker it names, message ('' = drop only), picked (0/1), record ttl s
+# -> 1 given back, 2 dropped, 0 nothing to do (acknowledged meanwhile, or claimed),
+#    -1 not that worker's
+RESTORE_DELIVERY = LuaScript("restore_delivery", """
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return -1 end
+local state = redis.call('HGET', KEYS[5], 'state')
+if state == 'running' or redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[1])
+if not redis.call('HGET', KEYS[1], ARGV[1]) then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if ARGV[3] == '' or state == 'done' then return 2 end
+redis.call('RPUSH', KEYS[4], ARGV[3])
+if ARGV[4] == '1' then
+  redis.call('HSET', KEYS[5], '@PICKED_FIELD@', '1')
+  if redis.call('PTTL', KEYS[5]) < 0 then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
+end
+return 1
+""".replace("@PICKED_FIELD@", event_log.PICKED_FIELD))

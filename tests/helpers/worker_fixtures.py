@@ -42,12 +42,18 @@ def start_worker(clean_redis_url: str, tiny_model_path: str, tmp_path: Path,
         return worker.wait_ready() if ready else worker
 
     yield start
-    report = getattr(request.node, "rep_call", None)
+    stop_and_show_logs(started, request, 6000)
+
+
+def stop_and_show_logs(started: list[WorkerProcess], request: pytest.FixtureRequest,
+                       chars: int) -> None:
+    """Stop a test's workers; print each one's log tail when the test failed."""
     for worker in started:
         worker.stop()
+    report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         for worker in started:
-            print(f"\n----- worker {worker.name} log -----\n{worker.tail(6000)}")
+            print(f"\n----- worker {worker.name} log -----\n{worker.tail(chars)}")
 
 
 @pytest.fixture(scope="module")

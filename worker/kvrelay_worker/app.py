@@ -63,6 +63,10 @@ def make_celery(s: WorkerSettings) -> Celery:
             "unacked_restore_throttle": s.unacked_restore_throttle,
             **s.keys.celery_transport_options(),
             **broker_options,
+            # Whose the messages this worker takes are (``broker_transport.HeldQoS``).
+            broker_transport.DELIVERED_KEY_OPTION:
+                s.keys.celery_delivered[len(s.keys.celery_key_prefix):],
+            broker_transport.WORKER_ID_OPTION: s.worker_id,
             # kombu's blocking pops time out after a second; these bound everything else.
             "socket_timeout": s.redis_socket_timeout,
             "socket_connect_timeout": s.redis_socket_timeout,
@@ -171,5 +175,18 @@ def generate(self: Any, payload: object = None, *args: object, **kwargs: object)
         # Not ready (or shutting down): give the message back to the queue untouched.
         raise Reject("the engine is not running", requeue=True)
     if args or kwargs:
-        return runtime.reject(self.request.id, "the task takes exactly one argument, the request")
-    return runtime.run_job(self.request.id, payload)
+        outcome = runtime.reject(self.request.id,
+                                 "the task takes exactly one argument, the request")
+    else:
+        outcome = runtime.run_job(self.request.id, payload)
+    # Celery acknowledges later, from its consumer's loop (held up while it reconnects):
+    # the message's records go now, so a death before that leaves none behind.
+    runtime.drop_delivery(_delivery_tag(self.request))
+    return outcome
+
+
+def _delivery_tag(request: Any) -> str | None:
+    """kombu's tag of the message a task came in (None: not delivered by a broker)."""
+    properties = getattr(request, "properties", None) or {}
+    tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+    return str(tag) if tag else None

@@ -27,9 +27,15 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
+from kombu.utils.json import dumps
 
 from kvrelay_worker.jobs.held_writes import until_written
 
+# Transport options a worker's app sets: where and under which name its channel records
+# the messages it took (``HeldQoS``).
+DELIVERED_KEY_OPTION = "kvrelay_delivered_key"
+WORKER_ID_OPTION = "kvrelay_worker_id"
 REDIS_TRANSPORT = "kvrelay_worker.broker_transport:RedisTransport"
 SENTINEL_TRANSPORT = "kvrelay_worker.broker_transport:SentinelTransport"
 # How often a consumer behind sentinels asks them which primary they name.
@@ -42,11 +48,62 @@ class HeldQoS(kombu_redis.QoS):
     of reach, as the worker's other state writes are (``until_written``). The message
     has already left the queue (the ``BRPOP`` that took it was answered just before the
     refusals began): kombu would raise, restart the consumer and lose it, since only its
-    unacknowledged record could restore it."""
+    unacknowledged record could restore it. An acknowledgement is held the same way: one
+    lost would leave a finished job's message to be restored after the visibility timeout.
+
+    The record also names the worker that took the message (``Keyspace.celery_delivered``,
+    in the same transaction), so that live workers give back the messages of a worker
+    that died before claiming their jobs (``jobs.dead_deliveries``), not kombu 6 h later."""
 
     def append(self, message: Any, delivery_tag: Any) -> None:
-        until_written(lambda: super(HeldQoS, self).append(message, delivery_tag),
+        until_written(lambda: self._record(message, delivery_tag),
                       "the record of a delivered message")
+        kombu_virtual.QoS.append(self, message, delivery_tag)
+
+    def _record(self, message: Any, delivery_tag: Any) -> None:
+        """kombu's record of a delivered message, and the worker that took it, at once."""
+        delivery = message.delivery_info
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+            pipe.hset(self.unacked_key, delivery_tag,
+                      dumps([message._raw, delivery["exchange"], delivery["routing_key"]]))
+            owner = self._owner()
+            if owner is not None:
+                pipe.hset(owner[0], delivery_tag, owner[1])
+            pipe.execute()
+
+    def ack(self, delivery_tag: Any) -> None:
+        until_written(lambda: self._remove_from_indices(delivery_tag).execute(),
+                      "the acknowledgement of a message")
+        kombu_virtual.QoS.ack(self, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
+        pipe = super()._remove_from_indices(delivery_tag, pipe)
+        owner = self._owner()
+        return pipe if owner is None else pipe.hdel(owner[0], delivery_tag)
+
+    def __init__(self, channel: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(channel, *args, **kwargs)
+        # Read once, from the parameters the channel kept (``_KeepsParams``): after a
+        # reconnect kombu unlinks ``channel.connection.client`` before the old channel
+        # restores or acknowledges its messages, and those calls name the owner too.
+        self._owner_of_deliveries = _delivery_owner(channel)
+
+    def _owner(self) -> tuple[str, str] | None:
+        """(the delivered hash's name for kombu, this worker's id), or None: a consumer
+        that is not a worker."""
+        return self._owner_of_deliveries
+
+
+def _delivery_owner(channel: Any) -> tuple[str, str] | None:
+    """The owner named by the transport options the worker's app sets, read from the
+    parameters the channel was created with."""
+    params = getattr(channel, "_connection_params", None)
+    if params is None:
+        params = channel.connection.client
+    options = getattr(params, "transport_options", None) or {}
+    key, worker = options.get(DELIVERED_KEY_OPTION), options.get(WORKER_ID_OPTION)
+    return (str(key), str(worker)) if key and worker else None
 
 
 class _KeepsParams:

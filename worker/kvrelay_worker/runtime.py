@@ -40,6 +40,7 @@ from kvrelay_worker.intake.job_request import (
 )
 from kvrelay_worker.intake.pickup_checks import check_queue_wait
 from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
+from kvrelay_worker.jobs.dead_deliveries import drop_delivery_records
 from kvrelay_worker.jobs.failover import Failover, Requeue
 from kvrelay_worker.jobs.held_writes import until_written
 from kvrelay_worker.jobs.job_store import JobStore, PriorProgress, run_id
@@ -286,6 +287,13 @@ class WorkerRuntime:
             return "rejected"
         return self._end_unclaimed(job_id, ErrorCode.INVALID_REQUEST, message, "rejected")
 
+    def drop_delivery(self, tag: str | None) -> None:
+        """Remove the records of a message whose job ended here (``drop_delivery_records``)."""
+        if tag:
+            until_written(lambda: drop_delivery_records(self.store.redis, self.settings.keys,
+                                                        tag),
+                          "the records of a delivered message", self.health)
+
     def refuse_oversized(self, job_id: str | None, size: int) -> str:
         """Fail a job whose message was too large to parse (seen by ``payload_gate``)."""
         if not job_id:
@@ -372,7 +380,8 @@ class WorkerRuntime:
                 "(over KVRELAY_LOG_MAX_LEN or KVRELAY_LOG_MAX_BYTES): it cannot be continued",
                 Outcome.FAILED, run)
         try:
-            check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait)
+            check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait,
+                             lambda: self.store.picked_in_time(job_id))
             params = sampling_params_from(request, self.parsers)
             prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
                                         self.engine.max_model_len)

@@ -8,16 +8,25 @@ on the process's ``PYTHONPATH``, so Python imports this module before anything e
   second exists, the thread named by the first gets an exception raised inside it (at its
   next Python instruction, wherever it is in its loop), as an error nothing catches would.
 
+- ``TEST_FAULT_PAUSE_CLAIM_OF``: a job whose id starts with this is never claimed: the
+  task thread that took its message waits (for the test to kill the worker) just before
+  the claim, so the message is delivered and unacknowledged, and its job never started.
+- ``TEST_FAULT_LOSE_COPIES``: the first this many job copies the worker sends (failover
+  requeues, hand-backs) vanish, as pushes to a primary that is then demoted would.
+
 Nothing here is a stand-in for the code under test: the worker runs as in production,
-with its clock or one of its threads broken.
+with its clock or one of its threads broken, or a message lost on its way.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 class InjectedThreadFault(RuntimeError):
@@ -49,3 +58,53 @@ if os.environ.get("TEST_FAULT_CLOCK_SKEW_S"):
     _skew_clock(float(os.environ["TEST_FAULT_CLOCK_SKEW_S"]))
 if os.environ.get("TEST_FAULT_KILL_THREAD") and os.environ.get("TEST_FAULT_KILL_WHEN"):
     _kill_thread_when(os.environ["TEST_FAULT_KILL_THREAD"], os.environ["TEST_FAULT_KILL_WHEN"])
+
+
+def _patch_when_imported(module: str, name: str, patch: Callable[[Any], None]) -> None:
+    """Apply ``patch`` to ``module`` once the process has imported it as far as ``name``."""
+    def watch() -> None:
+        while not hasattr(sys.modules.get(module), name):
+            time.sleep(0.005)
+        patch(sys.modules[module])
+
+    threading.Thread(target=watch, name="test-fault-patcher", daemon=True).start()
+
+
+def _pause_claims_of(prefix: str) -> None:
+    def patch(job_store: Any) -> None:
+        claim = job_store.JobStore.claim
+
+        def paused_claim(self: Any, job_id: str, *args: Any, **kwargs: Any) -> Any:
+            if job_id.startswith(prefix):
+                time.sleep(600)  # the test kills the worker meanwhile
+            return claim(self, job_id, *args, **kwargs)
+
+        job_store.JobStore.claim = paused_claim
+
+    _patch_when_imported("kvrelay_worker.jobs.job_store", "JobStore", patch)
+
+
+def _lose_copies(count: int) -> None:
+    lost = [0]
+    lock = threading.Lock()
+
+    def patch(app: Any) -> None:
+        send = app.send_job_copy
+
+        def lossy_send(*args: Any, **kwargs: Any) -> None:
+            with lock:
+                if lost[0] < count:
+                    lost[0] += 1
+                    print(f"test fault: lost job copy {lost[0]} of {count}", flush=True)
+                    return
+            send(*args, **kwargs)
+
+        app.send_job_copy = lossy_send
+
+    _patch_when_imported("kvrelay_worker.app", "send_job_copy", patch)
+
+
+if os.environ.get("TEST_FAULT_PAUSE_CLAIM_OF"):
+    _pause_claims_of(os.environ["TEST_FAULT_PAUSE_CLAIM_OF"])
+if os.environ.get("TEST_FAULT_LOSE_COPIES"):
+    _lose_copies(int(os.environ["TEST_FAULT_LOSE_COPIES"]))

@@ -4,7 +4,10 @@ Looks for jobs of this model whose owner stopped refreshing its lease and requeu
 (exactly one live worker wins each job), so a worker death costs about one lease period,
 not Celery's visibility timeout. A job that lost too many workers fails ``worker_lost``.
 The same watch moves the jobs waiting in dead workers' own queues (``orphan_queues``)
-onto the shared queue.
+onto the shared queue, gives back the messages dead workers took and never claimed
+(``dead_deliveries``), and pushes again the copy of a job left ``queued`` that nobody
+claimed by its due time and that waits nowhere (``queued_copies``): no job waits on a
+record nobody will touch.
 
 A lease is judged on time Redis was reachable: after any failed write of this worker
 (Redis refusing writes or failing over) the watch takes nothing over until its writes have
@@ -20,9 +23,11 @@ from collections.abc import Callable
 
 from kvrelay.protocol import ErrorCode, Failed
 from kvrelay_worker.intake.job_request import reply_to_of
+from kvrelay_worker.jobs.dead_deliveries import DeadDeliveries
 from kvrelay_worker.jobs.held_writes import until_written
 from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.jobs.orphan_queues import OrphanQueues
+from kvrelay_worker.jobs.queued_copies import has_copy
 from kvrelay_worker.periodic import Periodic
 from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.settings import WorkerSettings
@@ -43,6 +48,8 @@ class Failover:
         self.max_attempts = settings.max_attempts
         self.lease_ttl = settings.lease_ttl
         self.health = health or RedisHealth()
+        self.deliveries = DeadDeliveries(store.redis, settings, store.scripts)
+        self.model = settings.served_model
         self._thread = Periodic("kvrelay-failover", settings.watchdog_interval,
                                 self.take_over_expired, self.health)
 
@@ -67,6 +74,10 @@ class Failover:
                 log.warning("could not move dead workers' queued jobs (%s)", exc)
         if self.health.writable_for() < self.lease_ttl:
             return  # just back from an outage: owners are still taking their leases back
+        try:  # (heartbeats lapse in an outage too: judged, like leases, after it)
+            self.deliveries.sweep()
+        except Exception as exc:  # the lease takeover below must still run
+            log.warning("could not give back dead workers' unclaimed messages (%s)", exc)
         for job_id in self.store.expired_candidates():
             self._take_over(job_id)
 
@@ -78,6 +89,8 @@ class Failover:
                           self.health)
             until_written(lambda: self.store.commit_requeue(job_id, lost_run),
                           f"the requeue of job {job_id}", self.health)
+        elif status == "queued":
+            self._push_lost_copy(job_id, payload)
         elif status == "exhausted":
             log.warning("job %s lost %d workers; failing it", job_id, self.max_attempts)
             failed = Failed(
@@ -87,3 +100,15 @@ class Failover:
             # Its record already says done: this is the job's only chance of an end.
             until_written(lambda: self.store.append_unowned(job_id, failed, reply_to=reply_to),
                           f"the end of job {job_id}", self.health)
+
+    def _push_lost_copy(self, job_id: str, payload: str | None) -> None:
+        """A job left ``queued`` was not claimed by its due time: push a copy unless one
+        waits somewhere, then make it due again (a duplicate is dropped by the claim)."""
+        if payload is not None and not has_copy(self.store.redis, self.store.keys, self.model,
+                                                job_id):
+            log.warning("job %s is queued but no copy of it waits anywhere; pushing one",
+                        job_id)
+            until_written(lambda: self.requeue(job_id, payload), f"the copy of job {job_id}",
+                          self.health)
+        until_written(lambda: self.store.rearm_queued(job_id), f"the watch of job {job_id}",
+                      self.health)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvrelay import lease_scripts
+from kvrelay import event_log, lease_scripts
 from kvrelay_worker.jobs.store_calls import StoreCalls, text
 
 # ``REFRESH_LEASES``'s per-job code bits.
@@ -35,11 +35,17 @@ class LeaseOps(StoreCalls):
                                self.running_key],
                               [run or self.worker_id, job_id]))
 
+    @property
+    def claim_due_ms(self) -> int:
+        """How long after a job is set ``queued`` its copy should have been claimed: then
+        the watch looks for the copy (``lease_scripts.REARM_QUEUED``)."""
+        return self.lease_ms
+
     def release_handback(self, job_id: str, run: str = "") -> bool:
         return bool(self._one(
             lease_scripts.RELEASE_HANDBACK,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
-            [job_id, run or self.worker_id],
+            [job_id, run or self.worker_id, self.claim_due_ms],
         ))
 
     def refresh_held(self, job_ids: list[str], runs: Sequence[str] | None = None
@@ -113,5 +119,20 @@ class LeaseOps(StoreCalls):
             lease_scripts.COMMIT_REQUEUE,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
              self.keys.requeue_marker(job_id)],
-            [job_id, lost_run],
+            [job_id, lost_run, self.claim_due_ms],
         )
+
+    def rearm_queued(self, job_id: str) -> bool:
+        """A job left ``queued`` is due again later (its copy was looked for, and pushed
+        where there was none); False when it was claimed or ended meanwhile."""
+        return bool(self._one(
+            lease_scripts.REARM_QUEUED,
+            [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
+             self.keys.requeue_marker(job_id)],
+            [job_id, self.claim_due_ms],
+        ))
+
+    def picked_in_time(self, job_id: str) -> bool:
+        """Whether a dead worker took the job's message before its queue deadline
+        (``event_log.PICKED_FIELD``): its next pickup is not refused as late."""
+        return self.redis.hget(self.keys.job_record(job_id), event_log.PICKED_FIELD) is not None

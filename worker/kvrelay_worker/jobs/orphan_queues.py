@@ -12,9 +12,9 @@ kombu keeps a queue as one Redis list per priority step (``<name>\\x06\\x16<step
 plain name for 0): each moves to the same step of the shared queue, at the front (the
 end consumers pop), oldest job next, since these jobs have waited longest. A job the dead
 worker had taken but not acknowledged sits in kombu's unacked hash and is either taken
-over through its lease (failover) or, without one, restored by kombu to the dead
-worker's list after the visibility timeout: the entry is kept until then, so that late
-copy is moved too.
+over through its lease (failover) or, without one, given back by the live workers'
+watch (``dead_deliveries``); the entry is kept until kombu's visibility timeout, so that
+a late copy kombu restores to the dead worker's list is moved too.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 
-def _priority_lists(queue: str) -> list[str]:
+def priority_lists(queue: str) -> list[str]:
     """kombu's lists of one queue, one per priority step."""
     return [queue if step == 0 else f"{queue}{Channel.sep}{step}"
             for step in Channel.priority_steps]
@@ -71,8 +71,8 @@ class OrphanQueues:
     def move(self, worker_id: str, *, forget_before_ms: int = 0) -> int:
         """Move ``worker_id``'s waiting jobs to the shared queue unless it is alive."""
         pairs: list[str] = []
-        sources = _priority_lists(self.keys.worker_queue(self.model, worker_id))
-        for source, destination in zip(sources, _priority_lists(self.keys.queue(self.model)),
+        sources = priority_lists(self.keys.worker_queue(self.model, worker_id))
+        for source, destination in zip(sources, priority_lists(self.keys.queue(self.model)),
                                        strict=True):
             pairs += [source, destination]
         result = int(self.scripts.call(
