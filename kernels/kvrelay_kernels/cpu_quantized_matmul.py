@@ -13,7 +13,8 @@ output channels into cache and multiplies the whole batch by it with the float G
 Both are part of the C++ extension built on first use (``cpu_kernels/build.py``); where
 it cannot be built (no compiler), or for a layout they refuse (groups that are not
 whole 32-input blocks, int4 groups that straddle the two halves of a row), the caller
-takes the reference path.
+takes the reference path. int8 weights may have minimums (GGUF's Q5_1, Q5_K) and groups of
+16 (Q6_K: the integer kernel only without minimums; the tiles take any group).
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ INTEGER_DOT_MAX_ROWS = {8: 24, 4: 1}
 def integer_dot_serves(rows: int, weight: QuantizedWeight) -> bool:
     """Whether the integer kernel takes a product of ``rows`` rows with ``weight``."""
     k, g = weight.in_features, weight.group_size
-    return (rows <= INTEGER_DOT_MAX_ROWS[weight.bits] and g % BLOCK == 0
-            and k // BLOCK <= MAX_BLOCKS and (weight.bits == 8 or (k // 2) % BLOCK == 0))
+    # groups of 16 (GGUF's Q6_K): symmetric int8 only, two scales per activation block
+    halves = g == BLOCK // 2 and weight.bits == 8 and weight.mins is None
+    return (rows <= INTEGER_DOT_MAX_ROWS[weight.bits] and (g % BLOCK == 0 or halves)
+            and k % BLOCK == 0 and k // BLOCK <= MAX_BLOCKS
+            and (weight.bits == 8 or (k // 2) % BLOCK == 0))
 
 
 def dequantized_tiles_serve(weight: QuantizedWeight) -> bool:

@@ -3,15 +3,18 @@
 One ``[out_features, in_features]`` matrix is cut, along each row, into groups of
 ``group_size`` inputs; each group has one scale (and, for 4 bits, one minimum):
 
-- ``bits=8``: ``qweight`` int8 ``[N, K]``, ``w = q * scale`` (symmetric). Per output channel
-  is the case ``group_size == K``; GGUF's Q8_0 is ``group_size == 32``.
+- ``bits=8``: ``qweight`` int8 ``[N, K]``, ``w = q * scale`` (symmetric), or, with
+  ``mins``, ``w = q * scale + min`` (asymmetric: GGUF's Q5_1 and Q5_K, ``q`` in 0..31).
+  Per output channel is the case ``group_size == K``; GGUF's Q8_0 is ``group_size == 32``,
+  its Q6_K ``group_size == 16``.
 - ``bits=4``: ``qweight`` uint8 ``[N, K // 2]``, ``w = q * scale + min`` with ``q`` in 0..15.
   Byte ``c`` of a row holds input ``c`` in its low nibble and input ``K/2 + c`` in its high
   nibble: the two halves of the row are read with the same contiguous loads, so one mask
   and one shift of a 32-byte load unpack two blocks of 32 weights (the CPU kernels).
 
 ``scales`` and ``mins`` are ``[N, K // group_size]``, float16 or float32 (GGUF's fp16 block
-scales stay fp16, so their repack is lossless).
+scales stay fp16, so their repack is lossless; a K-quant's ``d * sub-scale`` products are
+float32, which holds them exactly).
 """
 
 from __future__ import annotations
@@ -64,12 +67,13 @@ class QuantizedWeight:
                 f"{tuple(self.qweight.shape)}"
             )
         groups = [("scales", self.scales)]
-        if self.bits == 4:
-            if self.mins is None:
-                raise KernelArgumentError("int4 weights need mins")
+        if self.bits == 4 and self.mins is None:
+            raise KernelArgumentError("int4 weights need mins")
+        if self.mins is not None:
             groups.append(("mins", self.mins))
-        elif self.mins is not None:
-            raise KernelArgumentError("int8 weights are symmetric: mins must be None")
+            if self.mins.dtype != self.scales.dtype:
+                raise KernelArgumentError(f"mins ({self.mins.dtype}) must have the scales' "
+                                          f"dtype ({self.scales.dtype})")
         for name, t in groups:
             if t.dtype not in SCALE_DTYPES or tuple(t.shape) != (n, k // g):
                 raise KernelArgumentError(

@@ -55,6 +55,14 @@ def weights(kind: str, n: int, k: int) -> QuantizedWeight:
     if kind == "int8-g64-fp16":
         qw = quantize_int8(w, 64)
         return QuantizedWeight(qw.qweight, qw.scales.half(), None, 8, 64, k)
+    if kind == "int8-g16":  # GGUF's Q6_K: two scales per activation block
+        return quantize_int8(w, 16)
+    if kind in ("int8-g32-mins-fp16", "int8-g64-mins"):  # GGUF's Q5_1 (fp16), Q5_K (fp32)
+        group = 32 if kind.endswith("fp16") else 64
+        qw = quantize_int8(w, group)
+        dtype = torch.float16 if kind.endswith("fp16") else torch.float32
+        mins = (torch.randn(n, k // group) * 0.05).to(dtype)
+        return QuantizedWeight(qw.qweight, qw.scales.to(dtype), mins, 8, group, k)
     if kind == "int4-g32":
         return quantize_int4(w, 32)
     if kind == "int4-g64-fp32":
@@ -64,7 +72,14 @@ def weights(kind: str, n: int, k: int) -> QuantizedWeight:
     raise AssertionError(kind)
 
 
-KINDS = ("int8-channel", "int8-g32", "int8-g64-fp16", "int4-g32", "int4-g64-fp32")
+def with_mins(qw: QuantizedWeight, dtype: torch.dtype) -> QuantizedWeight:
+    """``qw`` given zero minimums of ``dtype`` (unchecked: the kernel's own checks judge)."""
+    return QuantizedWeight(qw.qweight, qw.scales, torch.zeros(qw.scales.shape, dtype=dtype), 8,
+                           qw.group_size, qw.in_features)
+
+
+KINDS = ("int8-channel", "int8-g32", "int8-g64-fp16", "int8-g16", "int8-g32-mins-fp16",
+         "int8-g64-mins", "int4-g32", "int4-g64-fp32")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -108,6 +123,10 @@ def test_quantization_error_stays_near_the_weight_only_product() -> None:
 @pytest.mark.parametrize(("qw", "x", "message"), [
     (quantize_int8(torch.randn(8, 64)), torch.randn(2, 128)[:, ::2], "contiguous"),
     (quantize_int8(torch.randn(8, 96), 48), torch.randn(1, 96), "multiple of 32"),
+    (with_mins(quantize_int8(torch.randn(8, 64), 32), torch.float16), torch.randn(1, 64),
+     "mins must be shaped and typed like scales"),
+    (with_mins(quantize_int8(torch.randn(8, 64), 16), torch.float32), torch.randn(1, 64),
+     "16, for int8 without mins"),
     (quantize_int4(torch.randn(8, 96), 32), torch.randn(1, 96), "K/2 a multiple of 32"),
     (quantize_int8(torch.randn(8, 64)), torch.randn(1, 64).double(), "float32"),
     (quantize_int8(torch.randn(8, 64)), torch.randn(1, 32), "K"),

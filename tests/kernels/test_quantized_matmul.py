@@ -125,6 +125,20 @@ def test_bad_input_raises_typed_errors() -> None:
         quantized_matmul(torch.randn(1, 64), broken)
     with pytest.raises(KernelArgumentError, match="group_size"):
         quantize_int4(torch.randn(8, 96), 64)
+    int8 = quantize_int8(torch.randn(8, 64), 32)
+    with pytest.raises(KernelArgumentError, match="mins"):  # int8 mins: typed like scales
+        quantized_matmul(torch.randn(1, 64), QuantizedWeight(
+            int8.qweight, int8.scales, int8.scales.half(), 8, 32, 64))
+
+
+def test_int8_with_minimums_dequantizes_asymmetrically() -> None:
+    """int8 may carry a minimum per group (GGUF's Q5_1, Q5_K): ``w = q * scale + min``."""
+    qw = quantize_int8(torch.randn(6, 64), 16)
+    mins = torch.randn(6, 4)
+    asymmetric = QuantizedWeight(qw.qweight, qw.scales, mins, 8, 16, 64)
+    asymmetric.check()
+    expected = dequantize_weight(qw) + mins.repeat_interleave(16, dim=1)
+    assert torch.equal(dequantize_weight(asymmetric), expected)
 
 
 @pytest.mark.skipif(not cpu_quantized_matmul.load_cpu_kernels(), reason="no C++ compiler here")

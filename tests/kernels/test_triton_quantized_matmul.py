@@ -73,6 +73,30 @@ def test_split_k_matches_reference(device: str, bits: int, n: int, k: int,
                                quantized_matmul_reference(x, qw, b), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("group_size", "mins", "dtype", "m", "num_splits"), [
+    (16, False, torch.float32, 1, None),   # GGUF's Q6_K: groups of 16, per-element scales
+    (16, False, torch.float32, 5, 3),
+    (32, True, torch.float16, 3, None),    # Q5_1: int8 with float16 minimums
+    (32, True, torch.float32, 1, 3),       # Q5_K: float32 scales and minimums
+    (64, True, torch.float32, 18, None),
+])
+def test_int8_groups_of_16_and_minimums(device: str, group_size: int, mins: bool,
+                                        dtype: torch.dtype, m: int,
+                                        num_splits: int | None) -> None:
+    from kvrelay_kernels.quantized_weight import QuantizedWeight
+    from kvrelay_kernels.triton_kernels.quantized_matmul import quantized_matmul_triton
+
+    n, k = 40, 512
+    qw = quantize_int8(torch.randn(n, k), group_size)
+    minimums = (torch.randn(n, k // group_size) * 0.1).to(dtype) if mins else None
+    qw = QuantizedWeight(qw.qweight, qw.scales.to(dtype), minimums, 8, group_size, k)
+    qw = qw.to(torch.device(device))
+    x = torch.randn(m, k, device=device)
+    b = torch.randn(n, device=device)
+    torch.testing.assert_close(quantized_matmul_triton(x, qw, b, num_splits=num_splits),
+                               quantized_matmul_reference(x, qw, b), rtol=1e-4, atol=1e-4)
+
+
 def test_decode_shapes_are_split_to_fill_the_device() -> None:
     """At batch 1 a 4096-row layer is 64 output tiles: split along K to fill 132 SMs."""
     from kvrelay_kernels.triton_kernels.quantized_matmul import (

@@ -16,7 +16,8 @@
 // inference-mode output from the second thread is refused.
 //
 // Dequantization computes q * s (+ m) in float32 per group, the operations of the
-// PyTorch reference (kvrelay_kernels.reference.quantized_matmul.dequantize_weight).
+// PyTorch reference (kvrelay_kernels.reference.quantized_matmul.dequantize_weight); int8
+// takes minimums too where given (GGUF's Q5_1, Q5_K) and any group size (Q6_K's 16).
 // int4 needs each group inside one half of the row (K/2 a multiple of the group size),
 // which keeps the loops simple and vectorizable; other layouts are refused.
 
@@ -48,15 +49,24 @@ void dequantize_channels(const uint8_t* qweight, const S* scales, const S* mins,
     const uint8_t* row = qweight + ch * packed;
     float* out = tile + (ch - first) * k;
     const S* s = scales + ch * groups;
+    const S* m = mins ? mins + ch * groups : nullptr;
     if (bits == 8) {
       const int8_t* q = reinterpret_cast<const int8_t*>(row);
-      for (int64_t g = 0; g < groups; ++g) {
-        const float scale = as_float(s[g]);
-        for (int64_t i = g * group; i < (g + 1) * group; ++i) out[i] = float(q[i]) * scale;
+      if (m == nullptr) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const float scale = as_float(s[g]);
+          for (int64_t i = g * group; i < (g + 1) * group; ++i) out[i] = float(q[i]) * scale;
+        }
+        continue;
+      }
+      for (int64_t g = 0; g < groups; ++g) {  // int8 with minimums (GGUF's Q5_1, Q5_K)
+        const float scale = as_float(s[g]), minimum = as_float(m[g]);
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+          out[i] = float(q[i]) * scale + minimum;
+        }
       }
       continue;
     }
-    const S* m = mins + ch * groups;
     for (int64_t g = 0; g < groups; ++g) {
       const float scale = as_float(s[g]), minimum = as_float(m[g]);
       const int64_t start = g * group;
@@ -86,11 +96,11 @@ at::Tensor dequantized_linear(const at::Tensor& x, const at::Tensor& qweight,
   auto dequantize = [&](int64_t first, int64_t last, float* into) {
     if (scales.scalar_type() == at::kHalf) {
       dequantize_channels<c10::Half>(w, scales.data_ptr<c10::Half>(),
-                                     bits == 4 ? mins->data_ptr<c10::Half>() : nullptr, bits, k,
+                                     mins ? mins->data_ptr<c10::Half>() : nullptr, bits, k,
                                      group_size, first, last, into);
     } else {
       dequantize_channels<float>(w, scales.data_ptr<float>(),
-                                 bits == 4 ? mins->data_ptr<float>() : nullptr, bits, k,
+                                 mins ? mins->data_ptr<float>() : nullptr, bits, k,
                                  group_size, first, last, into);
     }
   };

@@ -1,7 +1,8 @@
 // The checks both quantized linear kernels make of their arguments: float32 activations
 // [M, K] and a weight in kvrelay_kernels.quantized_weight's layout (int8 [N, K] or int4
-// [N, K/2], scales and, for int4, minimums [N, K / group_size] in float32 or float16,
-// an optional float32 bias [N]). Each kernel adds what its own loops need.
+// [N, K/2], scales and minimums [N, K / group_size] in float32 or float16: minimums always
+// for int4, optional for int8; an optional float32 bias [N]). Each kernel adds what its
+// own loops need.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,10 +27,10 @@ inline void check_quantized_linear_args(const at::Tensor& x, const at::Tensor& q
               scales.size(1) == k / group_size, "scales must be [N, K / group_size]");
   TORCH_CHECK(scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf,
               "scales must be float32 or float16");
-  TORCH_CHECK(bits == 8 || (mins && mins->is_contiguous() &&
-                            mins->scalar_type() == scales.scalar_type() &&
-                            mins->sizes() == scales.sizes()),
-              "int4 needs mins shaped and typed like scales");
+  TORCH_CHECK(bits == 8 || mins.has_value(), "int4 needs mins");
+  TORCH_CHECK(!mins || (mins->is_contiguous() && mins->scalar_type() == scales.scalar_type() &&
+                        mins->sizes() == scales.sizes()),
+              "mins must be shaped and typed like scales");
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n &&
                         bias->is_contiguous()), "bias must be float32 [N]");
 }

@@ -19,10 +19,14 @@
 //
 // Layouts are kvrelay_kernels.quantized_weight's: int8 [N, K] with one scale per group of
 // G inputs (w = q * s); int4 [N, K/2] bytes, byte c holding input c (low nibble) and input
-// K/2 + c (high nibble), with a scale and a minimum per group (w = q * s + m). G must be a
-// multiple of 32 (and, for int4, K/2 too) so that each activation block lies in one group.
-// For int4, sum(w * x) over a group is s * sum(q * x) + m * sum(x): the minimum leaves the
-// inner loop and multiplies the exact float sum of the block's activations.
+// K/2 + c (high nibble), with a scale and a minimum per group (w = q * s + m); int8 may have
+// minimums too (GGUF's Q5_1 and Q5_K). G must be a multiple of 32 (and, for int4, K/2 too)
+// so that each activation block lies in one group, or 16 for symmetric int8 (GGUF's Q6_K):
+// then the block's 32 products are summed as two halves, each times its own scale (the
+// integer dot products already sum pairs into lanes, and the lanes of one half take one
+// scale). With minimums, sum(w * x) over a group is s * sum(q * x) + m * sum(x): the
+// minimum leaves the inner loop and multiplies the exact float sum of the block's
+// activations.
 //
 // Output channels are split across ATen's intra-op threads; each thread computes every
 // activation row for its channels, up to four rows per pass over a weight row, so a
@@ -124,6 +128,15 @@ inline Accumulator block_fma(Weights16 w, const int16_t* x, float scale, Accumul
   const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x));
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(scale), acc);
 }
+// The same with one scale for inputs 0..15 and another for 16..31 (groups of 16): lane i of
+// the dot product holds inputs 2i and 2i + 1, so lanes 0-7 are the first half.
+inline Accumulator block_fma_halves(Weights16 w, const int16_t* x, float scale_low,
+                                    float scale_high, Accumulator acc) {
+  const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x));
+  const __m512 scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(scale_low),
+                                            _mm512_set1_ps(scale_high));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+}
 inline float accumulator_sum(Accumulator acc) { return _mm512_reduce_add_ps(acc); }
 #elif defined(__AVX2__)
 struct Weights16 {
@@ -151,6 +164,15 @@ inline Accumulator block_fma(const Weights16& w, const int16_t* x, float scale,
   const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w.first, _mm256_loadu_si256(xv)),
                                        _mm256_madd_epi16(w.second, _mm256_loadu_si256(xv + 1)));
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc);
+}
+// Groups of 16: the first register holds inputs 0..15, the second 16..31.
+inline Accumulator block_fma_halves(const Weights16& w, const int16_t* x, float scale_low,
+                                    float scale_high, Accumulator acc) {
+  const __m256i* xv = reinterpret_cast<const __m256i*>(x);
+  const __m256i low = _mm256_madd_epi16(w.first, _mm256_loadu_si256(xv));
+  const __m256i high = _mm256_madd_epi16(w.second, _mm256_loadu_si256(xv + 1));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(scale_low), acc);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_set1_ps(scale_high), acc);
 }
 inline float accumulator_sum(Accumulator v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -181,6 +203,13 @@ inline Accumulator block_fma(const Weights16& w, const int16_t* x, float scale,
   for (int64_t i = 0; i < kBlock; ++i) dot += int32_t(w.v[i]) * int32_t(x[i]);
   return acc + float(dot) * scale;
 }
+inline Accumulator block_fma_halves(const Weights16& w, const int16_t* x, float scale_low,
+                                    float scale_high, Accumulator acc) {
+  int32_t low = 0, high = 0;
+  for (int64_t i = 0; i < kBlock / 2; ++i) low += int32_t(w.v[i]) * int32_t(x[i]);
+  for (int64_t i = kBlock / 2; i < kBlock; ++i) high += int32_t(w.v[i]) * int32_t(x[i]);
+  return acc + float(low) * scale_low + float(high) * scale_high;
+}
 inline float accumulator_sum(Accumulator acc) { return acc; }
 #endif
 
@@ -208,6 +237,38 @@ void int8_row(const int8_t* w, const float* scales, const Activations& a, int64_
     }
   }
   for (int r = 0; r < R; ++r) out[r] = accumulator_sum(acc[r]);
+}
+
+// int8 weights in groups of 16 (GGUF's Q6_K): two scales per activation block.
+template <int R>
+void int8_row_halves(const int8_t* w, const float* half_scales, const Activations& a,
+                     int64_t first, float* out) {
+  const int64_t blocks = a.k / kBlock;
+  Accumulator acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = zero_accumulator();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const Weights16 wv = widen_int8(w + b * kBlock);
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = first + r;
+      const float d = a.d[row * blocks + b];
+      acc[r] = block_fma_halves(wv, a.q + row * a.k + b * kBlock, half_scales[2 * b] * d,
+                                half_scales[2 * b + 1] * d, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = accumulator_sum(acc[r]);
+}
+
+// Adds sum over blocks of min * sum(x) to R outputs (int8 weights with minimums).
+template <int R>
+void add_min_terms(const float* mins, const Activations& a, int64_t first, float* out) {
+  const int64_t blocks = a.k / kBlock;
+  for (int r = 0; r < R; ++r) {
+    const float* sums = a.sums + (first + r) * blocks;
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t b = 0; b < blocks; ++b) total += mins[b] * sums[b];
+    out[r] += total;
+  }
 }
 
 // The same for int4 weights with minimums (the row-halves nibble packing).
@@ -260,25 +321,33 @@ void run_rows(const at::Tensor& qweight, const at::Tensor& scales,
               const Activations& a, int64_t m, const float* bias, float* out) {
   const int64_t n = qweight.size(0), packed = qweight.size(1);
   const S* s = scales.data_ptr<S>();
-  const S* mn = bits == 4 ? mins->data_ptr<S>() : nullptr;
+  const S* mn = mins ? mins->data_ptr<S>() : nullptr;
   const int64_t groups = scales.size(1);
   const uint8_t* w = static_cast<const uint8_t*>(qweight.data_ptr());
   // Enough channels per task that a task streams a few KiB of weights.
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(packed, 1));
-  const int64_t blocks = a.k / kBlock, per_group = group / kBlock;
+  // Groups of 16 keep one scale per half block: per_group 1 copies them as they are.
+  const bool halves = group < kBlock;
+  const int64_t per_group = halves ? 1 : group / kBlock;
   at::parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
     float values[kRowsPerPass];
-    float block_scales[kMaxBlocks], block_mins[kMaxBlocks];
+    float block_scales[2 * kMaxBlocks], block_mins[kMaxBlocks];
     for (int64_t ch = lo; ch < hi; ++ch) {
       const uint8_t* row = w + ch * packed;
       expand_per_block(s + ch * groups, groups, per_group, block_scales);
-      if (bits == 4) expand_per_block(mn + ch * groups, groups, per_group, block_mins);
+      if (mn) expand_per_block(mn + ch * groups, groups, per_group, block_mins);
       for (int64_t first = 0; first < m; first += kRowsPerPass) {
         const int64_t rows = std::min(kRowsPerPass, m - first);
-        if (bits == 8) {
+        if (bits == 8 && halves) {
+          dot_rows(rows, [&](auto r) {
+            int8_row_halves<decltype(r)::value>(reinterpret_cast<const int8_t*>(row),
+                                                block_scales, a, first, values);
+          });
+        } else if (bits == 8) {
           dot_rows(rows, [&](auto r) {
             int8_row<decltype(r)::value>(reinterpret_cast<const int8_t*>(row), block_scales,
                                          a, first, values);
+            if (mn) add_min_terms<decltype(r)::value>(block_mins, a, first, values);
           });
         } else {
           dot_rows(rows, [&](auto r) {
@@ -299,7 +368,9 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& qweight,
                             const c10::optional<at::Tensor>& bias) {
   kvrelay_cpu::check_quantized_linear_args(x, qweight, scales, mins, bits, group_size, bias);
   const int64_t m = x.size(0), k = x.size(1), n = qweight.size(0);
-  TORCH_CHECK(group_size % kBlock == 0, "group_size must be a multiple of 32 that divides K");
+  TORCH_CHECK(group_size % kBlock == 0 || (group_size == kBlock / 2 && bits == 8 && !mins),
+              "group_size must be a multiple of 32 that divides K (or 16, for int8 without "
+              "mins)");
   TORCH_CHECK(bits == 8 || (k / 2) % kBlock == 0, "int4 needs K/2 a multiple of 32");
   TORCH_CHECK(k / kBlock <= kMaxBlocks, "K must be at most ", kMaxBlocks * kBlock);
 
