@@ -1,4 +1,6 @@
-"""GGUF models kept quantized: lossless repack of Q8_0/Q4_0/Q4_1 and the engine on it."""
+"""GGUF models kept quantized: lossless repack of Q8_0/Q4_0/Q4_1 and the engine on it.
+
+(Q5_0, Q5_1 and the K-quants: ``test_gguf_kquants_kept.py``.)"""
 
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def test_repack_dequantizes_to_the_gguf_bits(qtype: gguf.GGMLQuantizationType) -
 
 
 def test_types_without_a_lossless_repack_say_so() -> None:
-    assert repack_blocks(np.zeros((2, 144), np.uint8), Q.Q4_K, 256) is None
+    assert repack_blocks(np.zeros((2, 110), np.uint8), Q.Q3_K, 256) is None
 
 
 @pytest.fixture(scope="module")

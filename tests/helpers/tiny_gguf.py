@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -86,10 +87,14 @@ def write_gguf_from_hf(
     dest: Path,
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
     architecture: str | None = None,
+    encode: Callable[[str, np.ndarray], tuple[np.ndarray, gguf.GGMLQuantizationType] | None]
+    | None = None,
 ) -> Path:
     """Convert ``hf_folder`` (a tiny model built with the tiny vocabulary) into ``dest``.
 
     2-D weights are stored as ``qtype``; norms and biases stay F32 as llama.cpp keeps them.
+    ``encode(gguf name, float values)`` may instead give a 2-D tensor's stored bytes and
+    type (types ``gguf.quants.quantize`` cannot make), or None for the default.
     """
     config = json.loads((hf_folder / "config.json").read_text())
     arch = architecture or {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[
@@ -135,7 +140,10 @@ def write_gguf_from_hf(
         elif arch == "llama" and ".self_attn.k_proj." in hf_name:
             tensor = llama_cpp_permute(tensor, kv_heads)
         array = tensor.numpy()
-        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        encoded = encode(_gguf_name(hf_name), array) if encode and array.ndim == 2 else None
+        if encoded is not None:
+            writer.add_tensor(_gguf_name(hf_name), encoded[0], raw_dtype=encoded[1])
+        elif array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(
                 _gguf_name(hf_name), gguf.quants.quantize(array, qtype), raw_dtype=qtype
             )

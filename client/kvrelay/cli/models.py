@@ -76,7 +76,8 @@ def _storage_json(path: Path | None) -> dict[str, object]:
         return {}
     return {"stored_format": stored.format, "file_tensor_bytes": stored.file_tensor_bytes,
             "resident_weight_bytes": {"none": stored.float32_bytes,
-                                      "gguf": stored.kept_quantized_bytes}}
+                                      "gguf": stored.kept_quantized_bytes},
+            "requantized_types": stored.requantized_types}
 
 
 def _storage_line(path: Path | None) -> str:
@@ -84,10 +85,12 @@ def _storage_line(path: Path | None) -> str:
     stored = _storage(path)
     if stored is None:
         return ""
+    requantized = stored.requantized_types
+    kept = ("; " + ", ".join(requantized) + " requantized, not bit-exact") if requantized else ""
     return (f"stored: {stored.format}, {stored.file_tensor_bytes / 1e6:.0f} MB; resident "
             f"weights {stored.float32_bytes / 1e6:.0f} MB as float32, "
             f"{stored.kept_quantized_bytes / 1e6:.0f} MB kept quantized "
-            "(KVRELAY_QUANTIZATION=gguf)")
+            f"(KVRELAY_QUANTIZATION=gguf{kept})")
 
 
 def list_families() -> None:

@@ -3,14 +3,15 @@
 The float path converts a GGUF once into float32 safetensors (``model_cache``): SmolLM2's
 93 MB Q4_1 file becomes 538 MB of weights. With ``quantization="gguf"`` the engine instead
 reads the quantized tensors from the GGUF file itself at load (memory-mapped: no second
-copy on disk) and repacks Q8_0/Q4_0/Q4_1 blocks losslessly (``gguf_blocks``); norms and
-biases, stored float, are loaded as usual. Config and tokenizer still come from the
+copy on disk) and repacks Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks losslessly
+(``gguf_blocks``; other quantized types are requantized, and ``formats`` says which);
+norms and biases, stored float, are loaded as usual. Config and tokenizer still come from the
 prepared cache folder, so ``kvrelay models prepare`` and the float path are unchanged.
 
 Fused projections (q/k/v, gate/up) concatenate their shards' rows, which needs the shards
-in one format: files that mix formats within one fused layer (a Q6_K ``attn_v`` beside
-Q4_K ``attn_q``, as ``Q4_K_M`` files do) get that layer requantized from float, in the
-format of its first shard. llama.cpp's q/k row permutation is undone on the packed rows.
+in one layout: files that mix types within one fused layer (a Q6_K ``attn_v`` beside
+Q4_K ``attn_q``, as ``Q4_K_M`` files do in some layers) get that layer requantized from
+float, in the format of its first shard (the load log warns). llama.cpp's q/k row permutation is undone on the packed rows.
 """
 
 from __future__ import annotations

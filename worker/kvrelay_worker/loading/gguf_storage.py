@@ -2,8 +2,9 @@
 
 ``kvrelay models`` prints it: the tensor types, their bytes in the file, and the resident
 weight bytes when the file is dequantised to float32 (``quantization="none"``) or kept
-quantized (``quantization="gguf"``: Q8_0/Q4_1 as stored, Q4_0 plus a float16 minimum per
-block of 32, float tensors as float32, other types requantized to int4 or int8).
+quantized (``quantization="gguf"``: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
+repacked losslessly in ``gguf_blocks.KEPT_LAYOUTS``' layouts, float tensors as float32,
+other types requantized to int4 or int8, which ``requantized_types`` names).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from kvrelay_worker.loading.gguf_blocks import FLOAT_TYPES, FOUR_BIT_TYPES, LOSSLESS_TYPES
+from kvrelay_worker.loading.gguf_blocks import (
+    FLOAT_TYPES,
+    FOUR_BIT_TYPES,
+    LOSSLESS_TYPES,
+    kept_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,12 @@ class GGUFStorage:
                                                             key=lambda kv: -kv[1]))
         return f"GGUF {main} ({listing} tensors)"
 
+    @property
+    def requantized_types(self) -> list[str]:
+        """Quantized types kept only after a second rounding (no lossless repack)."""
+        return sorted(k for k in self.tensor_types
+                      if k not in FLOAT_TYPES and k not in LOSSLESS_TYPES)
+
 
 def gguf_storage(path: Path) -> GGUFStorage:
     reader = GGUFReader(path)
@@ -44,11 +56,13 @@ def gguf_storage(path: Path) -> GGUFStorage:
         numel = int(math.prod(int(d) for d in tensor.shape))
         types[kind] += 1
         file_bytes += int(tensor.n_bytes)
+        if tensor.name == "rope_freqs.weight":  # Llama 3's divisors: become rotary tables
+            continue
         float32 += 4 * numel
         if kind in FLOAT_TYPES:
             kept += 4 * numel
         elif kind in LOSSLESS_TYPES:
-            kept += int(tensor.n_bytes) + (numel // 32 * 2 if kind == "Q4_0" else 0)
+            kept += kept_bytes(kind, numel)
         elif kind in FOUR_BIT_TYPES:
             kept += numel // 2 + numel // 32 * 4
         else:
