@@ -13,7 +13,7 @@ activations to int16 per block of 32, to that rounding (computed here exactly, a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gguf
@@ -209,21 +209,36 @@ def _tensor_type(name: str) -> gguf.GGMLQuantizationType:
     return LAYER_TYPES[int(layer)][kind]
 
 
-@pytest.fixture(scope="module")
-def mixed_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Llama (q/k rows permuted in the file, untied LM head) with every matrix in one of
-    the five types; K-quant tensors are random blocks, Q5_x ones quantize the model."""
-    root = tmp_path_factory.mktemp("kquant-gguf")
+def write_typed_gguf(root: Path, tensor_type: Callable[[str], gguf.GGMLQuantizationType]
+                     ) -> Path:
+    """A Llama (q/k rows permuted in the file, untied LM head) with each matrix of the type
+    ``tensor_type(gguf name)``; K-quant tensors are random blocks, Q5_x ones quantize the
+    model's weights."""
     folder = build_tiny_model("llama3-rope", root / "model", vocab_size=TINY_VOCAB_SIZE)
     rng = np.random.default_rng(8)
 
     def encode(name: str, values: np.ndarray) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
-        qtype = _tensor_type(name)
+        qtype = tensor_type(name)
         if qtype in K_QUANTS:
             return k_quant_blocks(qtype, values.shape[0], values.shape[1], rng), qtype
         return gguf.quants.quantize(values, qtype), qtype
 
-    return write_gguf_from_hf(folder, root / "mixed.gguf", encode=encode)
+    return write_gguf_from_hf(folder, root / "typed.gguf", encode=encode)
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_typed_gguf(tmp_path_factory.mktemp("kquant-gguf"), _tensor_type)
+
+
+def loaded_formats(path: Path, caplog: pytest.LogCaptureFixture) -> tuple[LLM, str]:
+    """The model kept quantized, and its load log line naming each type's fate."""
+    with caplog.at_level(logging.INFO, logger="kvrelay_worker.engine.engine_model"):
+        llm = LLM(str(path), device="cpu", dtype="float32", num_kv_blocks=8, max_num_seqs=2,
+                  enable_prefix_caching=False, quantization="gguf")
+    loaded = [r.getMessage() for r in caplog.records if "kept from GGUF" in r.getMessage()]
+    assert len(loaded) == 1
+    return llm, loaded[0]
 
 
 def test_kept_k_quants_load_and_match_the_dequantised_model(
@@ -235,17 +250,11 @@ def test_kept_k_quants_load_and_match_the_dequantised_model(
     monkeypatch.setenv(cache_layout.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
 
-    def make(quantization: str) -> LLM:
-        return LLM(str(mixed_gguf), device="cpu", dtype="float32", num_kv_blocks=8,
-                   max_num_seqs=2, enable_prefix_caching=False, quantization=quantization)
-
-    with caplog.at_level(logging.INFO, logger="kvrelay_worker.engine.engine_model"):
-        kept = make("gguf")
-    loaded = [r.getMessage() for r in caplog.records if "kept from GGUF" in r.getMessage()]
-    assert len(loaded) == 1
-    assert "repacked" in loaded[0]
-    assert "requantized" not in loaded[0]
-    dequantised = make("none")
+    kept, log_line = loaded_formats(mixed_gguf, caplog)
+    assert "repacked" in log_line
+    assert "requantized" not in log_line
+    dequantised = LLM(str(mixed_gguf), device="cpu", dtype="float32", num_kv_blocks=8,
+                      max_num_seqs=2, enable_prefix_caching=False, quantization="none")
     model = kept.engine.model
     matrices = [model.get_submodule(f"layers.{i}.{path}") for i in range(2)
                 for path in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
@@ -287,3 +296,18 @@ def test_storage_report_names_the_requantized_types(tmp_path: Path) -> None:
     assert storage.kept_quantized_bytes == 1024 // 2 + 1024 // 32 * 4 + kept_bytes("Q4_K", 1024)
     assert "Q3_K requantized, not bit-exact" in _storage_line(path)
     assert _storage_json(path)["requantized_types"] == ["Q3_K"]
+
+
+def test_a_fused_layer_of_mixed_types_is_reported_requantized(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A Q4_K_M file's Q6_K ``attn_v`` beside Q4_K ``attn_q``/``attn_k``: q/k/v cannot be
+    one kept matrix, so the layer is requantized, and the load log says so."""
+    monkeypatch.setenv(cache_layout.CACHE_DIR_ENV, str(tmp_path / "cache"))
+
+    def tensor_type(name: str) -> gguf.GGMLQuantizationType:
+        return Q.Q6_K if name.endswith(("attn_v.weight", "attn_output.weight")) else Q.Q4_K
+
+    _, log_line = loaded_formats(write_typed_gguf(tmp_path, tensor_type), caplog)
+    assert ("8 Q4_K repacked, 4 Q4_K requantized (fused with another type), "
+            "2 Q6_K repacked, 2 Q6_K requantized (fused with another type)") in log_line

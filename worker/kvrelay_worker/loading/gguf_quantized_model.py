@@ -42,7 +42,7 @@ class StoredFormat:
     """How one matrix came out of the file: repacked losslessly, requantized, or float."""
 
     gguf_type: str
-    how: str  # "repacked", "requantized" or "float"
+    how: str  # "repacked", "requantized", "requantized (fused with another type)", "float"
 
 
 def _module_path(spec: GGUFTensorSpec) -> tuple[str, int | None] | None:
@@ -148,6 +148,11 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
                           if isinstance(value, torch.Tensor))
             continue
         matrix = _fused([value for _, value in ordered], path)
+        quantized_parts = [value for _, value in ordered if isinstance(value, QuantizedWeight)]
+        if len(quantized_parts) < len(ordered) or not _same_format(quantized_parts):
+            for name, _ in ordered:  # shards of mixed formats: the layer was requantized
+                if name in loader.formats and loader.formats[name].how == "repacked":
+                    loader.formats[name].how = "requantized (fused with another type)"
         assert isinstance(matrix, QuantizedWeight)
         quantized[path] = matrix
     with torch.device("meta"):
