@@ -311,3 +311,28 @@ def test_a_fused_layer_of_mixed_types_is_reported_requantized(
     _, log_line = loaded_formats(write_typed_gguf(tmp_path, tensor_type), caplog)
     assert ("8 Q4_K repacked, 4 Q4_K requantized (fused with another type), "
             "2 Q6_K repacked, 2 Q6_K requantized (fused with another type)") in log_line
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu-tiles", "triton"])
+@pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda t: t.name)
+def test_products_with_the_identity_give_the_gguf_bits(qtype: gguf.GGMLQuantizationType,
+                                                       backend: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``I @ W.T`` is ``W.T`` exactly when a backend dequantizes to the oracle's bits (every
+    other term of each sum is an exact zero): the dequantizing backends do. 48 rows take
+    the CPU tiles, all K rows its whole-matrix path."""
+    if backend == "cpu-tiles" and not load_cpu_kernels():
+        pytest.skip("no C++ compiler here")
+    monkeypatch.setenv("KVRELAY_KERNELS", "triton" if backend == "triton" else "reference")
+    blocks = stored_blocks(qtype, 10, rows=16, k=256)
+    weight = repacked(blocks, qtype, 256)
+    expected = oracle(blocks, qtype).T
+    for rows in (48, 256):
+        x = torch.eye(256)[:rows]
+        if backend == "cpu-tiles":
+            got = torch.ops.kvrelay_cpu.dequantized_linear(x, weight.qweight, weight.scales,
+                                                           weight.mins, weight.bits,
+                                                           weight.group_size, None)
+        else:
+            got = quantized_matmul(x, weight)
+        assert torch.equal(got, expected[:rows])
