@@ -14,7 +14,8 @@ group is a multiple of ``BLOCK_K`` and, for int4, ``K/2`` is a multiple of the g
 tile's scales (and minimums) are one vector over its ``BLOCK_N`` outputs, applied to the
 product: ``x @ (q * s + m) = s * (x @ q) + m * sum(x)``; ``q`` is exact in the
 activations' dtype. Otherwise (odd shapes) each weight element is scaled before the
-product, its group found per input.
+product, its group found per input. int8 may carry minimums as int4 does (GGUF's Q5_1 and
+Q5_K); groups of 16 (Q6_K) are narrower than a K tile, so they take the per-element path.
 
 Split-K: with few rows (decode batches) the output tiles alone do not fill the device
 (N = 4096 is 64 programs), so the columns are split among ``num_splits`` programs per
