@@ -30,6 +30,7 @@ from kvrelay_worker.loading.hf_folder import (
     read_hf_config,
 )
 from kvrelay_worker.loading.model_cache import prepare_model
+from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
 from kvrelay_worker.loading.tokenizer import load_tokenizer
 from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
 from kvrelay_worker.models.families import family_of
@@ -225,6 +226,23 @@ def test_mixture_of_experts_switches() -> None:
     assert (qwen.num_experts, qwen.moe_intermediate_size) == (16, 64)
 
 
+def _ct_config(input_activations: dict | None = None, **weights: object) -> dict:
+    """A compressed-tensors ``quantization_config`` as llmcompressor writes it (W8A16)."""
+    args = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True,
+            "group_size": None, "dynamic": False, "actorder": None, **weights}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "quantization_status": "compressed", "sparsity_config": {},
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": args,
+                                          "input_activations": input_activations,
+                                          "format": "pack-quantized"}}}
+
+
+def test_a_compressed_tensors_w8a16_config_is_kept() -> None:
+    config = config_from_hf_dict(llama_dict(quantization_config=_ct_config()))
+    scheme = config.extra[PREQUANTIZED_KEY]
+    assert (scheme.bits, scheme.symmetric, scheme.group_size) == (8, True, None)
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
@@ -235,6 +253,12 @@ def test_mixture_of_experts_switches() -> None:
          "bidirectional"),
         ({"hidden_act": "gelu"}, "gelu"),
         ({"quantization_config": {"quant_method": "awq"}}, "awq"),
+        ({"quantization_config": _ct_config(type="float")}, "float weights"),
+        ({"quantization_config": _ct_config(symmetric=False)}, "asymmetric int8"),
+        ({"quantization_config": _ct_config(input_activations={"num_bits": 8})},
+         "quantizes activations"),
+        ({"quantization_config": _ct_config(strategy="block")}, "'block' strategy"),
+        ({"quantization_config": _ct_config(num_bits=2)}, "2-bit"),
         ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial"),
     ],
 )

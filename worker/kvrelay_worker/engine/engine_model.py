@@ -16,6 +16,7 @@ from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.kv.max_model_len import default_max_len
 from kvrelay_worker.engine.spec.draft_model import split_draft_quantization
+from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
@@ -48,6 +49,8 @@ def resolve_quantization(config: EngineConfig, source_kind: str) -> str:
 def build_model_for(config: EngineConfig, files: LoadedModelFiles, max_len: int) -> CausalLM:
     """The model with float weights, or quantized as ``config.quantization`` says."""
     method = resolve_quantization(config, files.source.kind)
+    if PREQUANTIZED_KEY in files.config.extra:
+        return _build_prequantized_model(config, files, max_len, method)
     if method == "gguf":
         return _build_gguf_model(config, files, max_len)
     model = build_model(files.config, files.weights(), config.torch_dtype,
@@ -77,6 +80,25 @@ def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
         counts[key] = counts.get(key, 0) + 1
     log.info("model weights: %.1f MiB kept from GGUF (%s)", weight_bytes(model) / 2**20,
              ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    return model
+
+
+def _build_prequantized_model(config: EngineConfig, files: LoadedModelFiles, max_len: int,
+                              method: str) -> CausalLM:
+    """A published quantized checkpoint (compressed-tensors), its integer weights kept."""
+    from kvrelay_worker.loading.prequantized_model import build_prequantized_model
+
+    scheme = files.config.extra[PREQUANTIZED_KEY]
+    if method != "none":
+        raise EngineConfigError(
+            f"{files.name!r} is already quantized ({scheme.describe()}) and is served as "
+            f"stored; quantization={method!r} applies to float checkpoints only: use "
+            "'none' or 'auto'"
+        )
+    model = build_prequantized_model(files.path, config.torch_dtype, config.torch_device,
+                                     max_len, files.config)
+    log.info("model weights: %.1f MiB kept from compressed-tensors (%s)",
+             weight_bytes(model) / 2**20, scheme.describe())
     return model
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY, checkpoint_scheme
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.families import family_of_hf_config
 from kvrelay_worker.models.family import rope_from_hf
@@ -61,12 +62,10 @@ def config_from_hf_dict(raw: Mapping[str, Any], source: str = "config.json") -> 
     """
     family = family_of_hf_config(list(raw.get("architectures") or []), raw.get("model_type"),
                                  source)
+    scheme = None
     if raw.get("quantization_config"):
-        method = raw["quantization_config"].get("quant_method", "?")
-        raise UnsupportedModelError(
-            f"{source}: pre-quantized checkpoints ({method}) are not supported; "
-            "use float16/bfloat16/float32 safetensors or a GGUF file"
-        )
+        # refuses what cannot be kept quantized (prequantized_config's docstring says what)
+        scheme = checkpoint_scheme(raw["quantization_config"], source)
     hidden = _required_int(raw, "hidden_size", source)
     heads = _required_int(raw, "num_attention_heads", source)
     layers = _required_int(raw, "num_hidden_layers", source)
@@ -78,6 +77,8 @@ def config_from_hf_dict(raw: Mapping[str, Any], source: str = "config.json") -> 
     declared_dtype = raw.get("dtype") or raw.get("torch_dtype")
     if declared_dtype is not None:
         extra["dtype"] = str(declared_dtype)
+    if scheme is not None:
+        extra[PREQUANTIZED_KEY] = scheme
     fields: dict[str, Any] = {
         "vocab_size": _required_int(raw, "vocab_size", source),
         "hidden_size": hidden,

@@ -1,0 +1,119 @@
+"""A published quantized checkpoint's ``quantization_config``: what we keep, what we refuse.
+
+Hugging Face folders written by ``llmcompressor`` carry ``quant_method:
+"compressed-tensors"`` and one or more ``config_groups``, each a scheme for the layers it
+targets. The engine keeps, quantized as stored, the weight-only integer schemes that map
+exactly onto ``kvrelay_kernels.quantized_weight``'s layout (``prequantized_model`` repacks
+them at load):
+
+- int4, symmetric or asymmetric (zero points), per group or per output channel;
+- int8 symmetric, per group or per output channel;
+
+in the ``pack-quantized`` format (values packed into int32) or ``naive-quantized`` (one
+int8 per value). Everything else is refused with ``UnsupportedModelError`` saying so:
+asymmetric int8 (the layout has no int8 minimum), floating-point weights (FP8, NVFP4,
+MXFP4), quantized activations (W8A8, W4A8), block or tensor-group strategies, sparsity,
+transforms, a quantized KV cache, and other methods (GPTQ, AWQ, bitsandbytes, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvrelay_worker.models.errors import UnsupportedModelError
+
+COMPRESSED_TENSORS = "compressed-tensors"
+# ``ModelConfig.extra`` key of a pre-quantized checkpoint's ``WeightScheme``.
+PREQUANTIZED_KEY = "prequantized"
+SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized")
+SUPPORTED = ("compressed-tensors (llmcompressor) weight-only int4 (symmetric or asymmetric) "
+             "and symmetric int8, per group or per channel, pack-quantized or naive-quantized")
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    """One weight-only integer scheme of a compressed-tensors checkpoint."""
+
+    bits: int
+    symmetric: bool
+    group_size: int | None  # None: one scale per output channel
+    format: str
+
+    def describe(self) -> str:
+        kind = "symmetric" if self.symmetric else "asymmetric"
+        groups = "per channel" if self.group_size is None else f"groups of {self.group_size}"
+        return f"int{self.bits} {kind}, {groups} ({self.format})"
+
+
+def _refuse(source: str, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{source}: {why}; supported pre-quantized checkpoints: "
+                                 f"{SUPPORTED}")
+
+
+def checkpoint_scheme(quantization: Mapping[str, Any], source: str) -> WeightScheme:
+    """The one weight scheme ``quantization`` (a ``quantization_config``) applies, or raise."""
+    method = quantization.get("quant_method", "?")
+    if method != COMPRESSED_TENSORS:
+        raise _refuse(source, f"pre-quantized checkpoints of method {method!r} are not "
+                              "supported (use float16/bfloat16/float32 safetensors or a GGUF "
+                              "file)")
+    for key in ("sparsity_config", "transform_config"):
+        if quantization.get(key):
+            raise _refuse(source, f"compressed-tensors {key.removesuffix('_config')} is not "
+                                  "supported")
+    if quantization.get("kv_cache_scheme"):
+        raise _refuse(source, "a quantized KV cache scheme is not supported")
+    status = quantization.get("quantization_status", "compressed")
+    if status != "compressed":
+        raise _refuse(source, f"quantization_status {status!r} (only saved-compressed "
+                              "checkpoints are read)")
+    groups = quantization.get("config_groups") or {}
+    if not groups:
+        raise _refuse(source, "compressed-tensors config without config_groups")
+    schemes = {_group_scheme(name, group, quantization.get("format"), source)
+               for name, group in groups.items()}
+    if len(schemes) != 1:
+        raise _refuse(source, "several weight schemes in one checkpoint "
+                              f"({'; '.join(sorted(s.describe() for s in schemes))})")
+    return schemes.pop()
+
+
+def _group_scheme(name: str, group: Mapping[str, Any], default_format: Any,
+                  source: str) -> WeightScheme:
+    where = f"config group {name!r}"
+    if group.get("input_activations") or group.get("output_activations"):
+        raise _refuse(source, f"{where} quantizes activations (only weight-only schemes such "
+                              "as W4A16/W8A16 are kept)")
+    weights = group.get("weights")
+    if not weights:
+        raise _refuse(source, f"{where} has no weight scheme")
+    fmt = str(group.get("format") or default_format or "?")
+    kind = weights.get("type", "int")
+    bits = int(weights.get("num_bits") or 0)
+    if kind != "int":
+        raise _refuse(source, f"{where} has {kind} weights ({bits}-bit floats such as FP8 "
+                              "have no kernel here)")
+    if fmt not in SUPPORTED_FORMATS:
+        raise _refuse(source, f"{where} is in format {fmt!r}")
+    symmetric = bool(weights.get("symmetric", True))
+    if bits not in (4, 8):
+        raise _refuse(source, f"{where} has {bits}-bit weights")
+    if bits == 8 and not symmetric:
+        raise _refuse(source, f"{where} has asymmetric int8 weights (the int8 layout has no "
+                              "zero point)")
+    strategy = weights.get("strategy")
+    if weights.get("actorder") not in (None, "static", "weight"):
+        raise _refuse(source, f"{where} has activation-ordered groups "
+                              f"(actorder={weights.get('actorder')!r})")
+    if weights.get("dynamic"):
+        raise _refuse(source, f"{where} has dynamic weight quantization")
+    if strategy == "channel":
+        return WeightScheme(bits, symmetric, None, fmt)
+    if strategy == "group":
+        size = int(weights.get("group_size") or 0)
+        if size < 1:
+            raise _refuse(source, f"{where} has group strategy without a group_size")
+        return WeightScheme(bits, symmetric, size, fmt)
+    raise _refuse(source, f"{where} has the {strategy!r} strategy")

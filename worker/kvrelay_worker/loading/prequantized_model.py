@@ -1,0 +1,202 @@
+"""Build a decoder from a compressed-tensors checkpoint, its integer weights kept quantized.
+
+``prequantized_config`` decides which schemes are kept; here each quantized layer's tensors
+(``compressed_tensors``' compressors write them) are repacked, exactly, into
+``kvrelay_kernels.quantized_weight``'s layout:
+
+- ``pack-quantized``: ``weight_packed`` int32 ``[N, ceil(K * bits / 32)]``, value ``i`` of a
+  row in word ``i * bits // 32`` at bit ``i * bits % 32``, stored plus ``2**(bits-1)``
+  (``u = q + 8`` for int4, ``q + 128`` for int8); ``weight_shape`` ``[N, K]``.
+  ``naive-quantized``: ``weight`` int8 ``[N, K]``, the signed ``q`` itself.
+- ``weight_scale`` ``[N, groups]`` (one column per channel), ``weight_zero_point`` (asymmetric
+  only) signed, packed like the values but along the output dimension.
+- ``w = (q - zp) * scale`` (``compressed_tensors...forward.dequantize``). For int4 with
+  ``u = q + 8`` in 0..15 that is ``u * scale + min`` with ``min = -(zp + 8) * scale``
+  (``-8 * scale`` when symmetric): the layout's int4 with minimums. int8 symmetric is
+  ``q * scale``: the layout's int8.
+
+Groups: a stored group of ``G`` inputs whose ``K`` is not a multiple of it (llmcompressor's
+default 128 on SmolLM2's 576) ends with a partial group. Our groups must divide ``K`` (and,
+for the CPU kernels' int4 tiles, ``K / 2``), so each stored scale is repeated over the
+smaller groups that tile it: ``g = gcd(G, K / 2)`` for int4, ``gcd(G, K)`` for int8 — the
+same values at the same inputs, and no dequantisation. Scales stay float32 (or float16);
+bfloat16 scales become float32 (exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kvrelay_kernels.quantized_weight import QuantizedWeight, pack_int4
+from kvrelay_worker.loading.hf_folder import iter_safetensors_weights, read_hf_config
+from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY, WeightScheme
+from kvrelay_worker.models.allocate import allocate
+from kvrelay_worker.models.decoder import CausalLM, weight_target
+from kvrelay_worker.models.errors import UnsupportedModelError
+from kvrelay_worker.models.families import family_of
+from kvrelay_worker.models.model_config import ModelConfig
+from kvrelay_worker.models.quantized_linear import QuantizedLinear
+
+_PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
+          "weight_g_idx")
+_FUSED_SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """``[R, words]`` int32 -> ``[R, count]`` int32 stored values (still offset), along rows."""
+    per_word = 32 // bits
+    shifts = torch.arange(per_word, dtype=torch.int32) * bits
+    values = (packed.to(torch.int32)[..., None] >> shifts) & ((1 << bits) - 1)
+    return values.reshape(packed.shape[0], -1)[:, :count]
+
+
+def _layout_group(stored: int, in_features: int, bits: int) -> int:
+    return math.gcd(stored, in_features // 2 if bits == 4 else in_features)
+
+
+def _spread(per_group: torch.Tensor, stored: int, group: int, in_features: int) -> torch.Tensor:
+    """``[N, ceil(K / stored)]`` per stored group -> ``[N, K / group]`` per layout group."""
+    repeated = per_group.repeat_interleave(stored // group, dim=1)
+    return repeated[:, : in_features // group].contiguous()
+
+
+def repack_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
+                 name: str) -> QuantizedWeight:
+    """One compressed-tensors linear layer's tensors (keys: ``_PARTS`` or ``weight``)."""
+    if "weight_g_idx" in parts:
+        raise UnsupportedModelError(f"{name}: activation-ordered groups (weight_g_idx) are not "
+                                    "supported")
+    scale = parts["weight_scale"]
+    if scale.dtype not in (torch.float16, torch.float32):
+        scale = scale.float()
+    if scale.dim() == 1:
+        scale = scale[:, None]
+    bits = scheme.bits
+    if scheme.format == "pack-quantized":
+        n, k = (int(v) for v in parts["weight_shape"].tolist())
+        stored = unpack_int32(parts["weight_packed"], bits, k)
+        signed = stored - (1 << (bits - 1))
+    else:
+        q = parts["weight"]
+        if q.dtype != torch.int8:
+            raise UnsupportedModelError(f"{name}: naive-quantized weight of dtype {q.dtype}")
+        n, k = q.shape
+        signed = q.to(torch.int32)
+    if scale.shape[0] == 1 and n > 1:  # one scale for the tensor
+        scale = scale.expand(n, scale.shape[1])
+    stored_group = k if scheme.group_size is None else scheme.group_size
+    if scale.shape != (n, math.ceil(k / stored_group)):
+        raise UnsupportedModelError(f"{name}: weight_scale of shape {tuple(scale.shape)} for "
+                                    f"a {n}x{k} weight in groups of {stored_group}")
+    group = _layout_group(stored_group, k, bits)
+    scales = _spread(scale, stored_group, group, k)
+    if bits == 8:
+        return QuantizedWeight(signed.to(torch.int8).contiguous(), scales, None, 8, group, k)
+    zero = torch.zeros_like(scale, dtype=torch.int32)
+    if not scheme.symmetric:
+        packed_zp = parts.get("weight_zero_point")
+        if packed_zp is None:
+            raise UnsupportedModelError(f"{name}: asymmetric scheme without weight_zero_point")
+        if scheme.format == "pack-quantized":
+            zero = unpack_int32(packed_zp.T.contiguous(), bits, n).T - (1 << (bits - 1))
+        else:
+            zero = packed_zp.to(torch.int32)
+        zero = zero.reshape(scale.shape)
+    mins = -(zero + 8).double() * scale.double()  # exact: a 5-bit integer times the scale
+    # scales and mins share a dtype: the stored one where the minimums fit it exactly
+    dtype = scale.dtype if torch.equal(mins.to(scale.dtype).double(), mins) else torch.float32
+    values = (signed + 8).to(torch.uint8)
+    return QuantizedWeight(pack_int4(values), scales.to(dtype),
+                           _spread(mins.to(dtype), stored_group, group, k), 4, group, k)
+
+
+def _split(weights: Iterable[tuple[str, torch.Tensor]]
+           ) -> tuple[dict[str, dict[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
+    """Quantized layers' tensors by module name; every other tensor as it is."""
+    layers: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+    floats: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in weights:
+        module, _, leaf = name.rpartition(".")
+        if leaf in _PARTS or (leaf == "weight" and tensor.dtype == torch.int8):
+            layers[module][leaf] = tensor
+        elif leaf == "weight" and tensor.dtype.is_floating_point and tensor.element_size() == 1:
+            raise UnsupportedModelError(f"{name}: {tensor.dtype} weights are not supported")
+        else:
+            floats.append((name, tensor))
+    return layers, floats
+
+
+def _concat(parts: list[QuantizedWeight], path: str) -> QuantizedWeight:
+    first = parts[0]
+    for p in parts[1:]:
+        if (p.bits, p.group_size, p.in_features, p.scales.dtype) != (
+                first.bits, first.group_size, first.in_features, first.scales.dtype):
+            raise UnsupportedModelError(f"{path}: its shards are quantized differently")
+    mins = None if first.mins is None else torch.cat([p.mins for p in parts if p.mins is not None])
+    return QuantizedWeight(torch.cat([p.qweight for p in parts]).contiguous(),
+                           torch.cat([p.scales for p in parts]).contiguous(), mins, first.bits,
+                           first.group_size, first.in_features)
+
+
+def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.device,
+                             max_position: int, config: ModelConfig | None = None
+                             ) -> CausalLM:
+    """The decoder with each quantized linear layer a ``QuantizedLinear`` (as stored).
+
+    Layers the checkpoint left float (its ``ignore`` list: ``lm_head``, and others), the
+    embeddings, norms and biases load through ``load_weights`` as on the float path.
+    """
+    config = config if config is not None else read_hf_config(folder)
+    scheme = config.extra.get(PREQUANTIZED_KEY)
+    if not isinstance(scheme, WeightScheme):
+        raise UnsupportedModelError(f"{folder}: not a pre-quantized checkpoint")
+    family_of(config.model_type)
+    layers, floats = _split(iter_safetensors_weights(folder, config))
+    shards: dict[str, dict[int | None, QuantizedWeight]] = defaultdict(dict)
+    for module, parts in layers.items():
+        target = weight_target(f"{module}.weight".removeprefix("model."))
+        path = target.param.removesuffix(".weight")
+        if target.expert is not None or path in ("embed_tokens", "lm_head"):
+            raise UnsupportedModelError(f"{module}: quantized {path} is not supported")
+        shards[path][target.shard] = repack_layer(parts, scheme, module)
+    with torch.device("meta"):
+        model = CausalLM(config, max_position=max_position)
+    modules = dict(model.named_modules())
+    quantized: dict[str, QuantizedWeight] = {}
+    for path, by_shard in shards.items():
+        linear = modules.get(path)
+        if not isinstance(linear, nn.Linear):
+            raise UnsupportedModelError(f"{path}: no linear layer of that name")
+        leaf = path.rpartition(".")[2]
+        expected = _FUSED_SHARDS.get(leaf, 1) if None not in by_shard else 1
+        if len(by_shard) != expected:
+            raise UnsupportedModelError(f"{path}: only some of its {expected} projections are "
+                                        "quantized; mixed float/quantized fused layers are not "
+                                        "supported")
+        quantized[path] = _concat([by_shard[i] for i in sorted(by_shard, key=lambda i: i or 0)],
+                                  path)
+    biased = {path: modules[path].bias is not None for path in quantized}
+    for path in quantized:
+        _set_module(model, path, nn.Identity())
+    model = allocate(model, device, dtype)
+    model.place_rotary_tables(device)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    for path, matrix in quantized.items():
+        zeros = (torch.zeros(matrix.out_features, dtype=dtype, device=device)
+                 if biased[path] else None)
+        _set_module(model, path, QuantizedLinear(matrix.to(device), zeros))
+    model.load_weights(floats)
+    return model.eval()
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, leaf, module)
