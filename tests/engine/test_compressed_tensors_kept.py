@@ -1,0 +1,178 @@
+"""compressed-tensors checkpoints (llmcompressor's W4A16/W8A16) served kept quantized.
+
+The checkpoints are made by llmcompressor itself, data-free, from SmolLM2's float32
+folder (``helpers.compressed_checkpoints``); the oracle is compressed-tensors' own
+decompression: per layer its compressor's ``decompress``, and for the model transformers
+loading the folder with ``run_compressed=False`` (which calls ``decompress_model``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.compressed_checkpoints import make_checkpoint
+from helpers.engine_run import one_torch_thread
+from safetensors import safe_open
+from torch import nn
+
+from kvrelay_kernels import cpu_quantized_matmul
+from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
+from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine.llm import LLM
+from kvrelay_worker.engine.sampling_params import SamplingParams
+from kvrelay_worker.loading.hf_folder import read_hf_config
+from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
+from kvrelay_worker.loading.prequantized_model import _split, repack_layer
+from kvrelay_worker.models.errors import UnsupportedModelError
+from kvrelay_worker.models.quantize_model import weight_bytes
+from kvrelay_worker.models.quantized_linear import QuantizedLinear
+from kvrelay_worker.teacher_forcing import sequence_logits
+
+compressed_tensors = pytest.importorskip("compressed_tensors")
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Water boils at a temperature of",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "import numpy as np\nx = np.",
+    "The largest planet in the solar system is",
+]
+NEW_TOKENS = 8
+# llmcompressor's schemes (make_compressed_checkpoint.py): W4A16 is its preset (group 128,
+# so only the 1536-input down_proj layers; the 576-input ones stay float).
+SCHEMES = ["W4A16", "W4A16-g64", "W4A16-asym-g64", "W8A16-channel"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def compressed(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Callable[[str], Path]:
+    root = tmp_path_factory.mktemp("compressed-tensors")
+    return lambda scheme: make_checkpoint(smollm2_folder, root / scheme, scheme)
+
+
+def _oracle_scheme(folder: Path) -> tuple[object, object]:
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    group = next(iter(config["config_groups"].values()))
+    scheme = QuantizationScheme(targets=group["targets"], weights=group["weights"])
+    return BaseCompressor.load_from_registry(group["format"]), scheme
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_repacked_layers_dequantize_as_compressed_tensors_does(
+        scheme: str, compressed: Callable[[str], Path]) -> None:
+    folder = compressed(scheme)
+    ours = read_hf_config(folder).extra[PREQUANTIZED_KEY]
+    compressor, oracle = _oracle_scheme(folder)
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        tensors = [(k, handle.get_tensor(k)) for k in handle.keys()  # noqa: SIM118
+                   if ".layers.3." in k]
+    layers, _ = _split(tensors)
+    assert layers
+    for module, parts in layers.items():
+        packed = repack_layer(parts, ours, module)
+        expected = compressor.decompress(dict(parts), oracle)["weight"]  # type: ignore[attr-defined]
+        got = dequantize_weight(packed)
+        # int8: the same products; int4: q * scale + min, one rounding from (q - zp) * scale
+        torch.testing.assert_close(got, expected.float(), rtol=0, atol=1e-6)
+        if ours.bits == 4:
+            assert (packed.in_features // 2) % packed.group_size == 0  # the CPU tiles serve it
+
+
+def _reference_model(folder: Path) -> nn.Module:
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32,
+        quantization_config=CompressedTensorsConfig(run_compressed=False))
+    return model.eval()
+
+
+@pytest.fixture
+def weight_only_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integer dot-product kernel also rounds activations: off for the logits check."""
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_smollm2_kept_quantized_matches_the_decompressed_model(
+        scheme: str, compressed: Callable[[str], Path], smollm2_folder: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = compressed(scheme)
+    llm = LLM(str(folder), device="cpu", dtype="float32", num_kv_blocks=16, max_num_seqs=8,
+              enable_prefix_caching=False, quantization="auto")
+    model = llm.engine.model
+    float_names = {name for name, _ in model.named_parameters()}
+    quantized = {name for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    # down_proj always quantized; the others too unless the preset left them float
+    assert all(f"layers.{i}.mlp.down_proj" in quantized for i in range(30))
+    all_quantized = scheme != "W4A16"
+    for i in range(30):
+        for path in (f"layers.{i}.self_attn.qkv_proj", f"layers.{i}.self_attn.o_proj",
+                     f"layers.{i}.mlp.gate_up_proj", f"layers.{i}.mlp.down_proj"):
+            assert (path in quantized) == (all_quantized or path.endswith("down_proj"))
+            # no float copy of a quantized layer's weight exists
+            assert (f"{path}.weight" in float_names) == (path not in quantized)
+    assert weight_bytes(model) < _float_bytes(smollm2_folder)
+
+    tokenizer = llm.engine.tokenizer
+    prompts = [tokenizer.encode(text) for text in PROMPTS]
+    reference = _reference_model(folder)
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    with torch.no_grad():
+        for prompt in prompts:
+            got = sequence_logits(llm.engine, prompt)
+            expected = reference(torch.tensor([prompt])).logits[0].float()
+            error = (got - expected).abs().max() / expected.abs().max()
+            assert error < 1e-3, (scheme, prompt, float(error))
+    monkeypatch.undo()  # greedy runs on the kernels a worker serves with
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    ours = [o.choices[0].token_ids for o in llm.generate(prompts, params)]
+    with torch.no_grad():
+        theirs = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = reference.generate(ids, attention_mask=torch.ones_like(ids),  # type: ignore[operator]
+                                     max_new_tokens=NEW_TOKENS, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)
+            theirs.append(out[0, len(prompt):].tolist())
+    same = sum(list(a) == b for a, b in zip(ours, theirs, strict=True))
+    assert same >= 7, (scheme, ours, theirs)
+
+
+def _float_bytes(folder: Path) -> int:
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        return sum(4 * math.prod(handle.get_slice(k).get_shape())
+                   for k in handle.keys())  # noqa: SIM118 - safe_open is not a Mapping
+
+
+def test_float_quantization_options_are_refused_on_a_quantized_checkpoint(
+        compressed: Callable[[str], Path]) -> None:
+    with pytest.raises(EngineConfigError, match="already quantized"):
+        LLM(str(compressed("W8A16-channel")), device="cpu", dtype="float32", num_kv_blocks=4,
+            quantization="int4")
+
+
+@pytest.mark.parametrize(("scheme", "match"), [("W8A16-asym-channel", "asymmetric int8"),
+                                                ("FP8-channel", "float weights")])
+def test_schemes_without_a_layout_are_refused_naming_what_is(
+        scheme: str, match: str, compressed: Callable[[str], Path]) -> None:
+    with pytest.raises(UnsupportedModelError, match=match) as info:
+        read_hf_config(compressed(scheme))
+    assert "supported pre-quantized checkpoints: compressed-tensors" in str(info.value)

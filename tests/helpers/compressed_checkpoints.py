@@ -1,0 +1,41 @@
+"""compressed-tensors checkpoints of SmolLM2, made by llmcompressor in its own environment.
+
+llmcompressor pins an older transformers than the project's, so ``make install`` puts it
+in ``.venv/quant-tools`` (``requirements-quant-tools.txt`` says how): a small environment
+that reads every other package from the project's venv. The tests run
+``make_compressed_checkpoint.py`` there, from SmolLM2's float32 folder, about 10 s each;
+``$KVRELAY_QUANT_TOOLS_PYTHON`` names another interpreter that has llmcompressor.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS_PYTHON = REPO / ".venv" / "quant-tools" / "bin" / "python"
+SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
+
+
+def tools_python() -> Path:
+    """The interpreter with llmcompressor (skips the test where there is none)."""
+    override = os.environ.get("KVRELAY_QUANT_TOOLS_PYTHON")
+    python = Path(override) if override else TOOLS_PYTHON
+    if not python.exists():
+        pytest.skip(f"llmcompressor's environment {python} is missing (`make install`)")
+    return python
+
+
+def make_checkpoint(source: Path, dest: Path, scheme: str) -> Path:
+    """``dest``: ``source`` quantized by llmcompressor's data-free oneshot as ``scheme``."""
+    if (dest / "config.json").is_file():
+        return dest
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run([str(tools_python()), str(SCRIPT), str(source), str(dest), scheme],
+                          capture_output=True, text=True, timeout=600, env=env, check=False)
+    if done.returncode:
+        raise RuntimeError(f"llmcompressor failed on {scheme}:\n{done.stderr[-4000:]}")
+    return dest

@@ -1,0 +1,63 @@
+"""Quantize a float Hugging Face folder with llmcompressor, data-free, into compressed-tensors.
+
+Run by ``helpers.compressed_checkpoints`` in the quantization tools' environment
+(``.venv/quant-tools``: llmcompressor pins an older transformers than the project's, so it
+gets its own, made by ``make install``), never imported by the tests themselves::
+
+    python make_compressed_checkpoint.py SRC DST SCHEME
+
+SCHEME names a recipe below. SmolLM2's 576-wide rows are not a multiple of llmcompressor's
+default group of 128 and its observers refuse partial groups (even with
+``bypass_divisibility_checks``), so ``W4A16`` quantizes, as llmcompressor's own error
+message advises, only the layers whose inputs divide 128 (``down_proj``, 1536 inputs) and
+leaves the others float; the ``-g64`` and channel variants quantize every linear layer.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+from llmcompressor import oneshot
+from llmcompressor.modifiers.quantization import QuantizationModifier
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+# The layers whose 576 inputs are not a multiple of 128.
+NOT_DIVISIBLE_BY_128 = [r"re:.*(q|k|v|o|gate|up)_proj$"]
+
+
+def _scheme(bits: int, strategy: str, group_size: int | None = None,
+            symmetric: bool = True, kind: str = "int") -> QuantizationScheme:
+    weights = QuantizationArgs(num_bits=bits, type=kind, strategy=strategy,
+                               group_size=group_size, symmetric=symmetric, dynamic=False)
+    return QuantizationScheme(targets=["Linear"], weights=weights)
+
+
+def recipe(name: str) -> QuantizationModifier:
+    if name == "W4A16":
+        return QuantizationModifier(targets="Linear", scheme="W4A16",
+                                    ignore=["lm_head", *NOT_DIVISIBLE_BY_128])
+    schemes = {
+        "W4A16-g64": _scheme(4, "group", 64),
+        "W4A16-asym-g64": _scheme(4, "group", 64, symmetric=False),
+        "W4A16-channel": _scheme(4, "channel"),
+        "W8A16-channel": _scheme(8, "channel"),
+        "W8A16-asym-channel": _scheme(8, "channel", symmetric=False),
+        "FP8-channel": _scheme(8, "channel", kind="float"),
+    }
+    return QuantizationModifier(config_groups={"group_0": schemes[name]}, ignore=["lm_head"])
+
+
+def main() -> None:
+    src, dst, name = sys.argv[1:4]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    oneshot(model=model, recipe=recipe(name))
+    model.save_pretrained(dst, save_compressed=True)
+    tokenizer.save_pretrained(dst)
+
+
+if __name__ == "__main__":
+    main()
