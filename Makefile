@@ -68,6 +68,8 @@ $(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml req
 		print(sysconfig.get_path(\"purelib\"))" > {}/zz-kvrelay-venv.pth'
 	$(BIN)/uv pip install --python $(QUANT_TOOLS)/bin/python --system-certs --no-deps \
 		-r requirements-quant-tools.txt
+	-$(QUANT_TOOLS)/bin/python -m compileall -qq -j 0 "$$($(QUANT_TOOLS)/bin/python -c \
+		'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	# Every installed package's .pyc, written once here (neither pip --no-compile nor uv
 	# writes them). Where PYTHONDONTWRITEBYTECODE is set (CI machines, many containers)
 	# Python never writes them itself, and every worker, gateway and CLI process the

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.compressed_checkpoints import make_checkpoint
+from helpers.compressed_checkpoints import make_checkpoints
 from helpers.engine_run import one_torch_thread
 from safetensors import safe_open
 from torch import nn
@@ -49,6 +49,9 @@ NEW_TOKENS = 8
 # llmcompressor's schemes (make_compressed_checkpoint.py): W4A16 is its preset (group 128,
 # so only the 1536-input down_proj layers; the 576-input ones stay float).
 SCHEMES = ["W4A16", "W4A16-g64", "W4A16-asym-g64", "W8A16-channel"]
+REFUSED = {"W8A16-asym-channel": "asymmetric int8", "FP8-channel": "float weights"}
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,7 +64,8 @@ def _one_thread() -> Iterator[None]:
 def compressed(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory
                ) -> Callable[[str], Path]:
     root = tmp_path_factory.mktemp("compressed-tensors")
-    return lambda scheme: make_checkpoint(smollm2_folder, root / scheme, scheme)
+    make_checkpoints(smollm2_folder, root, [*SCHEMES, *REFUSED])
+    return lambda scheme: root / scheme
 
 
 def _oracle_scheme(folder: Path) -> tuple[object, object]:
@@ -169,8 +173,7 @@ def test_float_quantization_options_are_refused_on_a_quantized_checkpoint(
             quantization="int4")
 
 
-@pytest.mark.parametrize(("scheme", "match"), [("W8A16-asym-channel", "asymmetric int8"),
-                                                ("FP8-channel", "float weights")])
+@pytest.mark.parametrize(("scheme", "match"), REFUSED.items())
 def test_schemes_without_a_layout_are_refused_naming_what_is(
         scheme: str, match: str, compressed: Callable[[str], Path]) -> None:
     with pytest.raises(UnsupportedModelError, match=match) as info:

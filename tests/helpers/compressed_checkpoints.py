@@ -3,7 +3,8 @@
 llmcompressor pins an older transformers than the project's, so ``make install`` puts it
 in ``.venv/quant-tools`` (``requirements-quant-tools.txt`` says how): a small environment
 that reads every other package from the project's venv. The tests run
-``make_compressed_checkpoint.py`` there, from SmolLM2's float32 folder, about 10 s each;
+``make_compressed_checkpoint.py`` there, from SmolLM2's float32 folder (about 5 s a
+scheme after 10 s of imports);
 ``$KVRELAY_QUANT_TOOLS_PYTHON`` names another interpreter that has llmcompressor.
 """
 
@@ -29,13 +30,14 @@ def tools_python() -> Path:
     return python
 
 
-def make_checkpoint(source: Path, dest: Path, scheme: str) -> Path:
-    """``dest``: ``source`` quantized by llmcompressor's data-free oneshot as ``scheme``."""
-    if (dest / "config.json").is_file():
-        return dest
+def make_checkpoints(source: Path, root: Path, schemes: list[str]) -> None:
+    """``root/SCHEME`` for each scheme: ``source`` quantized by llmcompressor's data-free
+    oneshot (all in one process; those already there are kept)."""
+    missing = [s for s in schemes if not (root / s / "config.json").is_file()]
+    if not missing:
+        return
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    done = subprocess.run([str(tools_python()), str(SCRIPT), str(source), str(dest), scheme],
+    done = subprocess.run([str(tools_python()), str(SCRIPT), str(source), str(root), *missing],
                           capture_output=True, text=True, timeout=600, env=env, check=False)
     if done.returncode:
-        raise RuntimeError(f"llmcompressor failed on {scheme}:\n{done.stderr[-4000:]}")
-    return dest
+        raise RuntimeError(f"llmcompressor failed on {missing}:\n{done.stderr[-4000:]}")

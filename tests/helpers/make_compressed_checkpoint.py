@@ -4,9 +4,10 @@ Run by ``helpers.compressed_checkpoints`` in the quantization tools' environment
 (``.venv/quant-tools``: llmcompressor pins an older transformers than the project's, so it
 gets its own, made by ``make install``), never imported by the tests themselves::
 
-    python make_compressed_checkpoint.py SRC DST SCHEME
+    python make_compressed_checkpoint.py SRC DEST_ROOT SCHEME...
 
-SCHEME names a recipe below. SmolLM2's 576-wide rows are not a multiple of llmcompressor's
+writes ``DEST_ROOT/SCHEME`` for each SCHEME, a recipe below (one process: importing
+llmcompressor and transformers takes longer than quantizing SmolLM2). SmolLM2's 576-wide rows are not a multiple of llmcompressor's
 default group of 128 and its observers refuse partial groups (even with
 ``bypass_divisibility_checks``), so ``W4A16`` quantizes, as llmcompressor's own error
 message advises, only the layers whose inputs divide 128 (``down_proj``, 1536 inputs) and
@@ -50,13 +51,14 @@ def recipe(name: str) -> QuantizationModifier:
 
 
 def main() -> None:
-    src, dst, name = sys.argv[1:4]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    src, root, *names = sys.argv[1:]
     tokenizer = AutoTokenizer.from_pretrained(src)
-    oneshot(model=model, recipe=recipe(name))
-    model.save_pretrained(dst, save_compressed=True)
-    tokenizer.save_pretrained(dst)
+    for name in names:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        oneshot(model=model, recipe=recipe(name))
+        model.save_pretrained(f"{root}/{name}", save_compressed=True)
+        tokenizer.save_pretrained(f"{root}/{name}")
 
 
 if __name__ == "__main__":
