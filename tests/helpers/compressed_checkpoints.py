@@ -5,7 +5,7 @@ in ``.venv/quant-tools`` (``requirements-quant-tools.txt`` says how): a small en
 that reads every other package from the project's venv. The tests run
 ``make_compressed_checkpoint.py`` there, from SmolLM2's float32 folder (about 5 s a
 scheme after 10 s of imports);
-``$KVRELAY_QUANT_TOOLS_PYTHON`` names another interpreter that has llmcompressor.
+``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter that has llmcompressor.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
 
 def tools_python() -> Path:
     """The interpreter with llmcompressor (skips the test where there is none)."""
-    override = os.environ.get("KVRELAY_QUANT_TOOLS_PYTHON")
+    override = os.environ.get("KVRELAY_TEST_QUANT_TOOLS_PYTHON")
     python = Path(override) if override else TOOLS_PYTHON
     if not python.exists():
         pytest.skip(f"llmcompressor's environment {python} is missing (`make install`)")
