@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -179,3 +180,32 @@ def test_schemes_without_a_layout_are_refused_naming_what_is(
     with pytest.raises(UnsupportedModelError, match=match) as info:
         read_hf_config(compressed(scheme))
     assert "supported pre-quantized checkpoints: compressed-tensors" in str(info.value)
+
+
+@pytest.mark.integration
+def test_a_worker_serves_a_compressed_checkpoint_kept_quantized(
+        compressed: Callable[[str], Path], redis_server_factory: Callable[[], Any],
+        tmp_path: Path) -> None:
+    """Through the queue, a real worker: the same greedy tokens as the offline engine."""
+    from helpers.worker_process import WorkerProcess
+
+    from kvrelay import Client
+
+    folder = compressed("W4A16-g64")
+    offline = LLM(str(folder), device="cpu", dtype="float32", num_kv_blocks=16,
+                  max_num_seqs=2, enable_prefix_caching=False)
+    prompt = offline.engine.tokenizer.encode(PROMPTS[0])
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    expected = list(offline.generate([prompt], params)[0].choices[0].token_ids)
+    server = redis_server_factory()
+    worker = WorkerProcess("ct-w4a16", server.url, str(folder), tmp_path, concurrency=2,
+                           model_name="ct-w4a16", dtype="float32").start()
+    try:
+        worker.wait_ready(timeout=180)
+        with Client(server.url, model="ct-w4a16", stream_timeout=120) as client:
+            result = client.generate(prompt_token_ids=prompt, max_tokens=NEW_TOKENS,
+                                     temperature=0.0, ignore_eos=True)
+        assert list(result.token_ids) == expected
+        assert "kept from compressed-tensors (int4 symmetric, groups of 64" in worker.tail(None)
+    finally:
+        worker.stop()
