@@ -1,4 +1,4 @@
-"""compressed-tensors checkpoints (llmcompressor's W4A16/W8A16) served kept quantized.
+"""compressed-tensors checkpoints (llmcompressor's W4A16/W8A16, AWQ) served kept quantized.
 
 The checkpoints are made by llmcompressor itself, data-free, from SmolLM2's float32
 folder (``helpers.compressed_checkpoints``); the oracle is compressed-tensors' own
@@ -48,8 +48,9 @@ PROMPTS = [
 ]
 NEW_TOKENS = 8
 # llmcompressor's schemes (make_compressed_checkpoint.py): W4A16 is its preset (group 128,
-# so only the 1536-input down_proj layers; the 576-input ones stay float).
-SCHEMES = ["W4A16", "W4A16-g64", "W4A16-asym-g64", "W8A16-channel"]
+# so only the 1536-input down_proj layers; the 576-input ones stay float); AWQ smooths
+# (norm weights included) on a few local sentences, then quantizes asymmetric int4.
+SCHEMES = ["W4A16", "W4A16-g64", "W4A16-asym-g64", "W8A16-channel", "AWQ-W4A16-asym-g64"]
 REFUSED = {"W8A16-asym-channel": "asymmetric int8", "FP8-channel": "float weights"}
 
 pytestmark = pytest.mark.slow

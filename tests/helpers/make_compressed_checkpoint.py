@@ -20,8 +20,11 @@ import sys
 
 import torch
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+from datasets import Dataset
 from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import QuantizationModifier
+from llmcompressor.modifiers.transform.awq import AWQModifier
+from llmcompressor.pipelines.cache import IntermediatesCache
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # The layers whose 576 inputs are not a multiple of 128.
@@ -35,7 +38,25 @@ def _scheme(bits: int, strategy: str, group_size: int | None = None,
     return QuantizationScheme(targets=["Linear"], weights=weights)
 
 
-def recipe(name: str) -> QuantizationModifier:
+# AWQ's calibration text: a few local sentences (no data set download).
+CALIBRATION = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "Once upon a time, a small robot learned to paint the sky at night.",
+    "The mitochondria is the powerhouse of the cell, producing energy.",
+    "To bake bread, mix flour, water, salt and yeast, then let it rise.",
+    "Large language models predict the next token given the previous ones.",
+]
+
+
+def recipe(name: str) -> QuantizationModifier | list[object]:
+    if name == "AWQ-W4A16-asym-g64":
+        # AWQ scales salient input channels, then quantizes: compressed-tensors again
+        return [AWQModifier(n_grid=4), QuantizationModifier(
+            config_groups={"group_0": _scheme(4, "group", 64, symmetric=False)},
+            ignore=["lm_head"])]
     if name == "W4A16":
         return QuantizationModifier(targets="Linear", scheme="W4A16",
                                     ignore=["lm_head", *NOT_DIVISIBLE_BY_128])
@@ -50,13 +71,27 @@ def recipe(name: str) -> QuantizationModifier:
     return QuantizationModifier(config_groups={"group_0": schemes[name]}, ignore=["lm_head"])
 
 
+def _no_pinned_memory_without_an_accelerator() -> None:
+    """llmcompressor 0.14.0.1's AWQ pins its cached activations unconditionally, which torch
+    refuses on a machine without an accelerator; pinning only speeds up host-to-device
+    copies, so without one it is skipped."""
+    if not torch.cuda.is_available():
+        IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
+
+
 def main() -> None:
+    _no_pinned_memory_without_an_accelerator()
     src, root, *names = sys.argv[1:]
     tokenizer = AutoTokenizer.from_pretrained(src)
     for name in names:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-        oneshot(model=model, recipe=recipe(name))
+        if name.startswith("AWQ"):
+            calibration = Dataset.from_dict({"text": CALIBRATION})
+            oneshot(model=model, recipe=recipe(name), dataset=calibration,
+                    max_seq_length=64, num_calibration_samples=len(CALIBRATION))
+        else:
+            oneshot(model=model, recipe=recipe(name))
         model.save_pretrained(f"{root}/{name}", save_compressed=True)
         tokenizer.save_pretrained(f"{root}/{name}")
 
