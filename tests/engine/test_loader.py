@@ -259,6 +259,11 @@ def test_a_compressed_tensors_w8a16_config_is_kept() -> None:
          "quantizes activations"),
         ({"quantization_config": _ct_config(strategy="block")}, "'block' strategy"),
         ({"quantization_config": _ct_config(num_bits=2)}, "2-bit"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 4, "sym": False,
+                                  "checkpoint_format": "gptq"}}, "asymmetric 4-bit GPTQ"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 3}}, "3-bit GPTQ"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 4,
+                                  "checkpoint_format": "marlin"}}, "'marlin'"),
         ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial"),
     ],
 )

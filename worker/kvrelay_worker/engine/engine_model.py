@@ -85,7 +85,7 @@ def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
 
 def _build_prequantized_model(config: EngineConfig, files: LoadedModelFiles, max_len: int,
                               method: str) -> CausalLM:
-    """A published quantized checkpoint (compressed-tensors), its integer weights kept."""
+    """A published quantized checkpoint (compressed-tensors, GPTQ), its integer weights kept."""
     from kvrelay_worker.loading.prequantized_model import build_prequantized_model
 
     scheme = files.config.extra[PREQUANTIZED_KEY]
@@ -97,7 +97,7 @@ def _build_prequantized_model(config: EngineConfig, files: LoadedModelFiles, max
         )
     model = build_prequantized_model(files.path, config.torch_dtype, config.torch_device,
                                      max_len, files.config)
-    log.info("model weights: %.1f MiB kept from compressed-tensors (%s)",
+    log.info("model weights: %.1f MiB kept as stored (%s)",
              weight_bytes(model) / 2**20, scheme.describe())
     return model
 

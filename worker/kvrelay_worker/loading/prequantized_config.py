@@ -10,10 +10,12 @@ them at load):
 - int8 symmetric, per group or per output channel;
 
 in the ``pack-quantized`` format (values packed into int32) or ``naive-quantized`` (one
-int8 per value). Everything else is refused with ``UnsupportedModelError`` saying so:
+int8 per value). GPTQ checkpoints (``quant_method: "gptq"``, GPTQModel and AutoGPTQ) of 4
+or 8 bits, symmetric, are kept the same way, activation order (``desc_act``, a ``g_idx``
+per layer) included: their input columns are permuted once at load. Everything else is refused with ``UnsupportedModelError`` saying so:
 asymmetric int8 (the layout has no int8 minimum), floating-point weights (FP8, NVFP4,
 MXFP4), quantized activations (W8A8, W4A8), block or tensor-group strategies, sparsity,
-transforms, a quantized KV cache, and other methods (GPTQ, AWQ, bitsandbytes, ...).
+transforms, a quantized KV cache, and other methods (AutoAWQ, bitsandbytes, ...).
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from typing import Any
 from kvrelay_worker.models.errors import UnsupportedModelError
 
 COMPRESSED_TENSORS = "compressed-tensors"
+GPTQ = "gptq"
+# GPTQ's packed layouts: v1 stores each zero point minus one, v2 as it is.
+GPTQ_FORMATS = ("gptq", "gptq_v2")
 # ``ModelConfig.extra`` key of a pre-quantized checkpoint's ``WeightScheme``.
 PREQUANTIZED_KEY = "prequantized"
 SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized")
 SUPPORTED = ("compressed-tensors (llmcompressor) weight-only int4 (symmetric or asymmetric) "
-             "and symmetric int8, per group or per channel, pack-quantized or naive-quantized")
+             "and symmetric int8, per group or per channel, pack-quantized or naive-quantized; "
+             "GPTQ (GPTQModel, AutoGPTQ) 4- and 8-bit symmetric, with or without desc_act "
+             "(4-bit asymmetric in the gptq_v2 format)")
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ def _refuse(source: str, why: str) -> UnsupportedModelError:
 def checkpoint_scheme(quantization: Mapping[str, Any], source: str) -> WeightScheme:
     """The one weight scheme ``quantization`` (a ``quantization_config``) applies, or raise."""
     method = quantization.get("quant_method", "?")
+    if method == GPTQ:
+        return _gptq_scheme(quantization, source)
     if method != COMPRESSED_TENSORS:
         raise _refuse(source, f"pre-quantized checkpoints of method {method!r} are not "
                               "supported (use float16/bfloat16/float32 safetensors or a GGUF "
@@ -117,3 +126,21 @@ def _group_scheme(name: str, group: Mapping[str, Any], default_format: Any,
             raise _refuse(source, f"{where} has group strategy without a group_size")
         return WeightScheme(bits, symmetric, size, fmt)
     raise _refuse(source, f"{where} has the {strategy!r} strategy")
+
+
+def _gptq_scheme(quantization: Mapping[str, Any], source: str) -> WeightScheme:
+    """GPTQModel's/AutoGPTQ's ``quantization_config`` (``quantize_config.json`` alike)."""
+    fmt = str(quantization.get("checkpoint_format") or quantization.get("format") or "gptq")
+    bits = int(quantization.get("bits") or 0)
+    symmetric = bool(quantization.get("sym", True))
+    if fmt not in GPTQ_FORMATS:
+        raise _refuse(source, f"GPTQ checkpoint format {fmt!r}")
+    if bits not in (4, 8):
+        raise _refuse(source, f"{bits}-bit GPTQ weights")
+    if not symmetric and (bits == 8 or fmt == "gptq"):
+        raise _refuse(source, f"asymmetric {bits}-bit GPTQ in format {fmt!r} (int8 has no zero "
+                              "point here; v1 zero points wrap at 0)")
+    if quantization.get("lm_head"):
+        raise _refuse(source, "a GPTQ-quantized lm_head")
+    size = int(quantization.get("group_size") or -1)
+    return WeightScheme(bits, symmetric, None if size <= 0 else size, fmt)

@@ -1,4 +1,4 @@
-"""Build a decoder from a compressed-tensors checkpoint, its integer weights kept quantized.
+"""Build a decoder from a compressed-tensors or GPTQ checkpoint, its integer weights kept.
 
 ``prequantized_config`` decides which schemes are kept; here each quantized layer's tensors
 (``compressed_tensors``' compressors write them) are repacked, exactly, into
@@ -14,6 +14,11 @@
   ``u = q + 8`` in 0..15 that is ``u * scale + min`` with ``min = -(zp + 8) * scale``
   (``-8 * scale`` when symmetric): the layout's int4 with minimums. int8 symmetric is
   ``q * scale``: the layout's int8.
+
+GPTQ (``repack_gptq_layer``): ``qweight`` int32 ``[K * bits / 32, N]`` packed along the inputs,
+``qzeros`` int32 ``[groups, N * bits / 32]`` along the outputs, ``scales`` ``[groups, N]``,
+``g_idx`` ``[K]`` each input's group. Inputs are sorted by group (``desc_act`` scatters
+them) and the layer gathers its activations in that order (``InputPermutedLinear``).
 
 Groups: a stored group of ``G`` inputs whose ``K`` is not a multiple of it (llmcompressor's
 default 128 on SmolLM2's 576) ends with a partial group. Our groups must divide ``K`` (and,
@@ -35,16 +40,22 @@ from torch import nn
 
 from kvrelay_kernels.quantized_weight import QuantizedWeight, pack_int4
 from kvrelay_worker.loading.hf_folder import iter_safetensors_weights, read_hf_config
-from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY, WeightScheme
+from kvrelay_worker.loading.prequantized_config import (
+    GPTQ_FORMATS,
+    PREQUANTIZED_KEY,
+    WeightScheme,
+)
 from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.families import family_of
 from kvrelay_worker.models.model_config import ModelConfig
+from kvrelay_worker.models.permuted_linear import InputPermutedLinear
 from kvrelay_worker.models.quantized_linear import QuantizedLinear
 
 _PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
           "weight_g_idx")
+_GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 _FUSED_SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}
 
 
@@ -116,6 +127,65 @@ def repack_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
                            _spread(mins.to(dtype), stored_group, group, k), 4, group, k)
 
 
+def _unpack_rows(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """GPTQ's ``qweight``: ``[count * bits / 32, N]`` int32, packed along the inputs ->
+    ``[count, N]`` values (input ``i`` at word ``i // (32 / bits)``, low bits first)."""
+    per_word = 32 // bits
+    shifts = (torch.arange(per_word, dtype=torch.int32) * bits)[None, :, None]
+    values = (packed.to(torch.int32)[:, None, :] >> shifts) & ((1 << bits) - 1)
+    return values.reshape(-1, packed.shape[1])[:count]
+
+
+def repack_gptq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme, name: str
+                      ) -> tuple[QuantizedWeight, torch.Tensor | None]:
+    """One GPTQ layer (``qweight``, ``qzeros``, ``scales``, ``g_idx``) and the input
+    permutation that makes its groups contiguous (None when they already are).
+
+    ``w[n, i] = scales[g, n] * (q[i, n] - zero[g, n])`` with ``g = g_idx[i]``
+    (GPTQModel's ``dequantize_weight``); the ``gptq`` (v1) format stores ``zero - 1``.
+    """
+    bits = scheme.bits
+    scales = parts["scales"]
+    if scales.dtype not in (torch.float16, torch.float32):
+        scales = scales.float()
+    n = scales.shape[1]
+    k = parts["qweight"].shape[0] * 32 // bits
+    g_idx = parts.get("g_idx")
+    if g_idx is None or g_idx.numel() != k:
+        size = k if scheme.group_size is None else scheme.group_size
+        g_idx = torch.arange(k) // size
+    g_idx = g_idx.to(torch.long)
+    q = _unpack_rows(parts["qweight"], bits, k)  # [K, N]
+    zeros = unpack_int32(parts["qzeros"], bits, n)  # [groups, N]
+    if scheme.format == "gptq":
+        zeros = zeros + 1
+    perm = torch.argsort(g_idx, stable=True)
+    ordered = g_idx[perm]
+    if torch.equal(perm, torch.arange(k)):
+        perm_out: torch.Tensor | None = None
+    else:
+        perm_out = perm
+        q = q[perm]
+    counts = torch.bincount(ordered).tolist()
+    group = math.gcd(k // 2 if bits == 4 else k, *[c for c in counts if c])
+    block_group = ordered[::group]  # the stored group of each layout group
+    if not torch.equal(ordered, block_group.repeat_interleave(group)):
+        raise UnsupportedModelError(f"{name}: g_idx groups that no common group size tiles")
+    layout_scales = scales[block_group].T.contiguous()  # [N, K / group]
+    layout_zeros = zeros[block_group].T
+    values = q.T.contiguous()  # [N, K]
+    if bits == 8:
+        if not bool((layout_zeros == 128).all()):
+            raise UnsupportedModelError(f"{name}: 8-bit GPTQ zero points other than 128")
+        signed = (values - 128).to(torch.int8).contiguous()
+        return QuantizedWeight(signed, layout_scales, None, 8, group, k), perm_out
+    mins = -layout_zeros.double() * layout_scales.double()
+    dtype = (layout_scales.dtype if torch.equal(mins.to(layout_scales.dtype).double(), mins)
+             else torch.float32)
+    return (QuantizedWeight(pack_int4(values.to(torch.uint8)), layout_scales.to(dtype),
+                            mins.to(dtype).contiguous(), 4, group, k), perm_out)
+
+
 def _split(weights: Iterable[tuple[str, torch.Tensor]]
            ) -> tuple[dict[str, dict[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
     """Quantized layers' tensors by module name; every other tensor as it is."""
@@ -123,7 +193,8 @@ def _split(weights: Iterable[tuple[str, torch.Tensor]]
     floats: list[tuple[str, torch.Tensor]] = []
     for name, tensor in weights:
         module, _, leaf = name.rpartition(".")
-        if leaf in _PARTS or (leaf == "weight" and tensor.dtype == torch.int8):
+        if (leaf in _PARTS or leaf in _GPTQ_PARTS
+                or (leaf == "weight" and tensor.dtype == torch.int8)):
             layers[module][leaf] = tensor
         elif leaf == "weight" and tensor.dtype.is_floating_point and tensor.element_size() == 1:
             raise UnsupportedModelError(f"{name}: {tensor.dtype} weights are not supported")
@@ -159,16 +230,23 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
     family_of(config.model_type)
     layers, floats = _split(iter_safetensors_weights(folder, config))
     shards: dict[str, dict[int | None, QuantizedWeight]] = defaultdict(dict)
+    orders: dict[str, dict[int | None, torch.Tensor | None]] = defaultdict(dict)
     for module, parts in layers.items():
         target = weight_target(f"{module}.weight".removeprefix("model."))
         path = target.param.removesuffix(".weight")
         if target.expert is not None or path in ("embed_tokens", "lm_head"):
             raise UnsupportedModelError(f"{module}: quantized {path} is not supported")
-        shards[path][target.shard] = repack_layer(parts, scheme, module)
+        if scheme.format in GPTQ_FORMATS:
+            matrix, order = repack_gptq_layer(parts, scheme, module)
+        else:
+            matrix, order = repack_layer(parts, scheme, module), None
+        shards[path][target.shard] = matrix
+        orders[path][target.shard] = order
     with torch.device("meta"):
         model = CausalLM(config, max_position=max_position)
     modules = dict(model.named_modules())
     quantized: dict[str, QuantizedWeight] = {}
+    permutations: dict[str, torch.Tensor | None] = {}
     for path, by_shard in shards.items():
         linear = modules.get(path)
         if not isinstance(linear, nn.Linear):
@@ -181,6 +259,7 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
                                         "supported")
         quantized[path] = _concat([by_shard[i] for i in sorted(by_shard, key=lambda i: i or 0)],
                                   path)
+        permutations[path] = _one_order(list(orders[path].values()), path)
     biased = {path: modules[path].bias is not None for path in quantized}
     for path in quantized:
         _set_module(model, path, nn.Identity())
@@ -193,7 +272,22 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
                  if biased[path] else None)
         _set_module(model, path, QuantizedLinear(matrix.to(device), zeros))
     model.load_weights(floats)
+    for path, order in permutations.items():  # after the biases are loaded by name
+        if order is not None:
+            _set_module(model, path, InputPermutedLinear(model.get_submodule(path),
+                                                         order.to(device)))
     return model.eval()
+
+
+def _one_order(orders: list[torch.Tensor | None], path: str) -> torch.Tensor | None:
+    """The input order the shards of one fused layer share (they read the same input)."""
+    first = orders[0]
+    for other in orders[1:]:
+        if (other is None) != (first is None) or (
+                other is not None and first is not None and not torch.equal(other, first)):
+            raise UnsupportedModelError(f"{path}: its projections order their inputs "
+                                        "differently (GPTQ act order); not supported")
+    return first
 
 
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
