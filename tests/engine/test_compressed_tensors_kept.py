@@ -1,4 +1,5 @@
-"""compressed-tensors checkpoints (llmcompressor's W4A16/W8A16, AWQ) served kept quantized.
+"""Published quantized checkpoints served kept quantized: compressed-tensors
+(llmcompressor's W4A16/W8A16, AWQ) and GPTQ (GPTQModel, 4 and 8 bits, activation order).
 
 The checkpoints are made by llmcompressor itself, data-free, from SmolLM2's float32
 folder (``helpers.compressed_checkpoints``); the oracle is compressed-tensors' own
@@ -16,8 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.compressed_checkpoints import make_checkpoints
+from helpers.compressed_checkpoints import GPTQ_SCRIPT, make_checkpoints
 from helpers.engine_run import one_torch_thread
+from helpers.hf_reference import hf_greedy
 from safetensors import safe_open
 from torch import nn
 
@@ -28,8 +30,9 @@ from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.loading.hf_folder import read_hf_config
 from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
-from kvrelay_worker.loading.prequantized_model import _split, repack_layer
+from kvrelay_worker.loading.prequantized_model import _split, repack_gptq_layer, repack_layer
 from kvrelay_worker.models.errors import UnsupportedModelError
+from kvrelay_worker.models.permuted_linear import InputPermutedLinear
 from kvrelay_worker.models.quantize_model import weight_bytes
 from kvrelay_worker.models.quantized_linear import QuantizedLinear
 from kvrelay_worker.teacher_forcing import sequence_logits
@@ -207,6 +210,68 @@ def test_a_worker_serves_a_compressed_checkpoint_kept_quantized(
             result = client.generate(prompt_token_ids=prompt, max_tokens=NEW_TOKENS,
                                      temperature=0.0, ignore_eos=True)
         assert list(result.token_ids) == expected
-        assert "kept from compressed-tensors (int4 symmetric, groups of 64" in worker.tail(None)
+        assert "kept as stored (int4 symmetric, groups of 64" in worker.tail(None)
     finally:
         worker.stop()
+
+
+# GPTQModel's checkpoints (make_gptq_checkpoint.py): activation order scatters each group's
+# inputs (a g_idx per layer) and 576 inputs end in a partial group of 64.
+GPTQ = ["gptq-4bit-g128-desc", "gptq-8bit-g128-desc"]
+
+
+@pytest.fixture(scope="session")
+def gptq(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> Callable[[str], Path]:
+    root = tmp_path_factory.mktemp("gptq")
+    make_checkpoints(smollm2_folder, root, GPTQ, GPTQ_SCRIPT)
+    return lambda name: root / name
+
+
+@pytest.mark.parametrize("name", GPTQ)
+def test_gptq_kept_quantized_matches_gptqmodels_dequantization(
+        name: str, gptq: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oracle is GPTQModel's own ``dequantize_weight`` of every layer, run by
+    transformers as a float32 model (``NAME-dequantized``)."""
+    from transformers import AutoModelForCausalLM
+
+    folder, dequantized = gptq(name), gptq(f"{name}-dequantized")
+    scheme = read_hf_config(folder).extra[PREQUANTIZED_KEY]
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        tensors = [(k, handle.get_tensor(k)) for k in handle.keys()  # noqa: SIM118
+                   if ".layers.5." in k]
+    layers, _ = _split(tensors)
+    with safe_open(str(dequantized / "model.safetensors"), "pt") as handle:
+        for module, parts in layers.items():
+            packed, order = repack_gptq_layer(parts, scheme, module)
+            assert order is not None  # desc_act: the groups were scattered
+            got = torch.empty(packed.out_features, packed.in_features)
+            got[:, order] = dequantize_weight(packed)
+            torch.testing.assert_close(got, handle.get_tensor(f"{module}.weight"),
+                                       rtol=0, atol=1e-6)
+
+    llm = LLM(str(folder), device="cpu", dtype="float32", num_kv_blocks=16, max_num_seqs=8,
+              enable_prefix_caching=False)
+    model = llm.engine.model
+    for i in range(30):
+        for path in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
+                     "mlp.down_proj"):
+            module = model.get_submodule(f"layers.{i}.{path}")
+            assert isinstance(module, InputPermutedLinear), path
+            assert isinstance(module.inner, QuantizedLinear)
+    assert not any(name.endswith("_proj.weight") for name, _ in model.named_parameters())
+    reference = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
+    prompts = [llm.engine.tokenizer.encode(text) for text in PROMPTS]
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    with torch.no_grad():
+        for prompt in prompts:
+            got = sequence_logits(llm.engine, prompt)
+            expected = reference(torch.tensor([prompt])).logits[0].float()
+            error = (got - expected).abs().max() / expected.abs().max()
+            assert error < 1e-3, (name, prompt, float(error))
+    monkeypatch.undo()
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    ours = [list(o.choices[0].token_ids) for o in llm.generate(prompts, params)]
+    theirs = hf_greedy(reference, prompts, NEW_TOKENS)
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    assert same >= 7, (name, ours, theirs)

@@ -1,11 +1,11 @@
-"""compressed-tensors checkpoints of SmolLM2, made by llmcompressor in its own environment.
+"""Quantized checkpoints of SmolLM2, made by llmcompressor and GPTQModel in their environment.
 
-llmcompressor pins an older transformers than the project's, so ``make install`` puts it
-in ``.venv/quant-tools`` (``requirements-quant-tools.txt`` says how): a small environment
-that reads every other package from the project's venv. The tests run
-``make_compressed_checkpoint.py`` there, from SmolLM2's float32 folder (about 5 s a
-scheme after 10 s of imports);
-``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter that has llmcompressor.
+llmcompressor pins an older transformers than the project's, and GPTQModel an older numpy,
+so ``make install`` puts them in ``.venv/quant-tools`` (``requirements-quant-tools.txt``
+says how): a small environment that reads every other package from the project's venv.
+The tests run ``make_compressed_checkpoint.py`` (about 5 s a scheme after 10 s of
+imports) or ``make_gptq_checkpoint.py`` (about 40 s a checkpoint) there, from SmolLM2's
+float32 folder; ``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter with them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TOOLS_PYTHON = REPO / ".venv" / "quant-tools" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
+GPTQ_SCRIPT = Path(__file__).with_name("make_gptq_checkpoint.py")
 
 
 def tools_python() -> Path:
@@ -30,14 +31,15 @@ def tools_python() -> Path:
     return python
 
 
-def make_checkpoints(source: Path, root: Path, schemes: list[str]) -> None:
+def make_checkpoints(source: Path, root: Path, schemes: list[str], script: Path = SCRIPT
+                     ) -> None:
     """``root/SCHEME`` for each scheme: ``source`` quantized by llmcompressor's data-free
     oneshot (all in one process; those already there are kept)."""
     missing = [s for s in schemes if not (root / s / "config.json").is_file()]
     if not missing:
         return
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    done = subprocess.run([str(tools_python()), str(SCRIPT), str(source), str(root), *missing],
+    done = subprocess.run([str(tools_python()), str(script), str(source), str(root), *missing],
                           capture_output=True, text=True, timeout=600, env=env, check=False)
     if done.returncode:
         raise RuntimeError(f"llmcompressor failed on {missing}:\n{done.stderr[-4000:]}")
