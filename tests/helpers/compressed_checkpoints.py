@@ -38,8 +38,10 @@ def make_checkpoints(source: Path, root: Path, schemes: list[str], script: Path 
     missing = [s for s in schemes if not (root / s / "config.json").is_file()]
     if not missing:
         return
+    root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run([str(tools_python()), str(script), str(source), str(root), *missing],
-                          capture_output=True, text=True, timeout=600, env=env, check=False)
+                          capture_output=True, text=True, timeout=600, env=env, check=False,
+                          cwd=root)  # GPTQModel writes its logs into ./logs
     if done.returncode:
         raise RuntimeError(f"llmcompressor failed on {missing}:\n{done.stderr[-4000:]}")
