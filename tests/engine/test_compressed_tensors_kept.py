@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.compressed_checkpoints import GPTQ_SCRIPT, make_checkpoints
+from helpers.compressed_checkpoints import GPTQ_SCRIPT, cached_checkpoints
 from helpers.engine_run import one_torch_thread
 from helpers.hf_reference import hf_greedy
 from safetensors import safe_open
@@ -66,10 +66,8 @@ def _one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def compressed(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> Callable[[str], Path]:
-    root = tmp_path_factory.mktemp("compressed-tensors")
-    make_checkpoints(smollm2_folder, root, [*SCHEMES, *REFUSED])
+def compressed(smollm2_folder: Path) -> Callable[[str], Path]:
+    root = cached_checkpoints(smollm2_folder, [*SCHEMES, *REFUSED])
     return lambda scheme: root / scheme
 
 
@@ -221,10 +219,8 @@ GPTQ = ["gptq-4bit-g128-desc", "gptq-8bit-g128-desc"]
 
 
 @pytest.fixture(scope="session")
-def gptq(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory
-         ) -> Callable[[str], Path]:
-    root = tmp_path_factory.mktemp("gptq")
-    make_checkpoints(smollm2_folder, root, GPTQ, GPTQ_SCRIPT)
+def gptq(smollm2_folder: Path) -> Callable[[str], Path]:
+    root = cached_checkpoints(smollm2_folder, GPTQ, GPTQ_SCRIPT)
     return lambda name: root / name
 
 

@@ -6,17 +6,26 @@ says how): a small environment that reads every other package from the project's
 The tests run ``make_compressed_checkpoint.py`` (about 5 s a scheme after 10 s of
 imports) or ``make_gptq_checkpoint.py`` (about 40 s a checkpoint) there, from SmolLM2's
 float32 folder; ``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter with them.
+
+Like the SmolLM2 folder they start from, the checkpoints live in the real cache
+(``$KVRELAY_CACHE_DIR`` or ``~/.cache/kvrelay``, ``quant-checkpoints/<key>``): made once
+(~150 s for all of them), then reused. The key covers what decides their bytes: the
+script, the tools' pinned versions and the source weights; a stale one is never reused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+TOOL_PINS = (REPO / "requirements-quant-tools.txt", REPO / "requirements-quant-tools-build.txt")
 TOOLS_PYTHON = REPO / ".venv" / "quant-tools" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
 GPTQ_SCRIPT = Path(__file__).with_name("make_gptq_checkpoint.py")
@@ -45,3 +54,37 @@ def make_checkpoints(source: Path, root: Path, schemes: list[str], script: Path 
                           cwd=root)  # GPTQModel writes its logs into ./logs
     if done.returncode:
         raise RuntimeError(f"llmcompressor failed on {missing}:\n{done.stderr[-4000:]}")
+
+
+def cached_checkpoints(source: Path, schemes: list[str], script: Path = SCRIPT) -> Path:
+    """The folder holding ``folder/SCHEME`` for each scheme, made by ``script`` from
+    ``source`` once and kept in the cache; a folder appears only once complete."""
+    root = _cache_root() / _key(source, script)
+    missing = [s for s in schemes if not (root / s / "config.json").is_file()]
+    if missing:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root, prefix=".making-") as scratch:
+            make_checkpoints(source, Path(scratch), missing, script)
+            # each scheme's folder and what the script makes beside it (GPTQ's oracle,
+            # ``SCHEME-dequantized``); the config last, as it marks a scheme complete
+            for made in sorted(Path(scratch).iterdir(), key=lambda p: p.name in missing):
+                if made.is_dir() and made.name.startswith(tuple(missing)):
+                    shutil.rmtree(root / made.name, ignore_errors=True)
+                    made.rename(root / made.name)
+    return root
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("KVRELAY_CACHE_DIR") or "~/.cache/kvrelay"
+    return Path(base).expanduser() / "quant-checkpoints"
+
+
+def _key(source: Path, script: Path) -> str:
+    digest = hashlib.sha256()
+    for path in (script, *TOOL_PINS, *sorted(source.glob("*.json")),
+                 *sorted(source.glob("*.safetensors"))):
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(chunk)
+    return f"{script.stem}-{digest.hexdigest()[:16]}"
