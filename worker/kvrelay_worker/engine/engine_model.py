@@ -20,6 +20,7 @@ from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
+from kvrelay_worker.models.quantized_linear import FusedQuantizedLinear
 
 if TYPE_CHECKING:
     from kvrelay_worker.loading import LoadedModelFiles
@@ -78,8 +79,10 @@ def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
     for fmt in formats.values():
         key = f"{fmt.gguf_type} {fmt.how}"
         counts[key] = counts.get(key, 0) + 1
-    log.info("model weights: %.1f MiB kept from GGUF (%s)", weight_bytes(model) / 2**20,
-             ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    split = sum(isinstance(module, FusedQuantizedLinear) for module in model.modules())
+    apart = f"; {split} fused layers of mixed types run per shard type" if split else ""
+    log.info("model weights: %.1f MiB kept from GGUF (%s%s)", weight_bytes(model) / 2**20,
+             ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), apart)
     return model
 
 

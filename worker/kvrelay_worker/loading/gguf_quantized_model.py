@@ -8,10 +8,14 @@ copy on disk) and repacks Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks lossles
 norms and biases, stored float, are loaded as usual. Config and tokenizer still come from the
 prepared cache folder, so ``kvrelay models prepare`` and the float path are unchanged.
 
-Fused projections (q/k/v, gate/up) concatenate their shards' rows, which needs the shards
-in one layout: files that mix types within one fused layer (a Q6_K ``attn_v`` beside
-Q4_K ``attn_q``, as ``Q4_K_M`` files do in some layers) get that layer requantized from
-float, in the format of its first shard (the load log warns). llama.cpp's q/k row permutation is undone on the packed rows.
+Fused projections (q/k/v, gate/up) concatenate their shards' rows when the shards share a
+layout (one ``QuantizedLinear``). Files that mix types within one fused layer (a Q6_K
+``attn_v`` beside Q4_K ``attn_q``/``attn_k``, as ``Q4_K_M`` files do in some layers) keep
+every shard as stored too: consecutive shards of one layout are concatenated and the layer
+becomes a ``FusedQuantizedLinear`` of those parts, each multiplied on its own kept weight.
+Only a float-stored shard beside quantized ones (rare) gets its layer requantized from
+float, in the format of its first quantized shard (the load log warns). llama.cpp's q/k row
+permutation is undone on the packed rows.
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ from kvrelay_worker.loading.gguf_file import GGUFCheckpoint, GGUFTensorSpec
 from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.families import family_of
-from kvrelay_worker.models.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from kvrelay_worker.models.quantized_linear import (
+    FusedQuantizedLinear,
+    QuantizedEmbedding,
+    QuantizedLinear,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +50,9 @@ class StoredFormat:
     """How one matrix came out of the file: repacked losslessly, requantized, or float."""
 
     gguf_type: str
-    how: str  # "repacked", "requantized", "requantized (fused with another type)", "float"
+    # "repacked", "requantized", "float", or "requantized (fused with another type)": a
+    # quantized shard of a fused layer that also has a float-stored shard
+    how: str
 
 
 def _module_path(spec: GGUFTensorSpec) -> tuple[str, int | None] | None:
@@ -103,18 +113,33 @@ def _as_float(part: QuantizedWeight | torch.Tensor) -> torch.Tensor:
     return part if isinstance(part, torch.Tensor) else dequantize_weight(part)
 
 
+def _runs(parts: list[QuantizedWeight]) -> list[QuantizedWeight]:
+    """Consecutive shards of one layout concatenated: the kept matrices of a fused layer
+    (one when every shard shares a layout; q|k and v for a ``Q4_K_M`` file's mixed q/k/v)."""
+    runs: list[list[QuantizedWeight]] = []
+    for part in parts:
+        if runs and _same_format([runs[-1][0], part]):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return [run[0] if len(run) == 1 else _concat(run) for run in runs]
+
+
 def _fused(parts: list[QuantizedWeight | torch.Tensor], path: str
-           ) -> QuantizedWeight | torch.Tensor:
-    """One matrix from its shards, kept quantized when they share a format."""
+           ) -> QuantizedWeight | list[QuantizedWeight] | torch.Tensor:
+    """One matrix from its shards, kept quantized when they share a layout; several (one
+    per run of a layout) when they do not; requantized only when a float shard is among
+    quantized ones."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat([p for p in parts if isinstance(p, torch.Tensor)])
     quantized = [p for p in parts if isinstance(p, QuantizedWeight)]
-    if len(quantized) == len(parts) and _same_format(quantized):
-        return _concat(quantized)
+    if len(quantized) == len(parts):
+        runs = _runs(quantized)
+        return runs[0] if len(runs) == 1 else runs
     first = quantized[0]
     values = torch.cat([_as_float(p) for p in parts])
-    log.warning("%s: its shards are stored in different formats; requantized from float as "
-                "int%d", path, first.bits)
+    log.warning("%s: a float shard beside quantized ones; requantized from float as int%d",
+                path, first.bits)
     if first.bits == 8:
         return quantize_int8(values)
     return quantize_int4(values, first.group_size)
@@ -140,7 +165,7 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
             floats.append((spec.name, checkpoint.load_tensor(spec)))
         else:
             shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))
-    quantized: dict[str, QuantizedWeight] = {}
+    quantized: dict[str, QuantizedWeight | list[QuantizedWeight]] = {}
     for path, parts in shards.items():
         ordered = [parts[key] for key in sorted(parts, key=lambda k: k or 0)]
         if all(isinstance(value, torch.Tensor) for _, value in ordered):
@@ -148,12 +173,11 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
                           if isinstance(value, torch.Tensor))
             continue
         matrix = _fused([value for _, value in ordered], path)
-        quantized_parts = [value for _, value in ordered if isinstance(value, QuantizedWeight)]
-        if len(quantized_parts) < len(ordered) or not _same_format(quantized_parts):
-            for name, _ in ordered:  # shards of mixed formats: the layer was requantized
+        if any(isinstance(value, torch.Tensor) for _, value in ordered):
+            for name, _ in ordered:  # a float shard among them: the layer was requantized
                 if name in loader.formats and loader.formats[name].how == "repacked":
                     loader.formats[name].how = "requantized (fused with another type)"
-        assert isinstance(matrix, QuantizedWeight)
+        assert not isinstance(matrix, torch.Tensor)
         quantized[path] = matrix
     with torch.device("meta"):
         model = CausalLM(config, max_position=max_position)
@@ -169,6 +193,13 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     if config.tie_word_embeddings and not tied_quantized:
         model.lm_head.weight = model.embed_tokens.weight
     for path, matrix in quantized.items():
+        if isinstance(matrix, list):  # shards of different layouts: one part per layout
+            width = sum(part.out_features for part in matrix)
+            zeros = (torch.zeros(width, dtype=dtype, device=device)
+                     if biased.get(path, False) else None)
+            _set_module(model, path,
+                        FusedQuantizedLinear([part.to(device) for part in matrix], zeros))
+            continue
         bias = biased.get(path, False)
         zeros = torch.zeros(matrix.out_features, dtype=dtype, device=device) if bias else None
         module = QuantizedLinear(matrix.to(device), zeros)

@@ -4,10 +4,17 @@ Decode at batch 1 reads every weight byte once per token, so fewer bytes per wei
 speed as well as memory. Activations stay in the model's dtype; the matmul
 (``kvrelay_kernels.quantized_matmul``) dequantizes inside its loop. The layout is
 ``kvrelay_kernels.quantized_weight``'s.
+
+A fused projection (q|k|v, gate|up) is one ``QuantizedLinear`` when its shards share a
+layout. A GGUF may store them in different types (a ``Q4_K_M`` file's Q6_K ``attn_v``
+beside Q4_K ``attn_q``/``attn_k``): ``FusedQuantizedLinear`` keeps each run of same-layout
+shards as its own matrix and joins their products column-wise.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -70,6 +77,58 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bits={self.bits}, group_size={self.group_size}, bias={self.bias is not None}")
+
+
+class FusedQuantizedLinear(nn.Module):
+    """A fused projection whose shards are kept in different layouts: each part's product
+    goes through ``quantized_matmul`` on its own kept weight (the same door, hence the
+    same CPU and Triton kernels, as ``QuantizedLinear``) and the outputs are joined along
+    the columns, in shard order. No float weight, no concatenation of weights per call;
+    the cost over one matrix is a kernel call per part and the copy of the outputs.
+
+    ``parts`` are the row blocks of the fused matrix, top to bottom (q|k then v: two
+    parts), each a bias-less ``QuantizedLinear``; ``bias`` spans every output column (a
+    parameter, as in ``nn.Linear``, so checkpoint loading fills its shards) and each part
+    adds its slice.
+    """
+
+    def __init__(self, parts: Sequence[QuantizedWeight],
+                 bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if len(parts) < 2:
+            raise ValueError("a fused quantized linear needs two parts or more")
+        in_features = parts[0].in_features
+        if any(part.in_features != in_features for part in parts):
+            raise ValueError("the parts of a fused linear must share in_features, got "
+                             f"{[part.in_features for part in parts]}")
+        linears = [QuantizedLinear(part) for part in parts]
+        self.parts = nn.ModuleList(linears)
+        self.in_features = in_features
+        self.out_features = sum(part.out_features for part in parts)
+        stops = list(accumulate(part.out_features for part in parts))
+        self.columns: list[tuple[int, int]] = list(zip([0, *stops[:-1]], stops, strict=True))
+        # The same modules, typed (moving the model changes their tensors, not them).
+        self._blocks = list(zip(linears, self.columns, strict=True))
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(f"bias must have shape {(self.out_features,)}, got "
+                             f"{tuple(bias.shape)}")
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(part.weight_bytes for part, _ in self._blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias
+        outputs = [quantized_matmul(x, part.quantized,
+                                    None if bias is None else bias[start:stop],
+                                    weight_checked=True)
+                   for part, (start, stop) in self._blocks]
+        return torch.cat(outputs, dim=-1)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"columns={self.columns}, bias={self.bias is not None}")
 
 
 class QuantizedEmbedding(nn.Module):
