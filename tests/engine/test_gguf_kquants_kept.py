@@ -13,7 +13,7 @@ activations to int16 per block of 32, to that rounding (computed here exactly, a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -21,9 +21,8 @@ import numpy as np
 import pytest
 import torch
 from helpers.engine_run import one_torch_thread
-from helpers.kquant_blocks import K_QUANTS, k_quant_blocks
-from helpers.tiny_gguf import TINY_VOCAB_SIZE, write_gguf_from_hf
-from helpers.tiny_models import build_tiny_model
+from helpers.kquant_blocks import K_QUANTS, k_quant_blocks, write_typed_gguf
+from helpers.tiny_gguf import TINY_VOCAB_SIZE
 
 from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_kernels.cpu_kernels.build import load_cpu_kernels
@@ -191,7 +190,7 @@ def test_public_entry_point_takes_the_cpu_kernels(qtype: gguf.GGMLQuantizationTy
     assert torch.equal(quantized_matmul(many, weight), tiles)
 
 
-# One type per fused layer (mixed shards would be requantized); both layers differ.
+# One type per fused layer (mixed fused layers: further down); both layers differ.
 LAYER_TYPES = [
     {"attn_q": Q.Q5_K, "attn_k": Q.Q5_K, "attn_v": Q.Q5_K, "attn_output": Q.Q6_K,
      "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q5_1},
@@ -207,23 +206,6 @@ def _tensor_type(name: str) -> gguf.GGMLQuantizationType:
         return Q.Q6_K
     _, layer, kind, _ = name.split(".")
     return LAYER_TYPES[int(layer)][kind]
-
-
-def write_typed_gguf(root: Path, tensor_type: Callable[[str], gguf.GGMLQuantizationType]
-                     ) -> Path:
-    """A Llama (q/k rows permuted in the file, untied LM head) with each matrix of the type
-    ``tensor_type(gguf name)``; K-quant tensors are random blocks, Q5_x ones quantize the
-    model's weights."""
-    folder = build_tiny_model("llama3-rope", root / "model", vocab_size=TINY_VOCAB_SIZE)
-    rng = np.random.default_rng(8)
-
-    def encode(name: str, values: np.ndarray) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
-        qtype = tensor_type(name)
-        if qtype in K_QUANTS:
-            return k_quant_blocks(qtype, values.shape[0], values.shape[1], rng), qtype
-        return gguf.quants.quantize(values, qtype), qtype
-
-    return write_gguf_from_hf(folder, root / "typed.gguf", encode=encode)
 
 
 @pytest.fixture(scope="module")
@@ -296,21 +278,6 @@ def test_storage_report_names_the_requantized_types(tmp_path: Path) -> None:
     assert storage.kept_quantized_bytes == 1024 // 2 + 1024 // 32 * 4 + kept_bytes("Q4_K", 1024)
     assert "Q3_K requantized, not bit-exact" in _storage_line(path)
     assert _storage_json(path)["requantized_types"] == ["Q3_K"]
-
-
-def test_a_fused_layer_of_mixed_types_is_reported_requantized(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """A Q4_K_M file's Q6_K ``attn_v`` beside Q4_K ``attn_q``/``attn_k``: q/k/v cannot be
-    one kept matrix, so the layer is requantized, and the load log says so."""
-    monkeypatch.setenv(cache_layout.CACHE_DIR_ENV, str(tmp_path / "cache"))
-
-    def tensor_type(name: str) -> gguf.GGMLQuantizationType:
-        return Q.Q6_K if name.endswith(("attn_v.weight", "attn_output.weight")) else Q.Q4_K
-
-    _, log_line = loaded_formats(write_typed_gguf(tmp_path, tensor_type), caplog)
-    assert ("8 Q4_K repacked, 4 Q4_K requantized (fused with another type), "
-            "2 Q6_K repacked, 2 Q6_K requantized (fused with another type)") in log_line
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu-tiles", "triton"])

@@ -5,13 +5,20 @@ byte pattern is a valid block except a non-finite float16 field (``d``, ``dmin``
 are drawn apart. ``wild`` draws them from every finite float16 (the repack must keep any
 block's bits); otherwise they are drawn at the magnitude that gives weights of standard
 deviation near ``std`` (a model's or a product's numbers stay in a sane range).
+``write_typed_gguf`` writes a tiny model's GGUF with each matrix in the type asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import gguf
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
+
+from helpers.tiny_gguf import TINY_VOCAB_SIZE, write_gguf_from_hf
+from helpers.tiny_models import build_tiny_model
 
 Q = gguf.GGMLQuantizationType
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
@@ -40,3 +47,20 @@ def k_quant_blocks(qtype: gguf.GGMLQuantizationType, rows: int, in_features: int
             values = (unit * std * rng.uniform(0.5, 1.5, (rows, blocks))).astype(np.float16)
         raw[..., offset:offset + 2] = values.astype(np.float16)[..., None].view(np.uint8)
     return raw.reshape(rows, blocks * size)
+
+
+def write_typed_gguf(root: Path, tensor_type: Callable[[str], gguf.GGMLQuantizationType],
+                     model: str = "llama3-rope") -> Path:
+    """A Llama (q/k rows permuted in the file, untied LM head; or another tiny ``model``,
+    its folder in ``root / "model"``) with each matrix of the type ``tensor_type(gguf
+    name)``; K-quant tensors are random blocks, the others quantize the model's weights."""
+    folder = build_tiny_model(model, root / "model", vocab_size=TINY_VOCAB_SIZE)
+    rng = np.random.default_rng(8)
+
+    def encode(name: str, values: np.ndarray) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+        qtype = tensor_type(name)
+        if qtype in K_QUANTS:
+            return k_quant_blocks(qtype, values.shape[0], values.shape[1], rng), qtype
+        return gguf.quants.quantize(values, qtype), qtype
+
+    return write_gguf_from_hf(folder, root / "typed.gguf", encode=encode)
