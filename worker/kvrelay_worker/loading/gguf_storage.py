@@ -3,8 +3,9 @@
 ``kvrelay models`` prints it: the tensor types, their bytes in the file, and the resident
 weight bytes when the file is dequantised to float32 (``quantization="none"``) or kept
 quantized (``quantization="gguf"``: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
-repacked losslessly in ``gguf_blocks.KEPT_LAYOUTS``' layouts, float tensors as float32,
-other types requantized to int4 or int8, which ``requantized_types`` names).
+repacked losslessly in ``gguf_blocks.KEPT_LAYOUTS``' layouts, shard by shard in fused
+layers that mix types too, float tensors as float32, other types requantized to int4 or
+int8, which ``requantized_types`` names).
 """
 
 from __future__ import annotations
