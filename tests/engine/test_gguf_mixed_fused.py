@@ -252,3 +252,26 @@ def test_lora_over_mixed_fused_layers(tmp_path: Path, monkeypatch: pytest.Monkey
     with_adapter = tokens("gguf", "a")
     assert with_adapter == tokens("none", "a")
     assert with_adapter != tokens("gguf", None)
+
+
+def test_a_float_shard_beside_quantized_ones_is_requantized_and_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The one case left requantized: an F32 ``attn_v`` beside Q4_K q/k (the layer becomes
+    one int4 matrix from float); the load log names the shards so."""
+    monkeypatch.setenv(cache_layout.CACHE_DIR_ENV, str(tmp_path / "cache"))
+
+    def tensor_type(name: str) -> gguf.GGMLQuantizationType:
+        return Q.F32 if name.endswith("attn_v.weight") else Q.Q4_K
+
+    path = write_typed_gguf(tmp_path, tensor_type)
+    with caplog.at_level(logging.INFO, logger="kvrelay_worker.engine.engine_model"):
+        kept = _llm(path, "gguf")
+    line = next(r.getMessage() for r in caplog.records if "kept from GGUF" in r.getMessage())
+    assert "4 Q4_K requantized (fused with another type)" in line
+    assert "fused layers of mixed types" not in line
+    qkv = kept.engine.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, QuantizedLinear)
+    assert _layouts(qkv) == [(4, 32, True)]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    assert len(kept.generate([PROMPT[:7]], params)[0].choices[0].token_ids) == 4
