@@ -75,8 +75,9 @@ def cached_checkpoints(source: Path, schemes: list[str], script: Path = SCRIPT) 
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("KVRELAY_CACHE_DIR") or "~/.cache/kvrelay"
-    return Path(base).expanduser() / "quant-checkpoints"
+    from kvrelay_worker.loading.cache_layout import cache_root
+
+    return cache_root() / "quant-checkpoints"
 
 
 def _key(source: Path, script: Path) -> str:
