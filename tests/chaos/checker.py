@@ -27,7 +27,20 @@ from chaos.reference import Reference
 from chaos.schedule import CANCEL, GENERATE
 from chaos.tap import Tapped
 from chaos.workload import JobRun
-from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Failed, Finished, Started, Tokens
+from kvrelay.protocol import (
+    TERMINAL_EVENTS,
+    AnyEvent,
+    ErrorCode,
+    Failed,
+    Finished,
+    Started,
+    Tokens,
+)
+from kvrelay.stream_order import _PICKUP_GRACE_S
+
+# How long past its queue deadline the SDK still waits for a job's first event before
+# it raises ``QueueTimeout`` (the SDK's own ``_PICKUP_GRACE_S``).
+PICKUP_GRACE_S = _PICKUP_GRACE_S
 
 # Seconds a running job may take to stop once its cancel is acknowledged, with no fault.
 STOP_BOUND_S = 3.0
@@ -150,8 +163,13 @@ class JobCheck:
         logged = {e.seq: e for e in self.log if isinstance(e, Tokens)}
         for chunk in self.run.chunks:
             event = logged.get(chunk.seq)
-            if event is not None and (list(chunk.token_ids) != event.token_ids
-                                      or chunk.index != event.index):
+            if event is None:
+                # Every event a caller is shown is in the job's log (its worker writes
+                # the log before a job ends): a chunk the log lacks was lost from it.
+                self.fail("client-vs-log", f"chunk seq {chunk.seq} is not in the log "
+                          f"({len(self.log)} events)")
+                break
+            if list(chunk.token_ids) != event.token_ids or chunk.index != event.index:
                 self.fail("client-vs-log", f"chunk seq {chunk.seq} is not the logged event")
                 break
 
@@ -195,14 +213,51 @@ class JobCheck:
         if ended - run.cancel_acked_at > bound:
             self.fail("cancel-stop", f"ended {ended - run.cancel_acked_at:.1f}s after the "
                       f"cancel (bound {bound:.1f}s)")
+        if isinstance(end, Finished):
+            # A cancel that came too late is lawful only if the job was finishing
+            # anyway: its ``Finished`` was published within the stop bound of the
+            # cancel reaching Redis (the abort flag is written before ``cancel()``
+            # returns). One much later means the cancel was lost and the job ran on.
+            done = [t.at for t in self.tapped if isinstance(t.event, TERMINAL_EVENTS)]
+            at = min(done) if done else ended
+            late = STOP_BOUND_S + allowance(self.faults, run.cancel_acked_at, at)
+            if at - run.cancel_acked_at > late:
+                self.fail("cancel-finished", f"finished {at - run.cancel_acked_at:.1f}s after "
+                          f"its cancel reached Redis (bound {late:.1f}s): the cancel was lost")
         for tapped in self.tapped:
             if isinstance(tapped.event, Started) and tapped.at > run.cancel_acked_at + bound:
                 self.fail("run-after-cancel", f"a run started {tapped.at - run.cancel_acked_at:.1f}s "
                           f"after the cancel (attempt {tapped.event.attempt})")
 
     def _expired_in_queue(self) -> None:
-        if isinstance(self.terminal, Finished):
+        """``QueueTimeout`` is lawful only when the evidence shows the job was not
+        started before its queue deadline plus the SDK's pickup grace, and that it
+        ended: a worker dropped it (``Failed(queue_timeout)``) or the caller's abort
+        ended it (``Failed(cancelled)``). A job whose log never ended was never
+        received (a lost enqueue or a lost delivery) or is running unheard."""
+        run = self.run
+        end = self.terminal
+        if isinstance(end, Finished):
             self.fail("queue-timeout", "the caller got QueueTimeout, yet the job finished")
+            return
+        if run.queue_deadline is not None:
+            gave_up = run.queue_deadline + PICKUP_GRACE_S
+            early = [t.at for t in self.tapped
+                     if isinstance(t.event, Started) and t.at <= gave_up - QUEUE_SLACK_S]
+            if early:
+                self.fail("queue-timeout", f"the caller got QueueTimeout, yet a run started "
+                          f"{early[0] - run.queue_deadline:+.2f}s from its queue deadline "
+                          f"(the SDK waits {PICKUP_GRACE_S:g}s past it)")
+        if end is None:
+            started = any(isinstance(e, Started) for e in self.log)
+            self.fail("queue-timeout", "the caller got QueueTimeout and the job never ended "
+                      + ("(a run started and wrote no terminal event)" if started else
+                         "(its log is empty: no worker ever received it, a lost enqueue or "
+                         "delivery)"))
+        elif not (isinstance(end, Failed) and end.code in (ErrorCode.QUEUE_TIMEOUT,
+                                                          ErrorCode.CANCELLED)):
+            self.fail("queue-timeout", f"the caller got QueueTimeout, the log ends with "
+                      f"{end!r}"[:200])
 
     def _queue_deadline(self) -> None:
         """The first pickup came before the queue deadline: the worker's own

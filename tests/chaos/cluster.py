@@ -179,11 +179,18 @@ class ChaosCluster:
                 self.sentinel.stop()
 
 
+# What a poll may meet while Redis refuses, fails over or restarts: tried again. Any
+# other exception is a harness bug and propagates (a swallowed one once hid a broken
+# check behind a plain timeout).
+POLL_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+
+
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
-    """Poll ``predicate()`` until true or ``timeout`` seconds passed; whether it held."""
+    """Poll ``predicate()`` until true or ``timeout`` seconds passed; whether it held.
+    Only ``POLL_ERRORS`` count as "not yet"."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*POLL_ERRORS):
             if predicate():
                 return True
         time.sleep(interval)

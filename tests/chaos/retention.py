@@ -2,11 +2,15 @@
 "Retention"): once every job ended and ``KVRELAY_LOG_TTL`` passed, nothing of those jobs
 is left in Redis except their abort flags (which expire within an hour): no record, log,
 lease, watcher count or requeue marker, no record of theirs in any worker's tail, and no
-prompt anywhere (a queued or unacknowledged Celery message).
+prompt or job id in any value: every list of queued messages and kombu's ``unacked``
+hash are read with each message body decoded (kombu stores bodies base64-encoded).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,6 +37,43 @@ def _values(client: redis.Redis, key: bytes) -> list[Any]:
     return []
 
 
+def _kombu_bodies(value: bytes) -> list[bytes]:
+    """The decoded bodies of the kombu messages ``value`` holds: a message as queued
+    (a JSON object with ``body`` and ``properties.body_encoding``) or as kept in the
+    ``unacked`` hash (a JSON list whose first item is the message). kombu stores a body
+    base64-encoded, so a prompt or job id inside it never shows in the raw value."""
+    try:
+        loaded = json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return []
+    messages = [loaded] if isinstance(loaded, dict) else [
+        m for m in loaded if isinstance(m, dict)] if isinstance(loaded, list) else []
+    bodies = []
+    for message in messages:
+        body = message.get("body")
+        properties = message.get("properties")
+        if not isinstance(body, str) or not isinstance(properties, dict):
+            continue
+        if properties.get("body_encoding") == "base64":
+            try:
+                bodies.append(base64.b64decode(body, validate=False))
+            except (binascii.Error, ValueError):
+                bodies.append(body.encode())
+        else:
+            bodies.append(body.encode())
+    return bodies
+
+
+def _readable(values: list[Any]) -> list[bytes]:
+    """Each value as stored, and beside it the decoded body of any kombu message in it."""
+    out: list[bytes] = []
+    for value in values:
+        raw = value if isinstance(value, bytes) else str(value).encode()
+        out.append(raw)
+        out += _kombu_bodies(raw)
+    return out
+
+
 def retained(client: redis.Redis, job_ids: Iterable[str], prompts: Iterable[str]) -> list[str]:
     """What breaks the rule: one line per key."""
     ids = {job_id.encode() for job_id in job_ids}
@@ -56,6 +97,9 @@ def retained(client: redis.Redis, job_ids: Iterable[str], prompts: Iterable[str]
                     found.append(f"{name} holds events of ended jobs (ttl {client.ttl(key)})")
                     break
             continue
-        if any(m in v for v in _values(client, key) for m in markers):
+        values = _readable(_values(client, key))
+        if any(m in v for v in values for m in markers):
             found.append(f"{name} holds a prompt (ttl {client.ttl(key)})")
+        elif any(i in v for v in values for i in ids):
+            found.append(f"{name} holds the id of an ended job (ttl {client.ttl(key)})")
     return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from chaos.schedule import LOAD_S, PRESSURE, Schedule, make_schedule
 from chaos.tap import WireTap
 from chaos.workload import Workload
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent
+from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Started
 
 KEYS = Keyspace()
 # Seconds the load may run past its planned length (faults, takeovers, slow readers).
@@ -38,7 +39,8 @@ END_WAIT_S = 15.0
 class RunResult:
     schedule: Schedule
     violations: list[Violation] = field(default_factory=list)
-    # Faults that could not be done: the run proves less, but nothing was violated.
+    # Faults that could not be done or undone: the run proved less than its schedule
+    # says, so the seed fails (a fault that never landed must not pass as survived).
     harness_errors: list[str] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -51,10 +53,11 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.harness_errors
 
     def report(self) -> str:
-        lines = [f"chaos seed {self.schedule.seed}: {len(self.violations)} violations "
+        lines = [f"chaos seed {self.schedule.seed}: {len(self.violations)} violations, "
+                 f"{len(self.harness_errors)} harness errors "
                  f"({self.schedule.scenario}, broken={self.schedule.broken}); replay: "
                  f"{replay_command(self.schedule)}"]
         lines += [f"  {v}" for v in self.violations]
@@ -103,6 +106,8 @@ def run_schedule(seed: int, workdir: Path | None = None, *, model_path: str | No
         result.worker_logs = cluster.worker_logs()
         cluster.close()
     result.seconds["total"] = time.monotonic() - began
+    with contextlib.suppress(OSError):  # a report only
+        (workdir / "report.txt").write_text(f"{result.report()}\n{schedule.describe()}\n")
     return result
 
 
@@ -125,7 +130,9 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
         result.seconds["load"] = time.monotonic() - loaded
         checked = time.monotonic()
         logs = _final_logs(cluster, {run.job_id: _longer(tap.logs.get(run.job_id, []), run.log)
-                                     for run in workload.runs})
+                                     for run in workload.runs},
+                           {run.job_id for run in workload.runs
+                            if run.enqueued_at is not None})
         time.sleep(0.5)  # anything published late reaches the tap
     finally:
         tap.stop()
@@ -135,6 +142,9 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
     result.violations = check_jobs(workload.runs, reference, logs,
                                    {run.job_id: tap.of(run.job_id) for run in workload.runs},
                                    injector.records)
+    result.violations += [Violation(None, "tap-decode", f"a reply-channel message did not "
+                                    f"decode: {line}") for line in tap.undecodable]
+    _keep_handled(cluster, workload, tap, result)
     for run in workload.runs:
         result.outcomes[run.outcome] = result.outcomes.get(run.outcome, 0) + 1
     for slot in cluster.slots:
@@ -156,11 +166,13 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
     result.seconds["check"] = time.monotonic() - checked
 
 
-def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]]
+def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]], enqueued: set[str]
                 ) -> dict[str, list[AnyEvent]]:
     """Each job's log once it ended: as its caller's snapshot saw it, or, where that had
-    no terminal event yet, read again until it has one (up to ``END_WAIT_S``). A job with
-    no log is not waited for (its caller gave up before any worker took it)."""
+    no terminal event yet, read again until it has one (up to ``END_WAIT_S``). Every job
+    that was enqueued is waited for, one with no log yet too: a job whose caller gave up
+    before any worker took it still ends in its log (a worker drops it with
+    ``queue_timeout`` or ``cancelled``), and one that never does was lost."""
     logs = dict(seen)
 
     def ended(job_id: str) -> bool:
@@ -171,10 +183,30 @@ def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]]
         for job_id in logs:
             if not ended(job_id):
                 logs[job_id] = read_log(url, job_id) or logs[job_id]
-        return all(not logs[j] or ended(j) for j in logs)
+        return all(ended(j) or (not logs[j] and j not in enqueued) for j in logs)
 
     wait_until(all_ended, END_WAIT_S, 0.2)
     return logs
+
+
+def _keep_handled(cluster: ChaosCluster, workload: Workload, tap: WireTap,
+                  result: RunResult) -> None:
+    """Write, beside the workers' logs, which jobs each worker started (from the tapped
+    ``Started`` events) and the run's report: a failure that does not replay can still
+    be read from the run's folder."""
+    handled: dict[str, list[str]] = {}
+    for run in workload.runs:
+        for tapped in tap.of(run.job_id):
+            if isinstance(tapped.event, Started):
+                handled.setdefault(tapped.event.worker, []).append(
+                    f"job {run.plan.index} {run.job_id} attempt {tapped.event.attempt} "
+                    f"at {tapped.at:.3f}")
+    with contextlib.suppress(OSError):  # a report only
+        (cluster.workdir / "handled.json").write_text(json.dumps({
+            "seed": result.schedule.seed, "workers": handled,
+            "jobs": {run.job_id: {"index": run.plan.index, "outcome": run.outcome,
+                                  "error": run.error[:300]} for run in workload.runs},
+        }, indent=1))
 
 
 def _longer(a: list[AnyEvent], b: list[AnyEvent]) -> list[AnyEvent]:

@@ -47,6 +47,9 @@ class WireTap:
         # Each ended job's log, read when its terminal event went by.
         self.logs: dict[str, list[AnyEvent]] = {}
         self.reconnects = 0
+        # Messages on a reply channel that did not decode (what and why): each one is a
+        # violation, since a caller could not have read it either.
+        self.undecodable: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -90,15 +93,18 @@ class WireTap:
     def _record(self, at: float, data: bytes) -> list[str]:
         """Keep the message's events; the jobs it ends (seen for the first time)."""
         try:
-            pairs = unpack_message(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            decoded = [(job_id, [(bytes(raw), decode_event(bytes(raw)))
+                                 for raw in unpack_events(events)])
+                       for job_id, events in unpack_message(data)]
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+            with self._lock:
+                self.undecodable.append(f"{type(exc).__name__}: {exc}; "
+                                        f"{bytes(data)[:80]!r}")
             return []
         ended = []
         with self._lock:
-            for job_id, events in pairs:
-                for raw in unpack_events(events):
-                    blob = bytes(raw)
-                    event = decode_event(blob)
+            for job_id, pairs in decoded:
+                for blob, event in pairs:
                     self.events[job_id].append(Tapped(at, event, blob))
                     if isinstance(event, TERMINAL_EVENTS) and job_id not in self.logs:
                         self.logs[job_id] = []

@@ -3,9 +3,15 @@ store can go wrong is named (so a harness run that reports nothing means somethi
 
 from __future__ import annotations
 
+import base64
+import json
+
+import fakeredis
+
 from chaos.checker import Violation, check_jobs
+from chaos.retention import retained
 from chaos.schedule import CANCEL, STREAM, JobPlan
-from chaos.tap import Tapped
+from chaos.tap import Tapped, WireTap
 from chaos.workload import Chunk, JobRun
 from kvrelay.protocol import (
     AnyEvent,
@@ -119,3 +125,68 @@ def test_a_taken_over_job_is_judged_by_its_first_pickup() -> None:
     assert _check(_run(log), log) == []
     late = _tap(log, at=NOW + 10)
     assert "queue-deadline" in _rules(_check(_run(log), log, late))
+
+
+def test_a_chunk_missing_from_the_log_is_caught() -> None:
+    log = _history(REFERENCE[0])
+    run = _run(log)
+    del log[2]  # the caller saw seq 2; the log lost it (seqs renumbered: no gap)
+    log = [type(e)(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "seq": i})
+           for i, e in enumerate(log)]
+    assert "client-vs-log" in _rules(_check(run, log, _tap(log)))
+
+
+def _timed_out(log: list[AnyEvent]) -> JobRun:
+    run = JobRun(JobPlan(0, 0.0, "p", max_tokens=6, queue_timeout=2.0), job_id="j")
+    run.enqueued_at, run.queue_deadline = NOW, NOW + 2.0
+    run.outcome, run.error, run.ended_at = "QueueTimeout", "no pickup", NOW + 7.0
+    return run
+
+
+def test_a_queue_timeout_is_lawful_only_for_a_job_never_started_in_time() -> None:
+    dropped: list[AnyEvent] = [Failed(seq=0, code="queue_timeout", message="")]
+    assert _check(_timed_out(dropped), dropped) == []
+    aborted: list[AnyEvent] = [Failed(seq=0, code="cancelled", message="")]
+    assert _check(_timed_out(aborted), aborted, _tap(aborted, at=NOW + 9)) == []
+
+
+def test_a_lost_enqueue_behind_a_queue_timeout_is_caught() -> None:
+    # Nothing ever ran and nothing ended the job: the enqueue or the delivery was lost.
+    assert "queue-timeout" in _rules(_check(_timed_out([]), [], []))
+
+
+def test_a_queue_timeout_after_a_timely_start_is_caught() -> None:
+    log: list[AnyEvent] = [Started(seq=0, worker="w:1"), Tokens(seq=1, token_ids=[11], text="")]
+    assert "queue-timeout" in _rules(_check(_timed_out(log), log, _tap(log, at=NOW + 1)))
+    ended = [*log, Failed(seq=2, code="cancelled", message="")]
+    assert "queue-timeout" in _rules(_check(_timed_out(ended), ended, _tap(ended, at=NOW + 1)))
+
+
+def test_a_lost_cancel_is_caught_even_when_the_job_finishes_whole() -> None:
+    log = _history(REFERENCE[0])
+    run = _run(log, behaviour=CANCEL)
+    run.cancel_acked_at, run.ended_at = NOW + 1, NOW + 1.5
+    assert _check(run, log, _tap(log, at=NOW)) == []  # finishing as the cancel came
+    tapped = [*_tap(log[:-1]), Tapped(NOW + 20, log[-1], encode_event(log[-1]))]
+    assert "cancel-finished" in _rules(_check(run, log, tapped))
+
+
+def test_an_undecodable_tapped_message_is_counted() -> None:
+    tap = WireTap("redis://unused")
+    assert tap._record(NOW, b"\xff not a message") == []
+    assert len(tap.undecodable) == 1
+
+
+def test_retention_reads_base64_message_bodies() -> None:
+    store = fakeredis.FakeRedis()
+    body = base64.b64encode(json.dumps([[{"prompt": "secret prompt"}], {}, {}]).encode())
+    message = {"body": body.decode(), "content-encoding": "utf-8",
+               "properties": {"body_encoding": "base64", "delivery_tag": "t1"}, "headers": {}}
+    store.rpush("kvrelay:celery:some-queue", json.dumps(message))
+    found = retained(store, ["job-1"], ["secret prompt"])
+    assert any("some-queue holds a prompt" in line for line in found), found
+    store.flushall()
+    tagged = dict(message, body=base64.b64encode(b'{"job_id": "job-1"}').decode())
+    store.hset("unacked", "t1", json.dumps([tagged, "", "q"]))
+    found = retained(store, ["job-1"], ["secret prompt"])
+    assert any("unacked holds the id of an ended job" in line for line in found), found
