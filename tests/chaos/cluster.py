@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from helpers.injected_faults import inject
 from helpers.refusing_redis import ReplicatedPrimary
 from helpers.sentinel_cluster import SentinelCluster
 from helpers.worker_process import WorkerProcess, redis_for
 
-from chaos.schedule import PRESSURE, SENTINEL, Schedule
+from chaos.schedule import PRESSURE, SENTINEL, VICTIM, WORKER_VARIANTS, Schedule
 
 # Seconds a job's log lives after its end: the retention check waits this long.
 LOG_TTL_S = 4
@@ -55,6 +56,8 @@ class WorkerSlot:
         self.stopped = False
         # Engine counters of the workers killed here, read from their last heartbeat.
         self.killed_counters: dict[str, int] = {}
+        # ``TEST_FAULT_*`` of every process started here (a broken variant).
+        self.faults: dict[str, str] = {}
 
     @property
     def current(self) -> WorkerProcess:
@@ -65,6 +68,8 @@ class WorkerSlot:
         self.generation += 1
         worker = WorkerProcess(name, self.url, self.model, self.log_dir,
                                concurrency=self.concurrency, **self.settings)
+        if self.faults:
+            inject(worker, **self.faults)
         self.processes.append(worker.start())
         return worker
 
@@ -144,6 +149,8 @@ class ChaosCluster:
         self.slots = [WorkerSlot(i, self.url, model, logs, self.schedule.concurrency, settings)
                       for i in range(self.schedule.workers)]
         for slot in self.slots:
+            if self.schedule.broken in WORKER_VARIANTS:
+                slot.faults = {"broken": self.schedule.broken, "victim": VICTIM}
             slot.start()
         for slot in self.slots:
             slot.current.wait_ready(ready_timeout)

@@ -12,8 +12,10 @@ import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from helpers.job_log import read_log
 
@@ -22,7 +24,7 @@ from chaos.cluster import ENGINE_COUNTERS, LOG_TTL_S, ChaosCluster, wait_until
 from chaos.faults import FaultInjector, FaultRecord
 from chaos.reference import reference_tokens
 from chaos.retention import retained
-from chaos.schedule import LOAD_S, PRESSURE, Schedule, make_schedule
+from chaos.schedule import LOAD_S, LOSE_ENQUEUE, PRESSURE, VICTIM, Schedule, make_schedule
 from chaos.tap import WireTap
 from chaos.workload import Workload
 from kvrelay.keys import Keyspace
@@ -69,7 +71,9 @@ class RunResult:
 
 def replay_command(schedule: Schedule) -> str:
     flags = f" --broken {schedule.broken}" if schedule.broken else ""
-    if make_schedule(schedule.seed).scenario != schedule.scenario:
+    if schedule.small:
+        flags += " --small"
+    elif make_schedule(schedule.seed).scenario != schedule.scenario:
         flags += f" --scenario {schedule.scenario}"
     return (f"PYTHONPATH=tests python benchmarks/fault_injection.py "
             f"--replay {schedule.seed}{flags}")
@@ -89,8 +93,9 @@ def tiny_model_path(root: Path) -> str:
 
 
 def run_schedule(seed: int, workdir: Path | None = None, *, model_path: str | None = None,
-                 broken: str | None = None, scenario: str | None = None) -> RunResult:
-    schedule = make_schedule(seed, scenario=scenario, broken=broken)
+                 broken: str | None = None, scenario: str | None = None,
+                 small: bool = False) -> RunResult:
+    schedule = make_schedule(seed, scenario=scenario, broken=broken, small=small)
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
     if schedule.scenario == PRESSURE:
         model_path = model_path or tiny_model_path(workdir)
@@ -124,7 +129,8 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
                              injector.run_all(schedule.faults, t0))
 
     try:
-        asyncio.run(load())
+        with _sdk_broken(schedule.broken):
+            asyncio.run(load())
         for slot in cluster.slots:
             slot.cont()
         result.seconds["load"] = time.monotonic() - loaded
@@ -164,6 +170,31 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
                         [job.prompt for job in schedule.jobs])
     result.violations += [Violation(None, "retention", line) for line in left]
     result.seconds["check"] = time.monotonic() - checked
+
+
+@contextlib.contextmanager
+def _sdk_broken(broken: str | None) -> Iterator[None]:
+    """The callers' side of a broken variant: ``lose_enqueue`` drops the SDK's first
+    push of the victim job (nothing reaches Redis, the caller is told it was queued)."""
+    if broken != LOSE_ENQUEUE:
+        yield
+        return
+    import kvrelay.enqueue as enqueue
+
+    publish = enqueue.publish_task
+    lost: list[str] = []
+
+    def lossy(app: Any, name: str, payload: dict[str, Any], **kwargs: Any) -> None:
+        if VICTIM in json.dumps(payload) and not lost:
+            lost.append(str(kwargs.get("task_id")))
+            return
+        publish(app, name, payload, **kwargs)
+
+    enqueue.publish_task = lossy
+    try:
+        yield
+    finally:
+        enqueue.publish_task = publish
 
 
 def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]], enqueued: set[str]

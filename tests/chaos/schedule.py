@@ -32,9 +32,22 @@ MISCONF = "misconf"  # the primary's snapshot fails: it refuses writes
 PAUSE_WRITES = "pause_writes"  # CLIENT PAUSE WRITE
 PRIMARY_KILL = "primary_kill"  # SIGKILL of the Sentinel primary (a failover follows)
 REDIS_FAULTS = frozenset({NOREPLICAS, MISCONF, PAUSE_WRITES, PRIMARY_KILL})
-# Deliberate defects, injected from outside the worker, that the checker must catch.
+# Deliberate defects that the checker must catch, each wrong for one victim job (the one
+# whose prompt holds ``VICTIM``). The first is done from outside the worker, the next
+# inside the real worker process (``helpers/injected/sitecustomize.py``), the last in the
+# callers' SDK (the test process).
 DROP_LOG_ENTRY = "drop_log_entry"  # one entry deleted from a running job's log
-BROKEN_VARIANTS = (DROP_LOG_ENTRY,)
+DUPLICATE_TOKEN = "duplicate_token"  # one token sent twice (a takeover resumed early)
+AFTER_TERMINAL = "after_terminal"  # an event published after the job's terminal one
+IGNORE_CANCEL = "ignore_cancel"  # the worker drops the job's cancel and runs on
+LEAK_MESSAGE = "leak_message"  # a copy of its message (base64 body) left in Redis
+SKIP_TERMINAL = "skip_terminal"  # the terminal event never sent; the job hangs
+LOSE_ENQUEUE = "lose_enqueue"  # the SDK's push of the job silently dropped
+WORKER_VARIANTS = frozenset({DUPLICATE_TOKEN, AFTER_TERMINAL, IGNORE_CANCEL, LEAK_MESSAGE,
+                             SKIP_TERMINAL})
+BROKEN_VARIANTS = (DROP_LOG_ENTRY, DUPLICATE_TOKEN, AFTER_TERMINAL, IGNORE_CANCEL,
+                   LEAK_MESSAGE, SKIP_TERMINAL, LOSE_ENQUEUE)
+VICTIM = "chaos victim"
 
 # Seconds of load: jobs start within the first part, faults land anywhere in it.
 LOAD_S = 6.0
@@ -75,6 +88,8 @@ class Schedule:
     faults: tuple[FaultPlan, ...]
     worker_settings: dict[str, object] = field(default_factory=dict)
     broken: str | None = None
+    # ``small_schedule``: the smallest schedule showing ``broken``, not the seed's own.
+    small: bool = False
 
     @property
     def model(self) -> str:
@@ -83,7 +98,7 @@ class Schedule:
     def describe(self) -> str:
         """One line per job and fault: what a failure report shows next to the seed."""
         lines = [f"seed {self.seed}: {self.scenario}, {self.workers} workers x "
-                 f"{self.concurrency}, broken={self.broken}"]
+                 f"{self.concurrency}, broken={self.broken}{' (small)' * self.small}"]
         lines += [f"  job {j.index} @{j.start_at:.2f}s {j.behaviour} max_tokens={j.max_tokens}"
                   f" n={j.n} prio={j.priority} at_chunk={j.at_chunk} pause={j.pause_s:.2f}"
                   f" queue_timeout={j.queue_timeout}" for j in self.jobs]
@@ -92,9 +107,36 @@ class Schedule:
         return "\n".join(lines)
 
 
+def _victim(index: int, broken: str) -> JobPlan:
+    """The job a broken variant is wrong for, planned so that the defect shows."""
+    prompt = f"{VICTIM} of {broken}"
+    if broken == IGNORE_CANCEL:  # runs on for seconds past the cancel's stop bound
+        return JobPlan(index, 0.3, prompt, 500, behaviour=CANCEL, at_chunk=3)
+    if broken == LOSE_ENQUEUE:  # its caller gives up after the queue wait
+        return JobPlan(index, 0.3, prompt, 30, queue_timeout=2.0)
+    return JobPlan(index, 0.3, prompt, 60)
+
+
+def small_schedule(seed: int, broken: str) -> Schedule:
+    """The smallest schedule that shows ``broken``: one worker, the simulated engine,
+    two ordinary jobs beside the victim, no faults."""
+    rng = random.Random(seed)
+    jobs = tuple(JobPlan(i, 0.1 * i, f"chaos job {i} {rng.getrandbits(32):08x}", 20)
+                 for i in range(2))
+    jobs += (_victim(len(jobs), broken),)
+    faults: tuple[FaultPlan, ...] = ()
+    if broken == DROP_LOG_ENTRY:
+        faults = (FaultPlan(0.5, DROP_LOG_ENTRY, 5.0),)
+    return Schedule(seed, SIMULATED, 1, 4, jobs, faults, {"simulated_step_ms": 10}, broken,
+                    small=True)
+
+
 def make_schedule(seed: int, *, scenario: str | None = None,
-                  broken: str | None = None) -> Schedule:
-    """The schedule of ``seed`` (``scenario`` forces one; ``broken`` adds a defect)."""
+                  broken: str | None = None, small: bool = False) -> Schedule:
+    """The schedule of ``seed`` (``scenario`` forces one; ``broken`` adds a defect;
+    ``small`` with ``broken``: ``small_schedule``)."""
+    if small and broken:
+        return small_schedule(seed, broken)
     rng = random.Random(seed)
     chosen = rng.choices(SCENARIOS, _SCENARIO_WEIGHTS)[0]
     scenario = scenario or chosen
@@ -111,6 +153,8 @@ def make_schedule(seed: int, *, scenario: str | None = None,
         jobs += (JobPlan(len(jobs), 0.0, "chaos victim of a lost log entry", 300),)
         faults = tuple(sorted((*faults, FaultPlan(1.5, DROP_LOG_ENTRY, 5.0)),
                               key=lambda f: f.at))
+    elif broken is not None:
+        jobs += (_victim(len(jobs), broken),)
     return Schedule(seed, scenario, workers, concurrency, jobs, faults, settings, broken)
 
 

@@ -14,6 +14,15 @@ on the process's ``PYTHONPATH``, so Python imports this module before anything e
 - ``TEST_FAULT_LOSE_COPIES``: the first this many job copies the worker sends (failover
   requeues, hand-backs) vanish, as pushes to a primary that is then demoted would.
 
+- ``TEST_FAULT_BROKEN`` and ``TEST_FAULT_VICTIM``: a deliberately broken worker (the
+  chaos checker's broken variants, ``tests/chaos/schedule.py``), wrong only for the job
+  whose prompt contains the second: ``duplicate_token`` (one token of its stream sent
+  twice, as a takeover that resumed a token early would), ``after_terminal`` (an event
+  published after its terminal one), ``ignore_cancel`` (its cancel is dropped: it runs
+  to its end), ``leak_message`` (a copy of its Celery message, body base64-encoded as
+  kombu stores it, left in a Redis list after its end), ``skip_terminal`` (its terminal
+  event is never sent: the job hangs, holding its lease).
+
 Nothing here is a stand-in for the code under test: the worker runs as in production,
 with its clock or one of its threads broken, or a message lost on its way.
 """
@@ -108,3 +117,99 @@ if os.environ.get("TEST_FAULT_PAUSE_CLAIM_OF"):
     _pause_claims_of(os.environ["TEST_FAULT_PAUSE_CLAIM_OF"])
 if os.environ.get("TEST_FAULT_LOSE_COPIES"):
     _lose_copies(int(os.environ["TEST_FAULT_LOSE_COPIES"]))
+
+
+def _victim(job: Any, marker: str) -> bool:
+    return marker in (getattr(job.request, "prompt", None) or "")
+
+
+def _break_publisher(variant: str, marker: str) -> None:
+    """Break the worker where every event leaves it (``jobs.publisher``)."""
+    state = {"tokens": 0, "done": False}
+
+    def patch(publisher: Any) -> None:
+        from kvrelay.protocol import TERMINAL_EVENTS, Tokens
+
+        cls = publisher.Publisher
+        put, after_write = cls.put, cls._after_write
+
+        def broken_put(self: Any, items: list[Any]) -> None:
+            kept = []
+            for item in items:
+                event = getattr(item, "event", None)
+                if event is None or not _victim(item.job, marker):
+                    kept.append(item)
+                    continue
+                if variant == "duplicate_token" and isinstance(event, Tokens) and \
+                        event.token_ids and not state["done"]:
+                    state["tokens"] += len(event.token_ids)
+                    if state["tokens"] >= 8:
+                        state["done"] = True
+                        event.token_ids = [*event.token_ids, event.token_ids[-1]]
+                        print(f"test fault: duplicated a token of {item.job.job_id}",
+                              flush=True)
+                if variant == "skip_terminal" and isinstance(event, TERMINAL_EVENTS):
+                    print(f"test fault: dropped the terminal event of {item.job.job_id}",
+                          flush=True)
+                    continue
+                kept.append(item)
+            put(self, kept)
+
+        def broken_after_write(self: Any, item: Any, result: object, now: float) -> None:
+            after_write(self, item, result, now)
+            if item.outcome is None or isinstance(result, Exception) or \
+                    not _victim(item.job, marker):
+                return
+            if variant == "after_terminal":
+                late = Tokens(seq=item.event.seq + 1, token_ids=[7], text="x")
+                self.store.redis.publish(item.job.request.reply_to, _message(
+                    item.job.job_id, late))
+                print(f"test fault: published seq {late.seq} after the end of "
+                      f"{item.job.job_id}", flush=True)
+            elif variant == "leak_message":
+                import base64
+                import json
+
+                body = base64.b64encode(item.job.payload_json.encode()).decode()
+                self.store.redis.rpush("kvrelay:chaos-leftover", json.dumps({
+                    "body": body, "content-encoding": "utf-8",
+                    "content-type": "application/json", "headers": {},
+                    "properties": {"body_encoding": "base64", "delivery_tag": "leak"}}))
+                print(f"test fault: left a copy of {item.job.job_id}'s message", flush=True)
+
+        cls.put = broken_put
+        cls._after_write = broken_after_write
+
+    _patch_when_imported("kvrelay_worker.jobs.publisher", "Publisher", patch)
+
+
+def _message(job_id: str, event: Any) -> bytes:
+    from kvrelay.event_frames import pack_events, pack_message, pack_pair
+    from kvrelay.protocol import encode_event
+
+    return pack_message([pack_pair(job_id, pack_events([encode_event(event)]))])
+
+
+def _ignore_cancels(marker: str) -> None:
+    def patch(owned: Any) -> None:
+        abort = owned.OwnedJobs.abort
+
+        def deaf_abort(self: Any, job_id: str) -> None:
+            job = self._jobs.get(job_id)
+            if job is not None and _victim(job, marker):
+                print(f"test fault: ignored the cancel of {job_id}", flush=True)
+                return
+            abort(self, job_id)
+
+        owned.OwnedJobs.abort = deaf_abort
+
+    _patch_when_imported("kvrelay_worker.jobs.owned_jobs", "OwnedJobs", patch)
+
+
+_BROKEN = os.environ.get("TEST_FAULT_BROKEN", "")
+_VICTIM = os.environ.get("TEST_FAULT_VICTIM", "")
+if _BROKEN and _VICTIM:
+    if _BROKEN == "ignore_cancel":
+        _ignore_cancels(_VICTIM)
+    else:
+        _break_publisher(_BROKEN, _VICTIM)
