@@ -225,11 +225,16 @@ def _keep_handled(cluster: ChaosCluster, workload: Workload, tap: WireTap,
     """Write, beside the workers' logs, which jobs each worker started (from the tapped
     ``Started`` events) and the run's report: a failure that does not replay can still
     be read from the run's folder."""
+    # A worker names itself host:pid; its log file is named after its slot's process.
+    logs = {str(w.process.pid): f"{w.name}.log" for slot in cluster.slots
+            for w in slot.processes if w.process is not None}
     handled: dict[str, list[str]] = {}
     for run in workload.runs:
         for tapped in tap.of(run.job_id):
             if isinstance(tapped.event, Started):
-                handled.setdefault(tapped.event.worker, []).append(
+                name = tapped.event.worker
+                log_file = logs.get(name.rsplit(":", 1)[-1])
+                handled.setdefault(f"{name} ({log_file})" if log_file else name, []).append(
                     f"job {run.plan.index} {run.job_id} attempt {tapped.event.attempt} "
                     f"at {tapped.at:.3f}")
     with contextlib.suppress(OSError):  # a report only
