@@ -35,6 +35,8 @@ KEYS = Keyspace()
 DRAIN_S = 60.0
 # How long jobs whose callers left get to write their terminal events.
 END_WAIT_S = 15.0
+# A small schedule's (one worker, no faults: a job that has not ended by then never will).
+SMALL_END_WAIT_S = 5.0
 
 
 @dataclass
@@ -138,7 +140,8 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
         logs = _final_logs(cluster, {run.job_id: _longer(tap.logs.get(run.job_id, []), run.log)
                                      for run in workload.runs},
                            {run.job_id for run in workload.runs
-                            if run.enqueued_at is not None})
+                            if run.enqueued_at is not None},
+                           SMALL_END_WAIT_S if schedule.small else END_WAIT_S)
         time.sleep(0.5)  # anything published late reaches the tap
     finally:
         tap.stop()
@@ -197,10 +200,10 @@ def _sdk_broken(broken: str | None) -> Iterator[None]:
         enqueue.publish_task = publish
 
 
-def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]], enqueued: set[str]
-                ) -> dict[str, list[AnyEvent]]:
+def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]], enqueued: set[str],
+                wait_s: float = END_WAIT_S) -> dict[str, list[AnyEvent]]:
     """Each job's log once it ended: as its caller's snapshot saw it, or, where that had
-    no terminal event yet, read again until it has one (up to ``END_WAIT_S``). Every job
+    no terminal event yet, read again until it has one (up to ``wait_s``). Every job
     that was enqueued is waited for, one with no log yet too: a job whose caller gave up
     before any worker took it still ends in its log (a worker drops it with
     ``queue_timeout`` or ``cancelled``), and one that never does was lost."""
@@ -216,7 +219,7 @@ def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]], enqueued
                 logs[job_id] = read_log(url, job_id) or logs[job_id]
         return all(ended(j) or (not logs[j] and j not in enqueued) for j in logs)
 
-    wait_until(all_ended, END_WAIT_S, 0.2)
+    wait_until(all_ended, wait_s, 0.2)
     return logs
 
 

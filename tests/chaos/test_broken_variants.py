@@ -2,8 +2,10 @@
 away. Every variant is wrong for one victim job in the smallest schedule that shows it
 (one worker on the simulated engine, two ordinary jobs beside the victim, no faults);
 the worker variants are injected into the real worker process
-(``helpers/injected/sitecustomize.py``), ``lose_enqueue`` into the callers' SDK and
-``drop_log_entry`` from outside (``chaos.faults``). The ordinary jobs must pass: a
+(``helpers/injected/sitecustomize.py``) and ``lose_enqueue`` into the callers' SDK.
+``drop_log_entry`` (from outside, ``chaos.faults``) is shown caught on its own seed in
+``test_chaos.py``: in this small schedule whether a caller reads the log after the
+deletion depends on timing (missed in 1 of 3 runs on a loaded machine). The ordinary jobs must pass: a
 variant is caught on its victim (or, for a leak, on the run), not by noise.
 """
 
@@ -16,7 +18,6 @@ import pytest
 from chaos.runner import RunResult, run_schedule
 from chaos.schedule import (
     AFTER_TERMINAL,
-    DROP_LOG_ENTRY,
     DUPLICATE_TOKEN,
     IGNORE_CANCEL,
     LEAK_MESSAGE,
@@ -31,7 +32,6 @@ VICTIM_INDEX = 2  # small_schedule: two ordinary jobs, then the victim
 
 # variant -> the rules one of which must name the victim (None: the run, for a leak)
 CAUGHT_BY: dict[str, tuple[int | None, set[str]]] = {
-    DROP_LOG_ENTRY: (VICTIM_INDEX, {"log-seq"}),
     DUPLICATE_TOKEN: (VICTIM_INDEX, {"log-tokens", "tokens", "streamed-tokens"}),
     AFTER_TERMINAL: (VICTIM_INDEX, {"after-terminal"}),
     IGNORE_CANCEL: (VICTIM_INDEX, {"cancel-finished", "cancel-stop"}),

@@ -37,6 +37,9 @@ KEYS = Keyspace()
 RETRY_FOR_S = 30.0
 # Seconds without an event before a stream gives up (longer than any planned fault).
 STREAM_TIMEOUT_S = 25.0
+# A small schedule's (one worker, no faults): nothing there pauses a live stream for long,
+# so a caller waiting out a missing event (a broken variant) need not wait 25 s.
+SMALL_STREAM_TIMEOUT_S = 6.0
 _RETRYABLE = (KvrelayError, redis.RedisError, OSError)
 # How long a caller that is done waits for its job's terminal event to reach the log.
 SNAPSHOT_WAIT_S = 3.0
@@ -78,6 +81,7 @@ class JobRun:
 class Workload:
     def __init__(self, schedule: Schedule, url: str) -> None:
         self.schedule = schedule
+        self.stream_timeout = SMALL_STREAM_TIMEOUT_S if schedule.small else STREAM_TIMEOUT_S
         self.url = url
         self.runs = [JobRun(job) for job in schedule.jobs]
         self._store: Redis | None = None
@@ -89,7 +93,7 @@ class Workload:
         """Every job, started at its planned offset from ``t0``; jobs still going after
         ``bound_s`` seconds end with outcome ``unfinished``."""
         clients = [AsyncClient(self.url, model=self.schedule.model, require_worker=False,
-                               stream_timeout=STREAM_TIMEOUT_S, reconnect_timeout=30.0)
+                               stream_timeout=self.stream_timeout, reconnect_timeout=30.0)
                    for _ in range(2)]
         self._store = make_redis(self.url, max_connections=8, connect_timeout=5.0)
         try:
@@ -219,7 +223,7 @@ class Workload:
         while True:
             try:
                 stream = await client.resume(run.job_id, after_seq=after,
-                                             stream_timeout=STREAM_TIMEOUT_S)
+                                             stream_timeout=self.stream_timeout)
             except _RETRYABLE as exc:
                 run.resume_errors.append(f"{type(exc).__name__}: {exc}")
                 if time.monotonic() > give_up:
