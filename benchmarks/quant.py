@@ -43,11 +43,10 @@ def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> float
 
 
 def gguf_tensor_bytes() -> int:
-    from gguf import GGUFReader
-
     from kvrelay_worker.loading import registry_model_path
+    from kvrelay_worker.loading.gguf_metadata import GGUFFile
 
-    return sum(int(t.n_bytes) for t in GGUFReader(registry_model_path(MODEL)).tensors)
+    return sum(int(t.n_bytes) for t in GGUFFile(registry_model_path(MODEL)).tensors)
 
 
 def measure(label: str) -> dict[str, Any] | None:

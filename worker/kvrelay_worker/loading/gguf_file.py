@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from kvrelay_worker.loading.gguf_metadata import GGUFFile, GGUFTensorInfo
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.model_config import ModelConfig
 
@@ -67,12 +68,12 @@ class GGUFTensorSpec:
 
 
 class GGUFCheckpoint:
-    """An open GGUF file: the memory-mapped reader, its config, and its weights on demand."""
+    """An open GGUF file: its parsed header (``GGUFFile``), config, and weights on demand."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         try:
-            self.reader = GGUFReader(self.path)
+            self.reader = GGUFFile(self.path)
         except (ValueError, OSError) as exc:
             raise UnsupportedModelError(f"{self.path} is not a readable GGUF file: {exc}") from exc
         self._tensors = {t.name: t for t in self.reader.tensors}
@@ -88,10 +89,7 @@ class GGUFCheckpoint:
 
     def metadata(self, key: str, default: Any = None) -> Any:
         """A metadata value as a Python scalar, str, or list (``default`` when absent)."""
-        field = self.reader.fields.get(key)
-        if field is None:
-            return default
-        return _field_value(field)
+        return self.reader.value(key, default)
 
     @property
     def chat_template(self) -> str | None:
@@ -121,8 +119,8 @@ class GGUFCheckpoint:
                 out = _unpermute_rotary_rows(out, self.config.num_key_value_heads)
         return out
 
-    def raw_tensor(self, spec: GGUFTensorSpec) -> Any:
-        """The reader's tensor (memory-mapped, quantized blocks as stored)."""
+    def raw_tensor(self, spec: GGUFTensorSpec) -> GGUFTensorInfo:
+        """The file's tensor (memory-mapped, quantized blocks as stored)."""
         return self._tensors[spec.gguf_name]
 
     def rotary_row_order(self, spec: GGUFTensorSpec) -> torch.Tensor | None:
@@ -310,8 +308,8 @@ def _is_ignored(gguf_name: str) -> bool:
     return match is not None and match.group(2) in _IGNORED_BLOCK_TENSORS
 
 
-def _dequantize(tensor: Any) -> np.ndarray:
-    """float32 values of a reader tensor (quantised data comes as rows of packed bytes)."""
+def _dequantize(tensor: GGUFTensorInfo) -> np.ndarray:
+    """float32 values of a file's tensor (quantised data comes as rows of packed bytes)."""
     return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
 
 
@@ -389,27 +387,6 @@ def _llama3_divisors(
     blended = 1.0 / ((1.0 - smooth) / factor + smooth)
     out = np.where(wavelen > original / low, factor, blended)
     return np.where(wavelen < original / high, 1.0, out)
-
-
-def _field_value(field: Any) -> Any:
-    """Decode a reader field (works across gguf releases, unlike ``ReaderField.contents``)."""
-    types = list(field.types)
-    if not types:
-        return None
-
-    def scalar(part: np.ndarray, kind: GGUFValueType) -> Any:
-        if kind == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
-        value = part[0]
-        if kind == GGUFValueType.BOOL:
-            return bool(value)
-        if kind in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-            return float(value)
-        return int(value)
-
-    if types[0] == GGUFValueType.ARRAY:
-        return [scalar(field.parts[i], types[-1]) for i in field.data]
-    return scalar(field.parts[field.data[0]], types[0])
 
 
 def _single_value(value: Any, what: str, path: Path) -> int:

@@ -15,14 +15,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf import GGUFReader
-
 from kvrelay_worker.loading.gguf_blocks import (
     FLOAT_TYPES,
     FOUR_BIT_TYPES,
     LOSSLESS_TYPES,
     kept_bytes,
 )
+from kvrelay_worker.loading.gguf_metadata import GGUFFile
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class GGUFStorage:
 
 
 def gguf_storage(path: Path) -> GGUFStorage:
-    reader = GGUFReader(path)
+    reader = GGUFFile(path)
     types: Counter[str] = Counter()
     file_bytes = float32 = kept = 0
     for tensor in reader.tensors:
