@@ -98,7 +98,7 @@ def convert_gguf_to_hf_folder(
     """
     checkpoint = GGUFCheckpoint(gguf_path)
     config = checkpoint.config
-    load_tokenizer(gguf_path).save_pretrained(str(folder))
+    load_tokenizer(gguf_path, checkpoint.reader).save_pretrained(str(folder))
     _write_json(folder / CONFIG_FILE, hf_dict_from_config(config, dtype="float32"))
     _write_json(folder / GENERATION_CONFIG_FILE, _generation_config(config))
 

@@ -45,7 +45,7 @@ class LoadedModelFiles:
         self._checkpoint = checkpoint
 
     def gguf_checkpoint(self) -> GGUFCheckpoint:
-        """The GGUF file, opened once: parsing its metadata takes seconds (the vocabulary)."""
+        """The GGUF file, opened once (its header parsed once, for the tokenizer too)."""
         if self._checkpoint is None:
             self._checkpoint = GGUFCheckpoint(self.source.path)
         return self._checkpoint
@@ -56,8 +56,9 @@ class LoadedModelFiles:
 
     @cached_property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """Loaded on first use (about a second), since weight-only callers never need it."""
-        return load_tokenizer(self.path)
+        """Loaded on first use (a GGUF's from the header already parsed, if any)."""
+        header = self._checkpoint.reader if self._checkpoint is not None else None
+        return load_tokenizer(self.path, header if self.path.is_file() else None)
 
     def __repr__(self) -> str:
         return f"LoadedModelFiles(name={self.name!r}, path={str(self.path)!r})"
