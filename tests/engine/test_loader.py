@@ -612,7 +612,7 @@ def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer(
     smollm2_gguf: Path, smollm2_folder: Path
 ) -> None:
     cached = load_model_source(SMOLLM2).tokenizer
-    direct = load_tokenizer(smollm2_gguf)  # transformers' GGUF tokenizer
+    direct = load_tokenizer(smollm2_gguf)  # from the GGUF (= transformers': test_gguf_tokenizer)
     assert len(cached) == len(direct) == 49152
     assert cached.chat_template
     assert cached.chat_template == direct.chat_template
