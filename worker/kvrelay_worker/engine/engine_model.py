@@ -16,7 +16,7 @@ from kvrelay_worker.engine.config import EngineConfig
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.kv.max_model_len import default_max_len
 from kvrelay_worker.engine.spec.draft_model import split_draft_quantization
-from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
+from kvrelay_worker.loading import PREQUANTIZED_KEY
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
 from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
@@ -89,7 +89,7 @@ def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
 def _build_prequantized_model(config: EngineConfig, files: LoadedModelFiles, max_len: int,
                               method: str) -> CausalLM:
     """A published quantized checkpoint (compressed-tensors, GPTQ), its integer weights kept."""
-    from kvrelay_worker.loading.prequantized_model import build_prequantized_model
+    from kvrelay_worker.loading import build_prequantized_model
 
     scheme = files.config.extra[PREQUANTIZED_KEY]
     if method != "none":

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from kvrelay_worker.loading.model_cache import prepare_model
     from kvrelay_worker.loading.model_files import LoadedModelFiles, load_model_source
     from kvrelay_worker.loading.model_source import ModelSource, resolve_model
+    from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
+    from kvrelay_worker.loading.prequantized_model import build_prequantized_model
     from kvrelay_worker.loading.registry import (
         DEFAULT_MODEL,
         REGISTRY,
@@ -62,6 +64,8 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "LoadedModelFiles": "kvrelay_worker.loading.model_files",
     "load_model_source": "kvrelay_worker.loading.model_files",
     "ModelSource": "kvrelay_worker.loading.model_source",
+    "PREQUANTIZED_KEY": "kvrelay_worker.loading.prequantized_config",
+    "build_prequantized_model": "kvrelay_worker.loading.prequantized_model",
     "resolve_model": "kvrelay_worker.loading.model_source",
     "DEFAULT_MODEL": "kvrelay_worker.loading.registry",
     "REGISTRY": "kvrelay_worker.loading.registry",
@@ -76,6 +80,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
 
 __all__ = [
     "DEFAULT_MODEL",
+    "PREQUANTIZED_KEY",
     "REGISTRY",
     "GGUFCheckpoint",
     "GGUFStorage",
@@ -88,6 +93,7 @@ __all__ = [
     "UnknownModelError",
     "UnsupportedModelError",
     "build_gguf_quantized_model",
+    "build_prequantized_model",
     "default_served_name",
     "fetch_repo",
     "gguf_cache_name",
