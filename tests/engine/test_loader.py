@@ -254,7 +254,6 @@ def test_a_compressed_tensors_w8a16_config_is_kept() -> None:
         ({"hidden_act": "gelu"}, "gelu"),
         ({"quantization_config": {"quant_method": "awq"}}, "awq"),
         ({"quantization_config": _ct_config(type="float")}, "float weights"),
-        ({"quantization_config": _ct_config(symmetric=False)}, "asymmetric int8"),
         ({"quantization_config": _ct_config(input_activations={"num_bits": 8})},
          "quantizes activations"),
         ({"quantization_config": _ct_config(strategy="block")}, "'block' strategy"),

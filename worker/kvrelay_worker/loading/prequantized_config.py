@@ -6,14 +6,14 @@ targets. The engine keeps, quantized as stored, the weight-only integer schemes 
 exactly onto ``kvrelay_kernels.quantized_weight``'s layout (``prequantized_model`` repacks
 them at load):
 
-- int4, symmetric or asymmetric (zero points), per group or per output channel;
-- int8 symmetric, per group or per output channel;
+- int4 and int8, symmetric or asymmetric (zero points), per group or per output channel
+  (asymmetric int8 on the layout's int8 with minimums);
 
 in the ``pack-quantized`` format (values packed into int32) or ``naive-quantized`` (one
 int8 per value). GPTQ checkpoints (``quant_method: "gptq"``, GPTQModel and AutoGPTQ) of 4
 or 8 bits, symmetric, are kept the same way, activation order (``desc_act``, a ``g_idx``
 per layer) included: their input columns are permuted once at load. Everything else is refused with ``UnsupportedModelError`` saying so:
-asymmetric int8 (the layout has no int8 minimum), floating-point weights (FP8, NVFP4,
+floating-point weights (FP8, NVFP4,
 MXFP4), quantized activations (W8A8, W4A8), block or tensor-group strategies, sparsity,
 transforms, a quantized KV cache, and other methods (AutoAWQ, bitsandbytes, ...).
 """
@@ -33,8 +33,8 @@ GPTQ_FORMATS = ("gptq", "gptq_v2")
 # ``ModelConfig.extra`` key of a pre-quantized checkpoint's ``WeightScheme``.
 PREQUANTIZED_KEY = "prequantized"
 SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized")
-SUPPORTED = ("compressed-tensors (llmcompressor) weight-only int4 (symmetric or asymmetric) "
-             "and symmetric int8, per group or per channel, pack-quantized or naive-quantized; "
+SUPPORTED = ("compressed-tensors (llmcompressor) weight-only int4 and int8 (symmetric or "
+             "asymmetric), per group or per channel, pack-quantized or naive-quantized; "
              "GPTQ (GPTQModel, AutoGPTQ) 4- and 8-bit symmetric, with or without desc_act "
              "(4-bit asymmetric in the gptq_v2 format)")
 
@@ -109,9 +109,6 @@ def _group_scheme(name: str, group: Mapping[str, Any], default_format: Any,
     symmetric = bool(weights.get("symmetric", True))
     if bits not in (4, 8):
         raise _refuse(source, f"{where} has {bits}-bit weights")
-    if bits == 8 and not symmetric:
-        raise _refuse(source, f"{where} has asymmetric int8 weights (the int8 layout has no "
-                              "zero point)")
     strategy = weights.get("strategy")
     if weights.get("actorder") not in (None, "static", "weight"):
         raise _refuse(source, f"{where} has activation-ordered groups "

@@ -13,7 +13,9 @@
 - ``w = (q - zp) * scale`` (``compressed_tensors...forward.dequantize``). For int4 with
   ``u = q + 8`` in 0..15 that is ``u * scale + min`` with ``min = -(zp + 8) * scale``
   (``-8 * scale`` when symmetric): the layout's int4 with minimums. int8 symmetric is
-  ``q * scale``: the layout's int8.
+  ``q * scale``: the layout's int8; asymmetric int8 is ``q * scale + min`` with
+  ``min = -zp * scale`` in float32 (the layout's int8 with minimums; one rounding more
+  than ``(q - zp) * scale``, about 1e-7 relative).
 
 GPTQ (``repack_gptq_layer``): ``qweight`` int32 ``[K * bits / 32, N]`` packed along the inputs,
 ``qzeros`` int32 ``[groups, N * bits / 32]`` along the outputs, ``scales`` ``[groups, N]``,
@@ -107,7 +109,7 @@ def repack_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
                                     f"a {n}x{k} weight in groups of {stored_group}")
     group = _layout_group(stored_group, k, bits)
     scales = _spread(scale, stored_group, group, k)
-    if bits == 8:
+    if bits == 8 and scheme.symmetric:
         return QuantizedWeight(signed.to(torch.int8).contiguous(), scales, None, 8, group, k)
     zero = torch.zeros_like(scale, dtype=torch.int32)
     if not scheme.symmetric:
@@ -119,6 +121,10 @@ def repack_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
         else:
             zero = packed_zp.to(torch.int32)
         zero = zero.reshape(scale.shape)
+    if bits == 8:  # w = q * scale + min, min = -zp * scale: int8 with minimums
+        mins8 = -zero.double() * scale.double()
+        return QuantizedWeight(signed.to(torch.int8).contiguous(), scales.float(),
+                               _spread(mins8.float(), stored_group, group, k), 8, group, k)
     mins = -(zero + 8).double() * scale.double()  # exact: a 5-bit integer times the scale
     # scales and mins share a dtype: the stored one where the minimums fit it exactly
     dtype = scale.dtype if torch.equal(mins.to(scale.dtype).double(), mins) else torch.float32
