@@ -24,6 +24,7 @@ prompt processing crashed there (``llama-batched-bench``, SIGSEGV in
 instruction sets named one by one, AMX off). A crash is recorded as such, not hidden.
 
     .venv/bin/python benchmarks/vs_llamacpp.py [--repeats 3] [--variants native,no-amx]
+        [--gguf FILE]   (another GGUF, e.g. a llama-quantize output of llamacpp_kquants.py)
 """
 
 from __future__ import annotations
@@ -94,11 +95,12 @@ def llamacpp_builds(variants: list[str]) -> dict[str, Path]:
     return {variant: llamacpp_bin(variant) for variant in variants}
 
 
-def llamacpp_bin(variant: str) -> Path:
-    """The folder holding llama-bench and llama-batched-bench for ``variant``, built once."""
+def llamacpp_bin(variant: str, programs: tuple[str, ...] = PROGRAMS) -> Path:
+    """The folder holding ``programs`` (llama-bench and llama-batched-bench unless told)
+    for ``variant``, built once."""
     version, source = llamacpp_source()
     build = cache_root() / f"{version}-{variant}"
-    if not all((build / "bin" / p).exists() for p in PROGRAMS):
+    if not all((build / "bin" / p).exists() for p in programs):
         print(f"building llama.cpp {version} ({variant}) in {build}: a few minutes")
         subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja",
                         "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
@@ -106,7 +108,7 @@ def llamacpp_bin(variant: str) -> Path:
                         "-DLLAMA_BUILD_SERVER=OFF", *VARIANT_FLAGS[variant]],
                        check=True, capture_output=True)
         subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
-                        "--target", *PROGRAMS], check=True, capture_output=True)
+                        "--target", *programs], check=True, capture_output=True)
     return build / "bin"
 
 
@@ -134,14 +136,14 @@ def run_llamacpp(folder: Path, gguf: Path, threads: int) -> dict[str, Any]:
     return figures
 
 
-def run_kvrelay(config: dict[str, Any], threads: int) -> dict[str, Any]:
+def run_kvrelay(config: dict[str, Any], threads: int, model: str = MODEL) -> dict[str, Any]:
     import torch
 
     from kvrelay_worker.engine.llm import LLM
     from kvrelay_worker.engine.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
-    llm = LLM(MODEL, device="cpu", dtype="float32", enable_prefix_caching=False,
+    llm = LLM(model, device="cpu", dtype="float32", enable_prefix_caching=False,
               max_num_seqs=max(SIZES), **config)
     vocab = llm.engine.vocab_size
     prompts = [[(1000 + 7919 * (s * PROMPT_TOKENS + i)) % (vocab - 1000) + 500
@@ -204,12 +206,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", default="native,no-amx")
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--gguf", type=Path,
+                        help="this GGUF file instead of the default model's Q4_1 one")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "measured" / "cpu-vs-llamacpp.json")
     args = parser.parse_args()
     from kvrelay_worker.loading.registry import registry_model_path
 
-    gguf = registry_model_path(MODEL)
+    gguf = args.gguf or registry_model_path(MODEL)
+    model = str(args.gguf) if args.gguf else MODEL
+    kept = f"gguf-kept ({gguf.stem.rsplit('-', 1)[-1]})" if args.gguf else ""
     variants = llamacpp_builds([v for v in args.variants.split(",") if v])
     configs = [c for c in args.configs.split(",") if c]
     samples: dict[str, list[dict[str, Any]]] = {}
@@ -219,8 +225,9 @@ def main() -> None:
             samples.setdefault(name, []).append(run_llamacpp(folder, gguf, args.threads))
             print(f"repeat {repeat}: {name} {samples[name][-1]}")
         for label in configs:
-            name = f"kvrelay {label}"
-            samples.setdefault(name, []).append(run_kvrelay(CONFIGS[label], args.threads))
+            name = f"kvrelay {kept if kept and label.startswith('gguf-kept') else label}"
+            samples.setdefault(name, []).append(run_kvrelay(CONFIGS[label], args.threads,
+                                                            model))
             print(f"repeat {repeat}: {name} {samples[name][-1]}")
     rows, spreads, errors = median_rows(samples)
     print(f"{'system':<28}" + "".join(f"{c:>12}" for c in COLUMNS) + "   (tokens/s, median)")
@@ -231,8 +238,9 @@ def main() -> None:
     for ratio in ratios:
         print(f"{ratio['pair']}: " + ", ".join(
             f"{c} {ratio[c]:.2f}x" for c in COLUMNS if ratio[c]))
-    write_result(args.out, "vs_llamacpp", args, {
-        "model": MODEL, "gguf": gguf.name, "threads": args.threads,
+    # another file's comparison stays beside the default model's in the tables
+    write_result(args.out, "vs_llamacpp_file" if args.gguf else "vs_llamacpp", args, {
+        "model": model, "gguf": gguf.name, "threads": args.threads,
         "prompt_tokens": PROMPT_TOKENS, "generated_tokens": GEN_TOKENS, "sizes": list(SIZES),
         "repeats": args.repeats, "rows": rows, "spreads": spreads, "ratios": ratios,
         "errors": errors})
