@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 from harness import write_result
-from quality import english_text
-from vs_llamacpp import cache_root, llamacpp_bin, llamacpp_source
+from harness.llamacpp import cache_root, llamacpp_bin, llamacpp_source, work_file
+from harness.seeds_text import english_text
 
 TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 TOOLS = ("llama-quantize", "llama-perplexity")
@@ -232,8 +232,7 @@ def main() -> None:
     work = cache_root() / "kquant-files"
     work.mkdir(parents=True, exist_ok=True)
     smollm2 = prepare_model("smollm2-135m-instruct", progress=False)
-    text = work / "seeds-english.txt"
-    text.write_text(english_text(SEEDS), encoding="utf-8")
+    text = work_file("seeds-english.txt", english_text(SEEDS))
     sources = {
         "smollm2": convert(smollm2, work / "smollm2-135m-F32.gguf"),
         "llama256": convert(random_llama(work / "llama256-hf", smollm2),

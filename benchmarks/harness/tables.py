@@ -179,7 +179,19 @@ def latest_table(benchmark: str) -> str:
     latest = latest_result(benchmark)
     if latest is None:
         return "No stored result yet: run it and keep the JSON in `benchmarks/measured/`.\n"
-    path, record = latest
+    return result_table(*latest)
+
+
+def file_table(name: str) -> str:
+    """The same for one stored file (a run of a benchmark on another workload, kept beside
+    its default run: ``<!-- table: file-NAME -->`` for ``measured/NAME.json``)."""
+    path = MEASURED / f"{name}.json"
+    if not path.exists():
+        return f"No stored result `measured/{name}.json` yet.\n"
+    return result_table(path, read_result(path))
+
+
+def result_table(path: Path, record: dict[str, Any]) -> str:
     figures = {k: v for k, v in record.items()
                if k not in ("benchmark", "args", "commit", "machine", "date", *_INPUTS)}
     lines = [f"`measured/{path.name}`, {record['date'][:10]}:", ""]
@@ -196,9 +208,12 @@ def latest_table(benchmark: str) -> str:
 
 
 class _Tables(dict[str, Callable[[], str]]):
-    """The named tables; ``bench-NAME`` is benchmark NAME's latest result."""
+    """The named tables; ``bench-NAME`` is benchmark NAME's latest result, ``file-NAME``
+    the stored result ``measured/NAME.json``."""
 
     def __missing__(self, name: str) -> Callable[[], str]:
+        if name.startswith("file-"):
+            return lambda: file_table(name.removeprefix("file-"))
         if name.startswith("bench-"):
             return lambda: latest_table(name.removeprefix("bench-").replace("-", "_"))
         raise KeyError(name)

@@ -106,7 +106,7 @@ def _recorder(log: list[tuple[str, Any]], name: str, result: Any = None,
 
 def test_engine_sets_its_device_before_loading_or_building(
         calls: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
-    files = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64),
+    files = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64, extra={}),
                             weights=lambda: iter(()), tokenizer=None, name="fake",
                             source=SimpleNamespace(kind="hf_folder"))
     monkeypatch.setattr(loader_module, "load_model_source", _recorder(calls, "load", files))
