@@ -41,21 +41,11 @@ from typing import Any
 import torch
 from harness import write_result
 from harness.llamacpp import cache_root, llamacpp_bin, llamacpp_source, work_file
-from harness.seeds_text import english_text
+from harness.seeds_text import PROMPTS, english_text
 
 TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 TOOLS = ("llama-quantize", "llama-perplexity")
 SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
-PROMPTS = [
-    "The capital of France is",
-    "Write a short story about a robot who learns to paint.",
-    "Explain how a hash table works.",
-    "def fibonacci(n):",
-    "List three benefits of regular exercise:",
-    "Translate to French: The weather is nice today.",
-    "What is the boiling point of water at sea level?",
-    "Once upon a time, in a small village by the sea,",
-]
 
 
 def convert(folder: Path, out: Path) -> Path:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from harness import write_result
 from harness.quant_configs import CONFIGS, MODEL, make_llm
-from harness.seeds_text import english_text
+from harness.seeds_text import PROMPTS, english_text
 
 from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_worker.engine.sampling_params import SamplingParams
@@ -44,16 +44,6 @@ INTEGER_EVERY_ROW = "gguf-kept, int dot"
 INTEGER_ROWS = dict(cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS)
 WINDOW = 256
 CONTINUATION = 64
-PROMPTS = [
-    "The capital of France is",
-    "Write a short story about a robot who learns to paint.",
-    "Explain how a hash table works.",
-    "def fibonacci(n):",
-    "List three benefits of regular exercise:",
-    "Translate to French: The weather is nice today.",
-    "What is the boiling point of water at sea level?",
-    "Once upon a time, in a small village by the sea,",
-]
 
 
 def perplexity(llm: Any, windows: list[list[int]]) -> float:

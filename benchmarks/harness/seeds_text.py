@@ -1,9 +1,22 @@
-"""The English text of ``../shared/seeds`` (beside the repository): the fixed local text
-the quality benchmarks score perplexity on (``quality.py``, ``llamacpp_kquants.py``)."""
+"""What the quality benchmarks score (``quality.py``, ``llamacpp_kquants.py``): the English
+text of ``../shared/seeds`` (beside the repository), a fixed local text for perplexity,
+and the prompts whose logits they compare."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+# The prompts whose logits the quality benchmarks compare (eight kinds of text).
+PROMPTS = [
+    "The capital of France is",
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a hash table works.",
+    "def fibonacci(n):",
+    "List three benefits of regular exercise:",
+    "Translate to French: The weather is nice today.",
+    "What is the boiling point of water at sea level?",
+    "Once upon a time, in a small village by the sea,",
+]
 
 
 def english_text(folder: Path) -> str:
