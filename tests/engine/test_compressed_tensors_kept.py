@@ -82,6 +82,21 @@ def _oracle_scheme(folder: Path) -> tuple[object, object]:
     return BaseCompressor.load_from_registry(group["format"]), scheme
 
 
+def _assert_logits_match(llm: LLM, reference: nn.Module, prompts: list[list[int]], label: str,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every position's logits within 1e-3 (relative to the largest) of the reference
+    model's, on the weight-only kernels (the integer kernel also rounds activations); the
+    kernels a worker serves with are back afterwards, for the greedy runs that follow."""
+    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    with torch.no_grad():
+        for prompt in prompts:
+            got = sequence_logits(llm.engine, prompt)
+            expected = reference(torch.tensor([prompt])).logits[0].float()
+            error = (got - expected).abs().max() / expected.abs().max()
+            assert error < 1e-3, (label, prompt, float(error))
+    monkeypatch.undo()
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_repacked_layers_dequantize_as_compressed_tensors_does(
         scheme: str, compressed: Callable[[str], Path]) -> None:
@@ -142,14 +157,7 @@ def test_smollm2_kept_quantized_matches_the_decompressed_model(
     tokenizer = llm.engine.tokenizer
     prompts = [tokenizer.encode(text) for text in PROMPTS]
     reference = _reference_model(folder)
-    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
-    with torch.no_grad():
-        for prompt in prompts:
-            got = sequence_logits(llm.engine, prompt)
-            expected = reference(torch.tensor([prompt])).logits[0].float()
-            error = (got - expected).abs().max() / expected.abs().max()
-            assert error < 1e-3, (scheme, prompt, float(error))
-    monkeypatch.undo()  # greedy runs on the kernels a worker serves with
+    _assert_logits_match(llm, reference, prompts, scheme, monkeypatch)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     ours = [o.choices[0].token_ids for o in llm.generate(prompts, params)]
     with torch.no_grad():
@@ -259,14 +267,7 @@ def test_gptq_kept_quantized_matches_gptqmodels_dequantization(
     assert not any(name.endswith("_proj.weight") for name, _ in model.named_parameters())
     reference = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
     prompts = [llm.engine.tokenizer.encode(text) for text in PROMPTS]
-    monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
-    with torch.no_grad():
-        for prompt in prompts:
-            got = sequence_logits(llm.engine, prompt)
-            expected = reference(torch.tensor([prompt])).logits[0].float()
-            error = (got - expected).abs().max() / expected.abs().max()
-            assert error < 1e-3, (name, prompt, float(error))
-    monkeypatch.undo()
+    _assert_logits_match(llm, reference, prompts, name, monkeypatch)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     ours = [list(o.choices[0].token_ids) for o in llm.generate(prompts, params)]
     theirs = hf_greedy(reference, prompts, NEW_TOKENS)

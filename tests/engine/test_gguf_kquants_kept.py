@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.engine_run import one_torch_thread
-from helpers.kquant_blocks import K_QUANTS, k_quant_blocks, write_typed_gguf
+from helpers.kquant_blocks import K_QUANTS, k_quant_blocks, typed_by_layer, write_typed_gguf
 from helpers.tiny_gguf import TINY_VOCAB_SIZE
 
 from kvrelay_kernels import cpu_quantized_matmul
@@ -199,13 +199,7 @@ LAYER_TYPES = [
 ]
 
 
-def _tensor_type(name: str) -> gguf.GGMLQuantizationType:
-    if name == "token_embd.weight":
-        return Q.Q4_K
-    if name == "output.weight":
-        return Q.Q6_K
-    _, layer, kind, _ = name.split(".")
-    return LAYER_TYPES[int(layer)][kind]
+_tensor_type = typed_by_layer(LAYER_TYPES)
 
 
 @pytest.fixture(scope="module")

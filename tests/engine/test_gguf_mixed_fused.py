@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.engine_run import assert_engine_idle, final_outputs, one_torch_thread, run_engine
-from helpers.kquant_blocks import k_quant_blocks, write_typed_gguf
+from helpers.kquant_blocks import k_quant_blocks, typed_by_layer, write_typed_gguf
 from helpers.lora_adapters import make_peft_adapter
 from helpers.tiny_gguf import TINY_VOCAB_SIZE
 
@@ -60,13 +60,7 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
-def _tensor_type(name: str) -> gguf.GGMLQuantizationType:
-    if name == "token_embd.weight":
-        return Q.Q4_K
-    if name == "output.weight":
-        return Q.Q6_K
-    _, layer, kind, _ = name.split(".")
-    return LAYER_TYPES[int(layer)][kind]
+_tensor_type = typed_by_layer(LAYER_TYPES)
 
 
 @pytest.fixture(scope="module", params=MODELS)

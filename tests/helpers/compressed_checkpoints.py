@@ -26,6 +26,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL_PINS = (REPO / "requirements-quant-tools.txt", REPO / "requirements-quant-tools-build.txt")
+# What the scripts import from this folder: part of what decides a checkpoint's bytes.
+SCRIPT_INPUTS = (Path(__file__).with_name("calibration_text.py"),)
 TOOLS_PYTHON = REPO / ".venv" / "quant-tools" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
 GPTQ_SCRIPT = Path(__file__).with_name("make_gptq_checkpoint.py")
@@ -82,7 +84,7 @@ def _cache_root() -> Path:
 
 def _key(source: Path, script: Path) -> str:
     digest = hashlib.sha256()
-    for path in (script, *TOOL_PINS, *sorted(source.glob("*.json")),
+    for path in (script, *SCRIPT_INPUTS, *TOOL_PINS, *sorted(source.glob("*.json")),
                  *sorted(source.glob("*.safetensors"))):
         digest.update(path.name.encode())
         with path.open("rb") as handle:

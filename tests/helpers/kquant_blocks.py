@@ -64,3 +64,18 @@ def write_typed_gguf(root: Path, tensor_type: Callable[[str], gguf.GGMLQuantizat
         return gguf.quants.quantize(values, qtype), qtype
 
     return write_gguf_from_hf(folder, root / "typed.gguf", encode=encode)
+
+
+def typed_by_layer(layer_types: list[dict[str, gguf.GGMLQuantizationType]]
+                   ) -> Callable[[str], gguf.GGMLQuantizationType]:
+    """``write_typed_gguf``'s ``tensor_type`` from one ``{kind: type}`` per layer
+    (``blk.N.KIND.weight``): the embeddings Q4_K, the output head Q6_K."""
+    def tensor_type(name: str) -> gguf.GGMLQuantizationType:
+        if name == "token_embd.weight":
+            return gguf.GGMLQuantizationType.Q4_K
+        if name == "output.weight":
+            return gguf.GGMLQuantizationType.Q6_K
+        _, layer, kind, _ = name.split(".")
+        return layer_types[int(layer)][kind]
+
+    return tensor_type

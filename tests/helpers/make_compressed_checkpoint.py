@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from calibration_text import CALIBRATION
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from datasets import Dataset
 from llmcompressor import oneshot
@@ -38,17 +39,6 @@ def _scheme(bits: int, strategy: str, group_size: int | None = None,
     return QuantizationScheme(targets=["Linear"], weights=weights)
 
 
-# AWQ's calibration text: a few local sentences (no data set download).
-CALIBRATION = [
-    "The quick brown fox jumps over the lazy dog near the river bank.",
-    "Paris is the capital of France, and Berlin is the capital of Germany.",
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
-    "Water boils at one hundred degrees Celsius at sea level.",
-    "Once upon a time, a small robot learned to paint the sky at night.",
-    "The mitochondria is the powerhouse of the cell, producing energy.",
-    "To bake bread, mix flour, water, salt and yeast, then let it rise.",
-    "Large language models predict the next token given the previous ones.",
-]
 
 
 def recipe(name: str) -> QuantizationModifier | list[object]:

@@ -24,20 +24,11 @@ from pathlib import Path
 os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
 
 import torch
+from calibration_text import CALIBRATION
 from gptqmodel import BACKEND, GPTQModel, QuantizeConfig
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-CALIBRATION = [
-    "The quick brown fox jumps over the lazy dog near the river bank.",
-    "Paris is the capital of France, and Berlin is the capital of Germany.",
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
-    "Water boils at one hundred degrees Celsius at sea level.",
-    "Once upon a time, a small robot learned to paint the sky at night.",
-    "The mitochondria is the powerhouse of the cell, producing energy.",
-    "To bake bread, mix flour, water, salt and yeast, then let it rise.",
-    "Large language models predict the next token given the previous ones.",
-]
 NAME = re.compile(r"gptq-(\d)bit-g(\d+)(-desc)?$")
 
 

@@ -14,11 +14,17 @@ from kvrelay.cli.redis_server import PrivateRedis, find_redis_server, free_port
 __all__ = ["RedisServer", "find_redis_server", "free_port"]
 
 
-class RedisServer(PrivateRedis):
-    """``PrivateRedis`` with 64 databases (module-scoped workers take one each)."""
+# Append-only with a sync per write: a stop and start keep every key.
+DURABLE_ARGS = ("--appendonly", "yes", "--appendfsync", "always")
 
-    def __init__(self, workdir: Path, *, port: int = 0) -> None:
-        super().__init__(Path(workdir), port=port, extra_args=("--databases", "64"))
+
+class RedisServer(PrivateRedis):
+    """``PrivateRedis`` with 64 databases (module-scoped workers take one each);
+    ``durable``: its data survives ``restart()`` (``DURABLE_ARGS``)."""
+
+    def __init__(self, workdir: Path, *, port: int = 0, durable: bool = False) -> None:
+        super().__init__(Path(workdir), port=port,
+                         extra_args=("--databases", "64", *(DURABLE_ARGS if durable else ())))
 
     def restart(self) -> None:
         self.stop()

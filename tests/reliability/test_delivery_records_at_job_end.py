@@ -26,7 +26,6 @@ from helpers.redis_server import RedisServer
 from helpers.worker_process import WorkerProcess
 
 from kvrelay import Client
-from kvrelay.cli.redis_server import PrivateRedis
 from kvrelay.keys import Keyspace
 
 pytestmark = pytest.mark.integration
@@ -35,17 +34,9 @@ KEYS = Keyspace()
 JOB = {"prompt": "a question the simulated engine answers", "max_tokens": 150}
 
 
-class DurableRedis(RedisServer):
-    """Append-only with a sync per write: a stop and start keep every key."""
-
-    def __init__(self, workdir: Path) -> None:
-        PrivateRedis.__init__(self, workdir, extra_args=(
-            "--databases", "64", "--appendonly", "yes", "--appendfsync", "always"))
-
-
 @pytest.fixture
 def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = DurableRedis(tmp_path / "redis").start()
+    server = RedisServer(tmp_path / "redis", durable=True).start()
     try:
         yield server
     finally:
