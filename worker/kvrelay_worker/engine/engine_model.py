@@ -19,7 +19,7 @@ from kvrelay_worker.engine.spec.draft_model import split_draft_quantization
 from kvrelay_worker.loading import PREQUANTIZED_KEY
 from kvrelay_worker.models.decoder import CausalLM
 from kvrelay_worker.models.factory import build_model
-from kvrelay_worker.models.quantize_model import quantize_model, weight_bytes
+from kvrelay_worker.models.quantize_model import weight_bytes
 from kvrelay_worker.models.quantized_linear import FusedQuantizedLinear
 
 if TYPE_CHECKING:
@@ -55,9 +55,9 @@ def build_model_for(config: EngineConfig, files: LoadedModelFiles, max_len: int)
     if method == "gguf":
         return _build_gguf_model(config, files, max_len)
     model = build_model(files.config, files.weights(), config.torch_dtype,
-                        config.torch_device, max_position=max_len)
-    if method in ("int8", "int4"):
-        quantize_model(model, method, config.quantization_group_size)
+                        config.torch_device, max_position=max_len,
+                        quantization=method if method in ("int8", "int4") else "none",
+                        group_size=config.quantization_group_size, weights_owned=True)
     log.info("model weights: %.1f MiB (%s)", weight_bytes(model) / 2**20,
              "float" if method == "none" else method)
     return model
@@ -74,7 +74,8 @@ def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
             f"{files.name!r} is a Hugging Face folder; use int8 or int4 to quantize it"
         )
     model, formats = build_gguf_quantized_model(
-        files.gguf_checkpoint(), config.torch_dtype, config.torch_device, max_len)
+        files.gguf_checkpoint(), config.torch_dtype, config.torch_device, max_len,
+        progress=files.progress)
     counts: dict[str, int] = {}
     for fmt in formats.values():
         key = f"{fmt.gguf_type} {fmt.how}"

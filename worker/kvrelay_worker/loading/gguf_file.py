@@ -110,7 +110,6 @@ class GGUFCheckpoint:
         """Dequantise one weight to float32 in torch layout (HF rotate-half order for q/k)."""
         tensor = self._tensors[spec.gguf_name]
         array = _dequantize(tensor).reshape(spec.shape)
-        # A fresh writable array (F32 data is a read-only view of the memory map).
         out = torch.from_numpy(np.require(array, dtype=np.float32, requirements=["C", "W"]))
         if self.architecture == "llama":
             if ".self_attn.q_proj." in spec.name:
@@ -120,7 +119,7 @@ class GGUFCheckpoint:
         return out
 
     def raw_tensor(self, spec: GGUFTensorSpec) -> GGUFTensorInfo:
-        """The file's tensor (memory-mapped, quantized blocks as stored)."""
+        """The file's tensor (its quantized blocks as stored, read when ``data`` is asked)."""
         return self._tensors[spec.gguf_name]
 
     def rotary_row_order(self, spec: GGUFTensorSpec) -> torch.Tensor | None:
@@ -167,7 +166,7 @@ class GGUFCheckpoint:
                 continue
             checked.add(tensor.tensor_type)
             try:
-                dequantize(tensor.data[:1], tensor.tensor_type)
+                dequantize(tensor.first_row(), tensor.tensor_type)
             except NotImplementedError as exc:
                 raise UnsupportedModelError(
                     f"{self.path}: tensor {tensor.name} has type {tensor.tensor_type.name}, "

@@ -4,8 +4,8 @@ Why our own: ``gguf.GGUFReader`` builds a numpy memmap view per array element, s
 vocabulary plus 48k merges cost millions of ``memmap.__getitem__`` calls (seconds per file,
 paid on every worker start). Here the header is read once as bytes and walked with
 ``struct.unpack_from`` (strings decoded in a tight loop, numeric arrays as one ``numpy`` view
-each), which takes tens of milliseconds. Tensor data stays memory-mapped, exposed with the same
-attributes and array shapes as ``gguf.ReaderTensor`` (``name``, ``tensor_type``, ``shape`` in
+each), which takes tens of milliseconds. Tensor data is read on demand (not memory-mapped:
+mapped pages stay resident while the file is open), exposed with the same attributes and array shapes as ``gguf.ReaderTensor`` (``name``, ``tensor_type``, ``shape`` in
 GGUF order, ``n_elements``, ``n_bytes``, ``data_offset``, ``data``), so ``gguf.quants`` works on
 it unchanged.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +77,7 @@ class GGUFField:
 
 @dataclass(eq=False)
 class GGUFTensorInfo:
-    """A tensor's header and its memory-mapped data (shaped as ``gguf.ReaderTensor.data``)."""
+    """A tensor's header and its data, read on demand (shaped as ``gguf.ReaderTensor.data``)."""
 
     name: str
     tensor_type: GGMLQuantizationType
@@ -88,23 +87,45 @@ class GGUFTensorInfo:
     data_offset: int  # absolute, in bytes from the start of the file
     _file: GGUFFile = field(repr=False)
 
-    @cached_property
+    @property
     def data(self) -> np.ndarray:
+        """The tensor's data, read now into a fresh writable array (each access reads again).
+
+        Read, not memory-mapped: pages copied out of a mapping stay resident in this
+        process until it is unmapped, so a load held the whole file on top of the weights.
+        """
+        return self._read(None)
+
+    def first_row(self) -> np.ndarray:
+        """The first row only (a whole 1-D tensor): enough to try a type's dequantisation."""
+        return self._read(1)
+
+    def _read(self, rows: int | None) -> np.ndarray:
         dims = tuple(int(d) for d in reversed(self.shape.tolist()))
         item = _TYPED_TENSORS.get(self.tensor_type)
-        if item is not None:
-            count = self.n_elements
-        else:
-            item, count = np.uint8, self.n_bytes
+        if item is None:
+            item = np.uint8
             block_size, type_size = GGML_QUANT_SIZES[self.tensor_type]
             dims = (*dims[:-1], dims[-1] // block_size * type_size)
-        raw = self._file.memmap[self.data_offset : self.data_offset + count * np.dtype(item).itemsize]
-        array = raw.view(np.dtype(item).newbyteorder(self._file.byte_order))
-        return array.reshape(dims)
+        if rows is not None and len(dims) > 1:
+            dims = (min(rows, dims[0]), *dims[1:])
+        dtype = np.dtype(item).newbyteorder(self._file.byte_order)
+        array = np.empty(dims, dtype=dtype)
+        buffer = array.reshape(-1).view(np.uint8).data
+        with open(self._file.path, "rb") as f:
+            f.seek(self.data_offset)
+            done = 0
+            while done < len(buffer):
+                got = f.readinto(buffer[done:])
+                if not got:
+                    raise ValueError(f"{self._file.path}: tensor {self.name} runs past the "
+                                     "end of the file")
+                done += got
+        return array
 
 
 class GGUFFile:
-    """The parsed header of a GGUF file; its tensors' data memory-mapped on first use.
+    """The parsed header of a GGUF file; each tensor's data read when asked for.
 
     ``fields`` also holds ``GGUF.version``, ``GGUF.tensor_count`` and ``GGUF.kv_count`` as
     ``GGUFReader`` does. Raises ``ValueError`` for a file that is not a well-formed GGUF.
@@ -126,11 +147,6 @@ class GGUFFile:
                 want *= 4
             except UnicodeDecodeError as exc:
                 raise ValueError(f"corrupt GGUF header: {exc}") from exc
-
-    @cached_property
-    def memmap(self) -> np.memmap:
-        """The whole file, read-only (tensor data are views of it)."""
-        return np.memmap(self.path, mode="r")
 
     def value(self, key: str, default: Any = None) -> Any:
         """A metadata value (``default`` when absent)."""

@@ -2,7 +2,7 @@
 
 The float path converts a GGUF once into float32 safetensors (``model_cache``): SmolLM2's
 93 MB Q4_1 file becomes 538 MB of weights. With ``quantization="gguf"`` the engine instead
-reads the quantized tensors from the GGUF file itself at load (memory-mapped: no second
+reads the quantized tensors from the GGUF file itself at load (one at a time: no second
 copy on disk) and repacks Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks losslessly
 (``gguf_blocks``; other quantized types are requantized, and ``formats`` says which);
 norms and biases, stored float, are loaded as usual. Config and tokenizer still come from the
@@ -28,8 +28,10 @@ import torch
 from torch import nn
 
 from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
+from kvrelay_worker.freed_memory import give_back_freed_memory
 from kvrelay_worker.loading.gguf_blocks import FLOAT_TYPES, repack_blocks, requantize
 from kvrelay_worker.loading.gguf_file import GGUFCheckpoint, GGUFTensorSpec
+from kvrelay_worker.loading.load_progress import LoadProgress
 from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.families import family_of
@@ -145,8 +147,35 @@ def _fused(parts: list[QuantizedWeight | torch.Tensor], path: str
     return quantize_int4(values, first.group_size)
 
 
+def _shard_count(path: str) -> int:
+    """How many file matrices fill one of our modules (fused q/k/v and gate/up)."""
+    if path.endswith("qkv_proj"):
+        return 3
+    return 2 if path.endswith("gate_up_proj") else 1
+
+
+def _settle(path: str, parts: dict[int | None, tuple[str, QuantizedWeight | torch.Tensor]],
+            loader: GGUFQuantizedLoader, floats: list[tuple[str, torch.Tensor]],
+            quantized: dict[str, QuantizedWeight | list[QuantizedWeight]]) -> None:
+    """Place one module's shards: float ones with the float weights, else one kept matrix
+    (or one per layout) in ``quantized``."""
+    ordered = [parts[key] for key in sorted(parts, key=lambda k: k or 0)]
+    if all(isinstance(value, torch.Tensor) for _, value in ordered):
+        floats.extend((name, value) for name, value in ordered
+                      if isinstance(value, torch.Tensor))
+        return
+    matrix = _fused([value for _, value in ordered], path)
+    if any(isinstance(value, torch.Tensor) for _, value in ordered):
+        for name, _ in ordered:  # a float shard among them: the layer was requantized
+            if name in loader.formats and loader.formats[name].how == "repacked":
+                loader.formats[name].how = "requantized (fused with another type)"
+    assert not isinstance(matrix, torch.Tensor)
+    quantized[path] = matrix
+
+
 def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
-                               device: torch.device, max_position: int
+                               device: torch.device, max_position: int, *,
+                               progress: bool = False
                                ) -> tuple[CausalLM, dict[str, StoredFormat]]:
     """The decoder with every matrix as stored in the file; also each matrix's format.
 
@@ -159,26 +188,23 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     shards: dict[str, dict[int | None, tuple[str, QuantizedWeight | torch.Tensor]]] = (
         defaultdict(dict))
     floats: list[tuple[str, torch.Tensor]] = []
-    for spec in checkpoint.tensor_specs():
-        where = _module_path(spec)
-        if where is None:
-            floats.append((spec.name, checkpoint.load_tensor(spec)))
-        else:
-            shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))
     quantized: dict[str, QuantizedWeight | list[QuantizedWeight]] = {}
+    specs = checkpoint.tensor_specs()
+    total = sum(checkpoint.raw_tensor(spec).n_bytes for spec in specs)
+    with LoadProgress(total, checkpoint.path.name, progress=progress) as bar:
+        for spec in specs:
+            where = _module_path(spec)
+            if where is None:
+                floats.append((spec.name, checkpoint.load_tensor(spec)))
+            else:
+                shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))
+                if len(shards[where[0]]) == _shard_count(where[0]):
+                    # Fused now, its shards let go: never every layer's shards at once.
+                    _settle(where[0], shards.pop(where[0]), loader, floats, quantized)
+                    give_back_freed_memory()
+            bar.advance(checkpoint.raw_tensor(spec).n_bytes)
     for path, parts in shards.items():
-        ordered = [parts[key] for key in sorted(parts, key=lambda k: k or 0)]
-        if all(isinstance(value, torch.Tensor) for _, value in ordered):
-            floats.extend((name, value) for name, value in ordered
-                          if isinstance(value, torch.Tensor))
-            continue
-        matrix = _fused([value for _, value in ordered], path)
-        if any(isinstance(value, torch.Tensor) for _, value in ordered):
-            for name, _ in ordered:  # a float shard among them: the layer was requantized
-                if name in loader.formats and loader.formats[name].how == "repacked":
-                    loader.formats[name].how = "requantized (fused with another type)"
-        assert not isinstance(matrix, torch.Tensor)
-        quantized[path] = matrix
+        _settle(path, parts, loader, floats, quantized)
     with torch.device("meta"):
         model = CausalLM(config, max_position=max_position)
     biased = {name: getattr(module, "bias", None) is not None

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterator, Mapping
+from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
+from kvrelay_worker.loading.load_progress import LoadProgress
 from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY, checkpoint_scheme
+from kvrelay_worker.loading.safetensors_reader import SafetensorsFile
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.families import family_of_hf_config
 from kvrelay_worker.models.family import rope_from_hf
@@ -30,6 +33,7 @@ SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 _WRITABLE_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DEFAULT_RMS_EPS = 1e-6
+_LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -193,27 +197,57 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def iter_safetensors_weights(
-    folder: Path, config: ModelConfig | None = None
+    folder: Path, config: ModelConfig | None = None, *, progress: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, tensor)`` one tensor at a time, in the dtype stored on disk.
 
-    Files are memory-mapped and each tensor is materialised only when yielded, so peak
-    memory is one tensor beyond what the consumer keeps. With tied embeddings
+    Each tensor is read into fresh memory only when yielded (``safetensors_reader``: no
+    memory map keeps the file resident), so peak memory is one tensor beyond what the
+    consumer keeps. Tensors come grouped by what they fill: embeddings and LM head first,
+    then layer by layer (``load_order``), so a loader that quantizes or places each part
+    as it completes holds one part's float weights at a time. With tied embeddings
     ``lm_head.weight`` is never yielded (some exporters store a copy), and rotary
-    ``inv_freq`` buffers from old checkpoints are skipped.
+    ``inv_freq`` buffers from old checkpoints are skipped. A long read reports how far it
+    has got (``LoadProgress``: log lines, and a bar on a terminal with ``progress``).
     """
     config = config if config is not None else read_hf_config(folder)
-    seen: set[str] = set()
-    for file in safetensors_files(folder):
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                name = _normalise_name(key)
-                if name is None or (config.tie_word_embeddings and name == "lm_head.weight"):
-                    continue
-                if name in seen:
-                    raise ValueError(f"{folder}: tensor {name} appears in more than one shard")
-                seen.add(name)
-                yield name, handle.get_tensor(key)
+    where: dict[str, tuple[int, str]] = {}
+    files = [SafetensorsFile(file) for file in safetensors_files(folder)]
+    for index, stored in enumerate(files):
+        for key in stored.names():
+            name = _normalise_name(key)
+            if name is None or (config.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            if name in where:
+                raise ValueError(f"{folder}: tensor {name} appears in more than one shard")
+            where[name] = (index, key)
+    ordered = sorted(where, key=lambda name: (load_order(name), where[name][0],
+                                              files[where[name][0]].tensors[where[name][1]].begin))
+    total = sum(files[index].tensors[key].nbytes for index, key in where.values())
+    handles: dict[int, BufferedReader] = {}
+    try:
+        with LoadProgress(total, folder.name, progress=progress) as bar:
+            for name in ordered:
+                index, key = where[name]
+                if index not in handles:
+                    handles[index] = files[index].path.open("rb")
+                yield name, files[index].read(key, handles[index])
+                bar.advance(files[index].tensors[key].nbytes)
+    finally:
+        for handle in handles.values():
+            handle.close()
+
+
+def load_order(name: str) -> tuple[int, int]:
+    """Where a ``model.``-prefixed tensor comes in a load: the embedding table and LM head
+    (the largest matrices, placed while the least else is resident), then each layer in
+    turn, then the rest (final norm)."""
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return (0, 0 if name.startswith("model.") else 1)
+    match = _LAYER_INDEX.match(name)
+    if match is not None:
+        return (1, int(match.group(1)))
+    return (2, 0)
 
 
 def _normalise_name(key: str) -> str | None:

@@ -37,8 +37,9 @@ class LoadedModelFiles:
     """
 
     def __init__(self, source: ModelSource, path: Path, config: ModelConfig,
-                 checkpoint: GGUFCheckpoint | None = None) -> None:
+                 checkpoint: GGUFCheckpoint | None = None, *, progress: bool = False) -> None:
         self.source = source
+        self.progress = progress  # a bar on a terminal while weights load (logs always)
         self.name = source.name
         self.path = path
         self.config = config
@@ -52,7 +53,7 @@ class LoadedModelFiles:
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         folder = self.path if self.path.is_dir() else prepare_model(self.source, progress=False)
-        return iter_safetensors_weights(folder, self.config)
+        return iter_safetensors_weights(folder, self.config, progress=self.progress)
 
     @cached_property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -79,6 +80,7 @@ def load_model_source(
         assert source.cache_dir is not None
         if not is_prepared(source.cache_dir, source.path):
             checkpoint = GGUFCheckpoint(source.path)
-            return LoadedModelFiles(source, source.path, checkpoint.config, checkpoint)
+            return LoadedModelFiles(source, source.path, checkpoint.config, checkpoint,
+                                    progress=progress)
     folder = prepare_model(source, progress=progress)
-    return LoadedModelFiles(source, folder, read_hf_config(folder))
+    return LoadedModelFiles(source, folder, read_hf_config(folder), progress=progress)

@@ -12,7 +12,7 @@ goes through ``Attention`` and the metadata the runner built.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -158,11 +158,27 @@ class CausalLM(nn.Module):
         return logits
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors in, fusing projections and experts as they come."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                     place: tuple[torch.device, torch.dtype] | None = None,
+                     on_part_loaded: Callable[[str], None] | None = None,
+                     adopt: bool = False) -> None:
+        """Copy Hugging Face-named tensors in, fusing projections and experts as they come.
+
+        A model built on ``meta`` is given storage one parameter at a time as its first
+        tensor arrives (``place``: device and floating dtype), and ``on_part_loaded`` hears
+        of each part (``embed_tokens``, ``layers.3``, ``norm``, ``lm_head``) once all its
+        parameters are filled: a loader can quantize it or move it then, so peak memory is
+        the weights kept plus one part in float, not the whole model in float. With
+        ``adopt`` the tensors are the caller's to give (fresh reads, nothing else holds
+        them): one that fills a whole ``meta`` parameter in its final dtype and device
+        becomes that parameter, with no copy.
+        """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         offset = self.config.norm_weight_offset
+        parts = _parameters_by_part(params)
+        done_parts: set[str] = set()
+        released: dict[str, torch.Size] = {}
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
@@ -170,8 +186,24 @@ class CausalLM(nn.Module):
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
             target = weight_target(name)
+            if target.param in released:
+                raise ValueError(f"checkpoint tensor {name!r} comes again after its part "
+                                 "was complete")
             if target.param not in params:
                 raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
+            whole = target.expert is None and target.shard is None
+            if params[target.param].is_meta and place is not None:
+                keep = (adopt and whole and not (offset and name.endswith("norm.weight"))
+                        and tensor.dtype == place[1] and tensor.device == place[0]
+                        and tensor.is_contiguous() and tensor.shape == params[target.param].shape)
+                params[target.param] = self._place(target.param, *place,
+                                                   tensor if keep else None)
+                if keep:
+                    loaded.add(target.key)
+                    del tensor
+                    self._part_done(target.param, parts, params, released, loaded,
+                                    done_parts, on_part_loaded)
+                    continue
             dest = params[target.param].data
             if target.expert is not None:
                 dest = dest[target.expert]
@@ -185,8 +217,42 @@ class CausalLM(nn.Module):
             if offset and name.endswith("norm.weight"):
                 tensor = tensor.float() + offset  # Gemma stores norm weights minus one
             dest.copy_(tensor)
+            del tensor  # the read buffer goes before the next tensor is read
             loaded.add(target.key)
-        self._check_complete(params, loaded)
+            self._part_done(target.param, parts, params, released, loaded, done_parts,
+                            on_part_loaded)
+        self._check_complete([*params, *released], loaded)
+
+    def _part_done(self, param: str, parts: dict[str, list[str]],
+                   params: dict[str, nn.Parameter], released: dict[str, torch.Size],
+                   loaded: set[str], done_parts: set[str],
+                   on_part_loaded: Callable[[str], None] | None) -> None:
+        """Tell ``on_part_loaded`` once ``param``'s part is whole, letting its parameters go
+        from the loader's own table (the listener may replace them)."""
+        part = _part_of(param)
+        if (on_part_loaded is None or part in done_parts
+                or not all(self._is_complete(p, loaded) for p in parts[part])):
+            return
+        done_parts.add(part)
+        for name in parts[part]:
+            released[name] = params.pop(name).shape
+        on_part_loaded(part)
+
+    def _place(self, param: str, device: torch.device, dtype: torch.dtype,
+               tensor: torch.Tensor | None = None) -> nn.Parameter:
+        """Give one ``meta`` parameter storage (``tensor`` itself, or uninitialised); re-tie
+        the LM head to a placed embedding table."""
+        owner_path, _, leaf = param.rpartition(".")
+        owner = self.get_submodule(owner_path) if owner_path else self
+        old = getattr(owner, leaf)
+        kind = dtype if old.is_floating_point() else old.dtype
+        storage = tensor if tensor is not None else torch.empty(old.shape, dtype=kind,
+                                                                device=device)
+        fresh = nn.Parameter(storage, requires_grad=old.requires_grad)
+        setattr(owner, leaf, fresh)
+        if param == "embed_tokens.weight" and self.config.tie_word_embeddings:
+            self.lm_head.weight = fresh
+        return fresh
 
     def _shard_sizes(self, param: str) -> list[int]:
         cfg = self.config
@@ -211,7 +277,7 @@ class CausalLM(nn.Module):
                        for e in range(self.config.num_experts) for p in parts)
         return False
 
-    def _check_complete(self, params: dict[str, nn.Parameter], loaded: set[str]) -> None:
+    def _check_complete(self, params: Iterable[str], loaded: set[str]) -> None:
         missing = [
             name for name in params
             if not (name == "lm_head.weight" and self.config.tie_word_embeddings)
@@ -219,3 +285,18 @@ class CausalLM(nn.Module):
         ]
         if missing:
             raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:8])}")
+
+
+def _part_of(param: str) -> str:
+    """The part a parameter belongs to: ``layers.N`` or its top-level module's name."""
+    head, _, rest = param.partition(".")
+    if head == "layers":
+        return f"layers.{rest.split('.', 1)[0]}"
+    return head
+
+
+def _parameters_by_part(params: dict[str, nn.Parameter]) -> dict[str, list[str]]:
+    parts: dict[str, list[str]] = {}
+    for name in params:
+        parts.setdefault(_part_of(name), []).append(name)
+    return parts
