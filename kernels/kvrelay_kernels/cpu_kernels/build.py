@@ -32,7 +32,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = ("paged_attention.cpp", "tiled_attention.cpp", "quantized_linear.cpp",
-           "dequantized_linear.cpp", "rms_norm.cpp", "rotary.cpp", "kv_store.cpp")
+           "dequantized_linear.cpp", "rms_norm.cpp", "rotary.cpp", "kv_store.cpp",
+           "fp8_linear.cpp")
 # Included by the sources: part of the build folder's key, so editing one rebuilds.
 HEADERS = ("quantized_args.h",)
 LIBRARY = "kvrelay_cpu"
