@@ -35,9 +35,11 @@ def quantize_activations(x: torch.Tensor, static_scale: torch.Tensor | None
         amax = xf.abs().amax(dim=-1, keepdim=True)
         scale = torch.clamp(amax / FP8_MAX, min=torch.finfo(torch.float32).tiny)
     else:
-        scale = static_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+        # one value per row, a fresh [M, 1] tensor (row-wise scales must be contiguous)
+        rows = torch.ones((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        scale = rows * static_scale.float().reshape(1, 1)
     q = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q, scale.contiguous()
+    return q, scale
 
 
 def fp8_w8a8_reference(x: torch.Tensor, weight: Fp8Weight,
