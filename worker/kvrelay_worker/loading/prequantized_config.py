@@ -12,10 +12,20 @@ them at load):
 in the ``pack-quantized`` format (values packed into int32) or ``naive-quantized`` (one
 int8 per value). GPTQ checkpoints (``quant_method: "gptq"``, GPTQModel and AutoGPTQ) of 4
 or 8 bits, symmetric, are kept the same way, activation order (``desc_act``, a ``g_idx``
-per layer) included: their input columns are permuted once at load. Everything else is refused with ``UnsupportedModelError`` saying so:
-floating-point weights (FP8, NVFP4,
-MXFP4), quantized activations (W8A8, W4A8), block or tensor-group strategies, sparsity,
-transforms, a quantized KV cache, and other methods (AutoAWQ, bitsandbytes, ...).
+per layer) included: their input columns are permuted once at load.
+
+FP8 weights (``type: float, num_bits: 8``: float8_e4m3fn in the ``float-quantized`` format,
+or ``naive-quantized`` for weight-only FP8) are kept too, as stored (``Fp8Scheme``, ``kvrelay_kernels.fp8_weight``): llmcompressor's
+``FP8_DYNAMIC`` (a scale per output channel, activations quantized per token at run
+time), ``FP8`` (a scale per tensor, a static activation scale) and ``FP8_BLOCK`` (a scale
+per 128x128 block, activations per group of 128), or weight-only. Their activation scheme
+is honoured by the GPU's FP8 matmuls (compute capability 8.9+); the CPU and the other
+GPUs multiply float activations by the FP8 weight (weight-only, more accurate).
+
+Everything else is refused with ``UnsupportedModelError`` saying so: other float weights
+(NVFP4, MXFP4), quantized activations with integer weights (W8A8, W4A8), integer block or
+tensor-group strategies, sparsity, transforms, a quantized KV cache, and other methods
+(AutoAWQ, bitsandbytes, ...).
 """
 
 from __future__ import annotations
@@ -33,8 +43,15 @@ GPTQ_FORMATS = ("gptq", "gptq_v2")
 # ``ModelConfig.extra`` key of a pre-quantized checkpoint's ``WeightScheme``.
 PREQUANTIZED_KEY = "prequantized"
 SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized")
+# compressed-tensors' format of FP8 weights (one float8_e4m3fn per value); a weight-only
+# FP8 scheme is saved as naive-quantized, with the same float8_e4m3fn tensor.
+FLOAT_FORMAT = "float-quantized"
+FP8_FORMATS = (FLOAT_FORMAT, "naive-quantized")
+FP8_STRATEGIES = ("channel", "tensor", "block")
 SUPPORTED = ("compressed-tensors (llmcompressor) weight-only int4 and int8 (symmetric or "
              "asymmetric), per group or per channel, pack-quantized or naive-quantized; "
+             "compressed-tensors FP8 (float-quantized e4m3) weights per channel, per tensor "
+             "or in blocks, with dynamic, static or no activation quantization; "
              "GPTQ (GPTQModel, AutoGPTQ) 4- and 8-bit symmetric, with or without desc_act "
              "(4-bit asymmetric in the gptq_v2 format)")
 
@@ -54,12 +71,33 @@ class WeightScheme:
         return f"int{self.bits} {kind}, {groups} ({self.format})"
 
 
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """One FP8-weight scheme of a compressed-tensors checkpoint (``float-quantized``)."""
+
+    strategy: str  # "channel", "tensor" or "block"
+    block: tuple[int, int] | None  # a block's [output rows, inputs] (block strategy)
+    activations: str  # "dynamic" (per token, or per group with blocks), "static", "none"
+    format: str = FLOAT_FORMAT
+
+    def describe(self) -> str:
+        weights = (f"{self.block[0]}x{self.block[1]} blocks" if self.block is not None
+                   else f"per {self.strategy}")
+        acts = {"dynamic": "dynamic activations", "static": "static activation scale",
+                "none": "weight-only"}[self.activations]
+        return f"fp8 e4m3 {weights}, {acts} ({self.format})"
+
+
+# What ``checkpoint_scheme`` returns: the scheme that decides how layers are repacked.
+PrequantizedScheme = WeightScheme | Fp8Scheme
+
+
 def _refuse(source: str, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(f"{source}: {why}; supported pre-quantized checkpoints: "
                                  f"{SUPPORTED}")
 
 
-def checkpoint_scheme(quantization: Mapping[str, Any], source: str) -> WeightScheme:
+def checkpoint_scheme(quantization: Mapping[str, Any], source: str) -> PrequantizedScheme:
     """The one weight scheme ``quantization`` (a ``quantization_config``) applies, or raise."""
     method = quantization.get("quant_method", "?")
     if method == GPTQ:
@@ -90,20 +128,21 @@ def checkpoint_scheme(quantization: Mapping[str, Any], source: str) -> WeightSch
 
 
 def _group_scheme(name: str, group: Mapping[str, Any], default_format: Any,
-                  source: str) -> WeightScheme:
+                  source: str) -> PrequantizedScheme:
     where = f"config group {name!r}"
+    fmt = str(group.get("format") or default_format or "?")
+    weights = group.get("weights") or {}
+    if weights.get("type", "int") == "float":
+        return _fp8_scheme(where, group, fmt, source)
     if group.get("input_activations") or group.get("output_activations"):
         raise _refuse(source, f"{where} quantizes activations (only weight-only schemes such "
                               "as W4A16/W8A16 are kept)")
-    weights = group.get("weights")
     if not weights:
         raise _refuse(source, f"{where} has no weight scheme")
-    fmt = str(group.get("format") or default_format or "?")
     kind = weights.get("type", "int")
     bits = int(weights.get("num_bits") or 0)
     if kind != "int":
-        raise _refuse(source, f"{where} has {kind} weights ({bits}-bit floats such as FP8 "
-                              "have no kernel here)")
+        raise _refuse(source, f"{where} has {kind} weights")
     if fmt not in SUPPORTED_FORMATS:
         raise _refuse(source, f"{where} is in format {fmt!r}")
     symmetric = bool(weights.get("symmetric", True))
@@ -123,6 +162,50 @@ def _group_scheme(name: str, group: Mapping[str, Any], default_format: Any,
             raise _refuse(source, f"{where} has group strategy without a group_size")
         return WeightScheme(bits, symmetric, size, fmt)
     raise _refuse(source, f"{where} has the {strategy!r} strategy")
+
+
+def _fp8_scheme(where: str, group: Mapping[str, Any], fmt: str, source: str) -> Fp8Scheme:
+    """FP8 weights (``float-quantized``), with their activation scheme if any."""
+    weights = group["weights"]
+    bits = int(weights.get("num_bits") or 0)
+    if bits != 8 or fmt not in FP8_FORMATS:
+        raise _refuse(source, f"{where} has {bits}-bit float weights in format {fmt!r} "
+                              "(only 8-bit float-quantized FP8 has a kernel here; NVFP4 and "
+                              "MXFP4 do not)")
+    strategy = weights.get("strategy")
+    if strategy not in FP8_STRATEGIES:
+        raise _refuse(source, f"{where} has FP8 weights with the {strategy!r} strategy")
+    if not weights.get("symmetric", True) or weights.get("dynamic"):
+        raise _refuse(source, f"{where} has asymmetric or dynamic FP8 weights")
+    block = None
+    if strategy == "block":
+        shape = weights.get("block_structure") or []
+        if len(shape) != 2 or min(int(v) for v in shape) < 1:
+            raise _refuse(source, f"{where} has block strategy with block_structure {shape!r}")
+        block = (int(shape[0]), int(shape[1]))
+    if group.get("output_activations"):
+        raise _refuse(source, f"{where} quantizes output activations")
+    activations = _fp8_activations(where, group.get("input_activations"), block is not None,
+                                   source)
+    return Fp8Scheme(strategy, block, activations, fmt)
+
+
+def _fp8_activations(where: str, acts: Mapping[str, Any] | None, blocks: bool,
+                     source: str) -> str:
+    """``dynamic`` (per token; per group with blocks), ``static`` (per tensor) or ``none``."""
+    if not acts:
+        return "none"
+    if acts.get("type") != "float" or int(acts.get("num_bits") or 0) != 8:
+        raise _refuse(source, f"{where} quantizes activations to "
+                              f"{acts.get('num_bits')}-bit {acts.get('type')} (FP8 weights "
+                              "are kept with FP8 or float activations)")
+    strategy = acts.get("strategy")
+    if acts.get("dynamic") and (strategy == "token" or (blocks and strategy == "group")):
+        return "dynamic"
+    if not acts.get("dynamic") and strategy == "tensor":
+        return "static"
+    raise _refuse(source, f"{where} has {strategy!r} activation quantization "
+                          f"(dynamic={acts.get('dynamic')!r})")
 
 
 def _gptq_scheme(quantization: Mapping[str, Any], source: str) -> WeightScheme:

@@ -17,6 +17,10 @@
   ``min = -zp * scale`` in float32 (the layout's int8 with minimums; one rounding more
   than ``(q - zp) * scale``, about 1e-7 relative).
 
+FP8 (``float-quantized``: float8_e4m3fn ``weight``, ``weight_scale``, maybe ``input_scale``)
+is repacked by ``fp8_repack`` onto ``kvrelay_kernels.fp8_weight`` (the bytes as stored)
+and served by ``Fp8Linear``.
+
 GPTQ (``repack_gptq_layer``): ``qweight`` int32 ``[K * bits / 32, N]`` packed along the inputs,
 ``qzeros`` int32 ``[groups, N * bits / 32]`` along the outputs, ``scales`` ``[groups, N]``,
 ``g_idx`` ``[K]`` each input's group. Inputs are sorted by group (``desc_act`` scatters
@@ -40,23 +44,27 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kvrelay_kernels.fp8_weight import Fp8Weight
 from kvrelay_kernels.quantized_weight import QuantizedWeight, pack_int4
+from kvrelay_worker.loading.fp8_repack import concat_fp8, repack_fp8_layer
 from kvrelay_worker.loading.hf_folder import iter_safetensors_weights, read_hf_config
 from kvrelay_worker.loading.prequantized_config import (
     GPTQ_FORMATS,
     PREQUANTIZED_KEY,
+    Fp8Scheme,
     WeightScheme,
 )
 from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.families import family_of
+from kvrelay_worker.models.fp8_linear import Fp8Linear
 from kvrelay_worker.models.model_config import ModelConfig
 from kvrelay_worker.models.permuted_linear import InputPermutedLinear
 from kvrelay_worker.models.quantized_linear import QuantizedLinear
 
 _PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
-          "weight_g_idx")
+          "weight_g_idx", "input_scale")
 _GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 _FUSED_SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}
 
@@ -200,7 +208,7 @@ def _split(weights: Iterable[tuple[str, torch.Tensor]]
     for name, tensor in weights:
         module, _, leaf = name.rpartition(".")
         if (leaf in _PARTS or leaf in _GPTQ_PARTS
-                or (leaf == "weight" and tensor.dtype == torch.int8)):
+                or (leaf == "weight" and tensor.dtype in (torch.int8, torch.float8_e4m3fn))):
             layers[module][leaf] = tensor
         elif leaf == "weight" and tensor.dtype.is_floating_point and tensor.element_size() == 1:
             raise UnsupportedModelError(f"{name}: {tensor.dtype} weights are not supported")
@@ -209,7 +217,18 @@ def _split(weights: Iterable[tuple[str, torch.Tensor]]
     return layers, floats
 
 
-def _concat(parts: list[QuantizedWeight], path: str) -> QuantizedWeight:
+def _concat(parts: list[QuantizedWeight | Fp8Weight], path: str
+            ) -> QuantizedWeight | Fp8Weight:
+    fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
+    if fp8:
+        if len(fp8) != len(parts):
+            raise UnsupportedModelError(f"{path}: its shards are quantized differently")
+        return concat_fp8(fp8, path)
+    ints = [p for p in parts if isinstance(p, QuantizedWeight)]
+    return _concat_int(ints, path)
+
+
+def _concat_int(parts: list[QuantizedWeight], path: str) -> QuantizedWeight:
     first = parts[0]
     for p in parts[1:]:
         if (p.bits, p.group_size, p.in_features, p.scales.dtype) != (
@@ -224,25 +243,29 @@ def _concat(parts: list[QuantizedWeight], path: str) -> QuantizedWeight:
 def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.device,
                              max_position: int, config: ModelConfig | None = None
                              ) -> CausalLM:
-    """The decoder with each quantized linear layer a ``QuantizedLinear`` (as stored).
+    """The decoder with each quantized linear layer a ``QuantizedLinear`` (``Fp8Linear`` for
+    FP8), as stored.
 
     Layers the checkpoint left float (its ``ignore`` list: ``lm_head``, and others), the
     embeddings, norms and biases load through ``load_weights`` as on the float path.
     """
     config = config if config is not None else read_hf_config(folder)
     scheme = config.extra.get(PREQUANTIZED_KEY)
-    if not isinstance(scheme, WeightScheme):
+    if not isinstance(scheme, (WeightScheme, Fp8Scheme)):
         raise UnsupportedModelError(f"{folder}: not a pre-quantized checkpoint")
     family_of(config.model_type)
     layers, floats = _split(iter_safetensors_weights(folder, config))
-    shards: dict[str, dict[int | None, QuantizedWeight]] = defaultdict(dict)
+    shards: dict[str, dict[int | None, QuantizedWeight | Fp8Weight]] = defaultdict(dict)
     orders: dict[str, dict[int | None, torch.Tensor | None]] = defaultdict(dict)
     for module, parts in layers.items():
         target = weight_target(f"{module}.weight".removeprefix("model."))
         path = target.param.removesuffix(".weight")
         if target.expert is not None or path in ("embed_tokens", "lm_head"):
             raise UnsupportedModelError(f"{module}: quantized {path} is not supported")
-        if scheme.format in GPTQ_FORMATS:
+        matrix: QuantizedWeight | Fp8Weight
+        if isinstance(scheme, Fp8Scheme):
+            matrix, order = repack_fp8_layer(parts, scheme, module), None
+        elif scheme.format in GPTQ_FORMATS:
             matrix, order = repack_gptq_layer(parts, scheme, module)
         else:
             matrix, order = repack_layer(parts, scheme, module), None
@@ -251,7 +274,7 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
     with torch.device("meta"):
         model = CausalLM(config, max_position=max_position)
     modules = dict(model.named_modules())
-    quantized: dict[str, QuantizedWeight] = {}
+    quantized: dict[str, QuantizedWeight | Fp8Weight] = {}
     permutations: dict[str, torch.Tensor | None] = {}
     for path, by_shard in shards.items():
         linear = modules.get(path)
@@ -276,7 +299,10 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
     for path, matrix in quantized.items():
         zeros = (torch.zeros(matrix.out_features, dtype=dtype, device=device)
                  if biased[path] else None)
-        _set_module(model, path, QuantizedLinear(matrix.to(device), zeros))
+        layer: nn.Module = (Fp8Linear(matrix.to(device), zeros)
+                            if isinstance(matrix, Fp8Weight)
+                            else QuantizedLinear(matrix.to(device), zeros))
+        _set_module(model, path, layer)
     model.load_weights(floats)
     for path, order in permutations.items():  # after the biases are loaded by name
         if order is not None:
