@@ -9,7 +9,6 @@ loading the folder with ``run_compressed=False`` (which calls ``decompress_model
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.compressed_checkpoints import GPTQ_SCRIPT, cached_checkpoints
+from helpers.compressed_oracle import PROMPTS, decompressed_model, oracle_scheme
 from helpers.engine_run import one_torch_thread
 from helpers.hf_reference import hf_greedy
 from safetensors import safe_open
@@ -39,23 +39,14 @@ from kvrelay_worker.teacher_forcing import sequence_logits
 
 compressed_tensors = pytest.importorskip("compressed_tensors")
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Water boils at a temperature of",
-    "Once upon a time, in a small village,",
-    "The three primary colors are",
-    "To make a cup of tea, first",
-    "import numpy as np\nx = np.",
-    "The largest planet in the solar system is",
-]
 NEW_TOKENS = 8
 # llmcompressor's schemes (make_compressed_checkpoint.py): W4A16 is its preset (group 128,
 # so only the 1536-input down_proj layers; the 576-input ones stay float); AWQ smooths
 # (norm weights included) on a few local sentences, then quantizes asymmetric int4.
 SCHEMES = ["W4A16", "W4A16-g64", "W4A16-asym-g64", "W8A16-channel", "W8A16-asym-channel",
            "AWQ-W4A16-asym-g64"]
-REFUSED = {"FP8-channel": "float weights"}
+# FP8 is kept (test_fp8_checkpoints.py); 4-bit floats are not.
+REFUSED = {"NVFP4A16": "4-bit float weights", "MXFP4A16": "4-bit float weights"}
 
 pytestmark = pytest.mark.slow
 
@@ -70,16 +61,6 @@ def _one_thread() -> Iterator[None]:
 def compressed(smollm2_folder: Path) -> Callable[[str], Path]:
     root = cached_checkpoints(smollm2_folder, [*SCHEMES, *REFUSED])
     return lambda scheme: root / scheme
-
-
-def _oracle_scheme(folder: Path) -> tuple[object, object]:
-    from compressed_tensors.compressors import BaseCompressor
-    from compressed_tensors.quantization import QuantizationScheme
-
-    config = json.loads((folder / "config.json").read_text())["quantization_config"]
-    group = next(iter(config["config_groups"].values()))
-    scheme = QuantizationScheme(targets=group["targets"], weights=group["weights"])
-    return BaseCompressor.load_from_registry(group["format"]), scheme
 
 
 def _assert_logits_match(llm: LLM, reference: nn.Module, prompts: list[list[int]], label: str,
@@ -102,7 +83,7 @@ def test_repacked_layers_dequantize_as_compressed_tensors_does(
         scheme: str, compressed: Callable[[str], Path]) -> None:
     folder = compressed(scheme)
     ours = read_hf_config(folder).extra[PREQUANTIZED_KEY]
-    compressor, oracle = _oracle_scheme(folder)
+    compressor, oracle = oracle_scheme(folder)
     with safe_open(str(folder / "model.safetensors"), "pt") as handle:
         tensors = [(k, handle.get_tensor(k)) for k in handle.keys()  # noqa: SIM118
                    if ".layers.3." in k]
@@ -116,15 +97,6 @@ def test_repacked_layers_dequantize_as_compressed_tensors_does(
         torch.testing.assert_close(got, expected.float(), rtol=0, atol=1e-6)
         if ours.bits == 4:
             assert (packed.in_features // 2) % packed.group_size == 0  # the CPU tiles serve it
-
-
-def _reference_model(folder: Path) -> nn.Module:
-    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
-
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32,
-        quantization_config=CompressedTensorsConfig(run_compressed=False))
-    return model.eval()
 
 
 @pytest.fixture
@@ -156,7 +128,7 @@ def test_smollm2_kept_quantized_matches_the_decompressed_model(
 
     tokenizer = llm.engine.tokenizer
     prompts = [tokenizer.encode(text) for text in PROMPTS]
-    reference = _reference_model(folder)
+    reference = decompressed_model(folder)
     _assert_logits_match(llm, reference, prompts, scheme, monkeypatch)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     ours = [o.choices[0].token_ids for o in llm.generate(prompts, params)]

@@ -12,6 +12,8 @@ default group of 128 and its observers refuse partial groups (even with
 ``bypass_divisibility_checks``), so ``W4A16`` quantizes, as llmcompressor's own error
 message advises, only the layers whose inputs divide 128 (``down_proj``, 1536 inputs) and
 leaves the others float; the ``-g64`` and channel variants quantize every linear layer.
+The float presets (``PRESETS``) quantize every linear layer but the head; ``FP8``'s static
+activation scales, like AWQ, are calibrated on the local sentences of ``calibration_text``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # The layers whose 576 inputs are not a multiple of 128.
 NOT_DIVISIBLE_BY_128 = [r"re:.*(q|k|v|o|gate|up)_proj$"]
+# Float presets: FP8 weights per channel with dynamic per-token activations, per tensor
+# with a static activation scale (calibrated), 128x128 blocks; NVFP4 and MXFP4 (refused by
+# the engine).
+PRESETS = ("FP8_DYNAMIC", "FP8", "FP8_BLOCK", "NVFP4A16", "MXFP4A16")
 
 
 def _scheme(bits: int, strategy: str, group_size: int | None = None,
@@ -50,6 +56,8 @@ def recipe(name: str) -> QuantizationModifier | list[object]:
     if name == "W4A16":
         return QuantizationModifier(targets="Linear", scheme="W4A16",
                                     ignore=["lm_head", *NOT_DIVISIBLE_BY_128])
+    if name in PRESETS:  # llmcompressor's own presets, every linear layer but the head
+        return QuantizationModifier(targets="Linear", scheme=name, ignore=["lm_head"])
     schemes = {
         "W4A16-g64": _scheme(4, "group", 64),
         "W4A16-asym-g64": _scheme(4, "group", 64, symmetric=False),
@@ -76,7 +84,7 @@ def main() -> None:
     for name in names:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-        if name.startswith("AWQ"):
+        if name.startswith("AWQ") or name == "FP8":  # observers of activations: calibrate
             calibration = Dataset.from_dict({"text": CALIBRATION})
             oneshot(model=model, recipe=recipe(name), dataset=calibration,
                     max_seq_length=64, num_calibration_samples=len(CALIBRATION))
