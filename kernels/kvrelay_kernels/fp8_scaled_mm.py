@@ -19,6 +19,7 @@ Triton kernel too.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,14 @@ def fp8_matmul_supported(device: torch.device) -> bool:
     """Whether ``device`` multiplies FP8 matrices natively (and torch exposes it)."""
     if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
         return False
-    return torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index) >= FP8_MIN_CAPABILITY
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    """Asked once per device: every FP8 layer asks on every step."""
+    return torch.cuda.get_device_capability(index)
 
 
 def scaled_mm_serves(weight: Fp8Weight) -> bool:
