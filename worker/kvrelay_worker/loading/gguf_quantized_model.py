@@ -15,7 +15,14 @@ every shard as stored too: consecutive shards of one layout are concatenated and
 becomes a ``FusedQuantizedLinear`` of those parts, each multiplied on its own kept weight.
 Only a float-stored shard beside quantized ones (rare) gets its layer requantized from
 float, in the format of its first quantized shard (the load log warns). llama.cpp's q/k row
-permutation is undone on the packed rows.
+permutation is undone on the packed rows. Phi-3's fused ``attn_qkv``/``ffn_up`` are our
+``qkv_proj``/``gate_up_proj`` as stored: kept whole.
+
+Mixture-of-experts layers (Mixtral, Qwen3-MoE) run their experts as float: ``SparseMoE``
+multiplies all experts at once with ``grouped_mm`` (or batched matmuls) on stacked float
+weights, and no quantized kernel takes a stack of experts yet. Their stacked tensors are
+dequantized expert by expert (``EXPERTS_DEQUANTIZED`` in the load log's count and in
+``gguf_storage``'s resident bytes); attention, dense MLPs, embeddings and LM head stay kept.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _MATRIX_SUFFIXES = ("_proj.weight",)
 _EMBED = "embed_tokens"
+EXPERTS_DEQUANTIZED = "dequantized (MoE experts run float)"
 
 
 @dataclass
@@ -62,7 +70,7 @@ def _module_path(spec: GGUFTensorSpec) -> tuple[str, int | None] | None:
         return _EMBED, None
     if name == "lm_head.weight":
         return "lm_head", None
-    if not name.endswith(_MATRIX_SUFFIXES):
+    if not name.endswith(_MATRIX_SUFFIXES) or spec.expert is not None:
         return None
     target = weight_target(name)
     return target.param.removesuffix(".weight"), target.shard
@@ -162,6 +170,8 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     for spec in checkpoint.tensor_specs():
         where = _module_path(spec)
         if where is None:
+            if spec.expert is not None and spec.gguf_type not in FLOAT_TYPES:
+                loader.formats[spec.name] = StoredFormat(spec.gguf_type, EXPERTS_DEQUANTIZED)
             floats.append((spec.name, checkpoint.load_tensor(spec)))
         else:
             shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))

@@ -5,12 +5,14 @@ weight bytes when the file is dequantised to float32 (``quantization="none"``) o
 quantized (``quantization="gguf"``: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
 repacked losslessly in ``gguf_blocks.KEPT_LAYOUTS``' layouts, shard by shard in fused
 layers that mix types too, float tensors as float32, other types requantized to int4 or
-int8, which ``requantized_types`` names).
+int8, which ``requantized_types`` names; mixture-of-experts tensors, ``*_exps``, as float32:
+``gguf_quantized_model`` runs experts float).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,9 @@ from kvrelay_worker.loading.gguf_blocks import (
     kept_bytes,
 )
 from kvrelay_worker.loading.gguf_metadata import GGUFFile
+from kvrelay_worker.loading.gguf_rope import ROPE_TENSORS
+
+_EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,10 @@ def gguf_storage(path: Path) -> GGUFStorage:
         numel = int(math.prod(int(d) for d in tensor.shape))
         types[kind] += 1
         file_bytes += int(tensor.n_bytes)
-        if tensor.name == "rope_freqs.weight":  # Llama 3's divisors: become rotary tables
+        if tensor.name in ROPE_TENSORS:  # Llama 3's divisors, Phi-3's factors: rotary tables
             continue
         float32 += 4 * numel
-        if kind in FLOAT_TYPES:
+        if kind in FLOAT_TYPES or _EXPERTS.fullmatch(tensor.name):
             kept += 4 * numel
         elif kind in LOSSLESS_TYPES:
             kept += kept_bytes(kind, numel)
