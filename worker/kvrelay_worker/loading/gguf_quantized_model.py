@@ -18,11 +18,10 @@ float, in the format of its first quantized shard (the load log warns). llama.cp
 permutation is undone on the packed rows. Phi-3's fused ``attn_qkv``/``ffn_up`` are our
 ``qkv_proj``/``gate_up_proj`` as stored: kept whole.
 
-Mixture-of-experts layers (Mixtral, Qwen3-MoE) run their experts as float: ``SparseMoE``
-multiplies all experts at once with ``grouped_mm`` (or batched matmuls) on stacked float
-weights, and no quantized kernel takes a stack of experts yet. Their stacked tensors are
-dequantized expert by expert (``EXPERTS_DEQUANTIZED`` in the load log's count and in
-``gguf_storage``'s resident bytes); attention, dense MLPs, embeddings and LM head stay kept.
+Mixture-of-experts layers (Mixtral, Qwen3-MoE) keep their experts too: each expert's slice
+of the stacked ``ffn_*_exps`` tensors is repacked like any matrix, gate|up joined as for a
+dense MLP, and ``SparseMoE.keep_quantized`` runs them one expert at a time. Only a file
+storing its experts as floats loads them into the float stacks.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from kvrelay_worker.loading.gguf_file import GGUFCheckpoint, GGUFTensorSpec
 from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.families import family_of
+from kvrelay_worker.models.moe import SparseMoE
 from kvrelay_worker.models.quantized_linear import (
     FusedQuantizedLinear,
     QuantizedEmbedding,
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 _MATRIX_SUFFIXES = ("_proj.weight",)
 _EMBED = "embed_tokens"
-EXPERTS_DEQUANTIZED = "dequantized (MoE experts run float)"
+_EXPERT_PART = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
 
 
 @dataclass
@@ -89,7 +89,8 @@ class GGUFQuantizedLoader:
         if spec.gguf_type in FLOAT_TYPES:
             self.formats[spec.name] = StoredFormat(spec.gguf_type, "float")
             return self.checkpoint.load_tensor(spec)
-        packed = repack_blocks(tensor.data, tensor.tensor_type, spec.shape[1])
+        data = tensor.data if spec.expert is None else tensor.data[spec.expert]
+        packed = repack_blocks(data, tensor.tensor_type, spec.shape[1])
         if packed is None:
             self.formats[spec.name] = StoredFormat(spec.gguf_type, "requantized")
             return requantize(self.checkpoint.load_tensor(spec), tensor.tensor_type)
@@ -167,11 +168,15 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     shards: dict[str, dict[int | None, tuple[str, QuantizedWeight | torch.Tensor]]] = (
         defaultdict(dict))
     floats: list[tuple[str, torch.Tensor]] = []
+    # MoE layer path -> expert -> (gate, up, down) specs
+    experts: dict[str, dict[int, dict[int, GGUFTensorSpec]]] = defaultdict(
+        lambda: defaultdict(dict))
     for spec in checkpoint.tensor_specs():
         where = _module_path(spec)
-        if where is None:
-            if spec.expert is not None and spec.gguf_type not in FLOAT_TYPES:
-                loader.formats[spec.name] = StoredFormat(spec.gguf_type, EXPERTS_DEQUANTIZED)
+        if spec.expert is not None and spec.gguf_type not in FLOAT_TYPES:
+            layer, _, rest = spec.name.removeprefix("model.").partition(".experts.")
+            experts[layer][spec.expert][_EXPERT_PART[rest.split(".")[1]]] = spec
+        elif where is None:
             floats.append((spec.name, checkpoint.load_tensor(spec)))
         else:
             shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))
@@ -195,6 +200,9 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
               for name, module in model.named_modules()}
     for path in quantized:
         _set_module(model, path, nn.Identity())
+    for path in experts:  # no float stacks for kept experts
+        moe = model.get_submodule(path)
+        del moe._parameters["w13"], moe._parameters["w2"]
     tied_quantized = config.tie_word_embeddings and _EMBED in quantized
     if tied_quantized:
         _set_module(model, "lm_head", nn.Identity())
@@ -219,8 +227,34 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
                 model.lm_head = module  # type: ignore[assignment]
         else:
             _set_module(model, path, module)
+    for path, by_expert in experts.items():
+        w13, w2 = _expert_modules(loader, by_expert, path, device)
+        moe = model.get_submodule(path)
+        assert isinstance(moe, SparseMoE)
+        moe.keep_quantized(w13, w2)
     model.load_weights(floats)
     return model.eval(), loader.formats
+
+
+def _linear(matrix: QuantizedWeight | list[QuantizedWeight] | torch.Tensor,
+            device: torch.device) -> nn.Module:
+    if isinstance(matrix, list):
+        return FusedQuantizedLinear([part.to(device) for part in matrix], None)
+    assert not isinstance(matrix, torch.Tensor)
+    return QuantizedLinear(matrix.to(device))
+
+
+def _expert_modules(loader: GGUFQuantizedLoader,
+                    by_expert: dict[int, dict[int, GGUFTensorSpec]], path: str,
+                    device: torch.device) -> tuple[list[nn.Module], list[nn.Module]]:
+    """Each expert's gate|up and down as kept matrices, in expert order."""
+    w13: list[nn.Module] = []
+    w2: list[nn.Module] = []
+    for expert in sorted(by_expert):
+        gate, up, down = (loader.matrix(by_expert[expert][part]) for part in range(3))
+        w13.append(_linear(_fused([gate, up], f"{path}.experts.{expert}"), device))
+        w2.append(_linear(down, device))
+    return w13, w2
 
 
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:

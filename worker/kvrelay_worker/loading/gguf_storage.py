@@ -5,14 +5,12 @@ weight bytes when the file is dequantised to float32 (``quantization="none"``) o
 quantized (``quantization="gguf"``: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
 repacked losslessly in ``gguf_blocks.KEPT_LAYOUTS``' layouts, shard by shard in fused
 layers that mix types too, float tensors as float32, other types requantized to int4 or
-int8, which ``requantized_types`` names; mixture-of-experts tensors, ``*_exps``, as float32:
-``gguf_quantized_model`` runs experts float).
+int8, which ``requantized_types`` names; mixture-of-experts stacks alike).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +23,6 @@ from kvrelay_worker.loading.gguf_blocks import (
 )
 from kvrelay_worker.loading.gguf_metadata import GGUFFile
 from kvrelay_worker.loading.gguf_rope import ROPE_TENSORS
-
-_EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
 
 
 @dataclass(frozen=True)
@@ -64,12 +60,12 @@ def gguf_storage(path: Path) -> GGUFStorage:
         if tensor.name in ROPE_TENSORS:  # Llama 3's divisors, Phi-3's factors: rotary tables
             continue
         float32 += 4 * numel
-        if kind in FLOAT_TYPES or _EXPERTS.fullmatch(tensor.name):
+        if kind in FLOAT_TYPES:
             kept += 4 * numel
         elif kind in LOSSLESS_TYPES:
             kept += kept_bytes(kind, numel)
         elif kind in FOUR_BIT_TYPES:
             kept += numel // 2 + numel // 32 * 4
         else:
-            kept += numel + 4 * int(tensor.shape[-1])
+            kept += numel + 4 * (numel // int(tensor.shape[0]))  # a scale per row
     return GGUFStorage(dict(types), file_bytes, float32, kept)
