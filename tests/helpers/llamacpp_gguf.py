@@ -18,6 +18,7 @@ converter takes only byte-level BPE vocabularies it recognises, so it gets SmolL
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import io
@@ -47,6 +48,13 @@ class ConvertedModel:
 
 CONVERTED: dict[str, ConvertedModel] = {
     "phi3": ConvertedModel("phi3-fused", "llama-spm"),
+    # long-context RoPE, which llama.cpp stores as two factor tensors (config only: the
+    # engine does not run longrope)
+    "phi3-longrope": ConvertedModel("phi3-fused", "llama-spm", {
+        "max_position_embeddings": 8192, "original_max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                            "long_factor": [1.0 + i / 8 for i in range(32)],
+                            "short_factor": [1.0 + i / 64 for i in range(32)]}}),
     "gemma2": ConvertedModel("gemma2-softcap-window", "gemma-spm",
                              {"tie_word_embeddings": True}),
     "gemma3": ConvertedModel("gemma3-local-global", "gemma-spm", {
@@ -140,17 +148,18 @@ def hf_folder(name: str, smollm2_tokenizer: Path | None) -> Path:
     if (folder / "model.safetensors").is_file():
         return folder
     spec = CONVERTED[name]
+    overrides = copy.deepcopy(spec.overrides)  # transformers' configs mutate dicts they get
     tmp = folder.with_name("hf.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if spec.tokenizer == "smollm2":
         if smollm2_tokenizer is None:
             pytest.skip("needs SmolLM2's tokenizer")
-        build_tiny_model(spec.tiny, tmp, tokenizer_folder=smollm2_tokenizer, **spec.overrides)
+        build_tiny_model(spec.tiny, tmp, tokenizer_folder=smollm2_tokenizer, **overrides)
     else:
         tokenizer = save_spm_tokenizer(spec.tokenizer, tmp)
         build_tiny_model(spec.tiny, tmp, vocab_size=len(tokenizer), **{
             "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id, **spec.overrides})
+            "pad_token_id": tokenizer.pad_token_id, **overrides})
     tmp.rename(folder)
     return folder
 
