@@ -6,7 +6,8 @@ Each tiny random model (``helpers.llamacpp_gguf``) is converted by llama.cpp's o
 - the config read from the file equals the one the family reads from the original
   ``config.json``, and survives the ``config.json`` the float path writes;
 - F32 logits (float path) equal transformers' on the original model to 1e-3 of the
-  largest logit, greedy tokens identical;
+  largest logit, greedy tokens identical; transformers reads the converted folder the
+  float path writes (config.json and tensor names) into the same model;
 - Q8_0 kept quantized equals the same file dequantized by the ``gguf`` package, to 1e-3,
   with no float weight in any linear layer but the MoE routers (float in the file), the
   experts' included;
@@ -118,11 +119,15 @@ def test_f32_file_matches_transformers(name: str, gguf: Callable[[str, str], Pat
     monkeypatch.setenv(cache_layout.CACHE_DIR_ENV, str(tmp_path))
     llm = engine(path, "none")
     hf = load_hf_model(path.parent / "hf")
+    (converted,) = [p.parent for p in tmp_path.glob("models/*/config.json")]
+    hf_converted = load_hf_model(converted)  # transformers reads what the float path wrote
     for prompt in prompts(llm.engine.model.config.vocab_size):
         got = sequence_logits(llm.engine, prompt)
         with torch.no_grad():
             expected = hf(torch.tensor([prompt])).logits[0].float()
+            again = hf_converted(torch.tensor([prompt])).logits[0].float()
         assert relative_error(got, expected) < TOLERANCE
+        assert relative_error(again, expected) < TOLERANCE
     short = [p[:12] for p in prompts(llm.engine.model.config.vocab_size)]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     ours = [out.choices[0].token_ids for out in llm.generate(short, params)]

@@ -28,7 +28,7 @@ reads them), which is what a GGUF's metadata means whoever wrote it:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvrelay_worker.models.errors import UnsupportedModelError
@@ -47,14 +47,20 @@ _DENSE_BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_MOE_BLOCK = {**_DENSE_BLOCK, "ffn_gate_inp": "mlp.gate"}
+_QWEN_MOE_BLOCK = {**_DENSE_BLOCK, "ffn_gate_inp": "mlp.gate"}
+_MIXTRAL_BLOCK = {**_DENSE_BLOCK, "ffn_gate_inp": "block_sparse_moe.gate"}
 _GEMMA_BLOCK = {**_DENSE_BLOCK, "ffn_norm": "pre_feedforward_layernorm",
                 "post_attention_norm": "post_attention_layernorm",
                 "post_ffw_norm": "post_feedforward_layernorm"}
 _PHI3_BLOCK = {**_DENSE_BLOCK, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-# Stacked experts -> the per-expert projection each slice is (``mlp.experts.E.<name>``)
-EXPERT_TENSORS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
-                  "ffn_down_exps": "down_proj"}
+# Stacked experts -> each slice's HF module, as the family's checkpoints spell it (so that
+# transformers reads the converted folder too); ``{e}`` is the expert
+_QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+                 "ffn_up_exps": "mlp.experts.{e}.up_proj",
+                 "ffn_down_exps": "mlp.experts.{e}.down_proj"}
+_MIXTRAL_EXPERTS = {"ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+                    "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+                    "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"}
 
 # Reads a metadata value by its key without the ``<arch>.`` prefix.
 Meta = Callable[[str, Any], Any]
@@ -66,6 +72,7 @@ class GGUFArchitecture:
 
     name: str
     block_tensors: Mapping[str, str]
+    expert_tensors: Mapping[str, str] = field(default_factory=dict)
     permuted_qk: bool = False  # llama.cpp interleaved each head's q/k rotary halves
     norm_offset: float = 0.0  # what llama.cpp added to every norm weight
     # (metadata reader, layers, hidden size, head_dim, source) -> ModelConfig fields
@@ -165,10 +172,11 @@ def _qwen3moe(meta: Meta, layers: int, hidden: int, head_dim: int, source: str
 
 ARCHITECTURES: dict[str, GGUFArchitecture] = {
     arch.name: arch for arch in (
-        GGUFArchitecture("llama", _MOE_BLOCK, permuted_qk=True, fields=_llama),
+        GGUFArchitecture("llama", _MIXTRAL_BLOCK, _MIXTRAL_EXPERTS, permuted_qk=True,
+                         fields=_llama),
         GGUFArchitecture("qwen2", _DENSE_BLOCK),
         GGUFArchitecture("qwen3", _DENSE_BLOCK),
-        GGUFArchitecture("qwen3moe", _MOE_BLOCK, fields=_qwen3moe),
+        GGUFArchitecture("qwen3moe", _QWEN_MOE_BLOCK, _QWEN_EXPERTS, fields=_qwen3moe),
         GGUFArchitecture("gemma2", _GEMMA_BLOCK, norm_offset=1.0, fields=_gemma2),
         GGUFArchitecture("gemma3", _GEMMA_BLOCK, norm_offset=1.0, fields=_gemma3),
         GGUFArchitecture("phi3", _PHI3_BLOCK, fields=_phi3),

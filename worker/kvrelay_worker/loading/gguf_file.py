@@ -27,11 +27,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from kvrelay_worker.loading.gguf_architectures import (
-    ARCHITECTURES,
-    EXPERT_TENSORS,
-    GGUFArchitecture,
-)
+from kvrelay_worker.loading.gguf_architectures import ARCHITECTURES, GGUFArchitecture
 from kvrelay_worker.loading.gguf_metadata import GGUFFile, GGUFTensorInfo
 from kvrelay_worker.loading.gguf_rope import ROPE_TENSORS, float32_value, rope_scaling
 from kvrelay_worker.models.errors import UnsupportedModelError
@@ -144,12 +140,12 @@ class GGUFCheckpoint:
             shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
             kind = tensor.tensor_type.name
             match = _BLOCK_NAME.fullmatch(tensor.name)
-            if match is not None and match.group(2) in EXPERT_TENSORS:
+            if match is not None and match.group(2) in self.arch.expert_tensors:
                 layer, part, _ = match.groups()
+                module = self.arch.expert_tensors[part]
                 for expert in range(shape[0]):
-                    name = f"model.layers.{layer}.mlp.experts.{expert}.{EXPERT_TENSORS[part]}"
-                    specs.append(GGUFTensorSpec(f"{name}.weight", shape[1:], tensor.name,
-                                                kind, expert))
+                    name = f"model.layers.{layer}.{module.format(e=expert)}.weight"
+                    specs.append(GGUFTensorSpec(name, shape[1:], tensor.name, kind, expert))
                 continue
             hf_name = self._hf_name(tensor.name)
             if hf_name is not None:

@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 _MATRIX_SUFFIXES = ("_proj.weight",)
 _EMBED = "embed_tokens"
-_EXPERT_PART = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
 
 
 @dataclass
@@ -174,8 +173,9 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     for spec in checkpoint.tensor_specs():
         where = _module_path(spec)
         if spec.expert is not None and spec.gguf_type not in FLOAT_TYPES:
-            layer, _, rest = spec.name.removeprefix("model.").partition(".experts.")
-            experts[layer][spec.expert][_EXPERT_PART[rest.split(".")[1]]] = spec
+            target = weight_target(spec.name.removeprefix("model."))  # into w13 or w2
+            layer, stack = target.param.rsplit(".", 1)
+            experts[layer][spec.expert][2 if stack == "w2" else target.shard or 0] = spec
         elif where is None:
             floats.append((spec.name, checkpoint.load_tensor(spec)))
         else:
