@@ -20,8 +20,8 @@ permutation is undone on the packed rows. Phi-3's fused ``attn_qkv``/``ffn_up`` 
 
 Mixture-of-experts layers (Mixtral, Qwen3-MoE) keep their experts too: each expert's slice
 of the stacked ``ffn_*_exps`` tensors is repacked like any matrix, gate|up joined as for a
-dense MLP, and ``SparseMoE.keep_quantized`` runs them one expert at a time. Only a file
-storing its experts as floats loads them into the float stacks.
+dense MLP, and ``SparseMoE.keep_quantized`` runs them one expert at a time. A layer with
+any expert stored as floats loads all its experts into the float stacks.
 """
 
 from __future__ import annotations
@@ -170,12 +170,14 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     # MoE layer path -> expert -> (gate, up, down) specs
     experts: dict[str, dict[int, dict[int, GGUFTensorSpec]]] = defaultdict(
         lambda: defaultdict(dict))
-    for spec in checkpoint.tensor_specs():
+    specs = checkpoint.tensor_specs()
+    float_expert_layers = {_expert_slot(s)[0] for s in specs
+                           if s.expert is not None and s.gguf_type in FLOAT_TYPES}
+    for spec in specs:
         where = _module_path(spec)
-        if spec.expert is not None and spec.gguf_type not in FLOAT_TYPES:
-            target = weight_target(spec.name.removeprefix("model."))  # into w13 or w2
-            layer, stack = target.param.rsplit(".", 1)
-            experts[layer][spec.expert][2 if stack == "w2" else target.shard or 0] = spec
+        if spec.expert is not None and _expert_slot(spec)[0] not in float_expert_layers:
+            layer, slot = _expert_slot(spec)
+            experts[layer][spec.expert][slot] = spec
         elif where is None:
             floats.append((spec.name, checkpoint.load_tensor(spec)))
         else:
@@ -234,6 +236,13 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
         moe.keep_quantized(w13, w2)
     model.load_weights(floats)
     return model.eval(), loader.formats
+
+
+def _expert_slot(spec: GGUFTensorSpec) -> tuple[str, int]:
+    """``(MoE layer path, 0 gate / 1 up / 2 down)`` of one expert's matrix."""
+    target = weight_target(spec.name.removeprefix("model."))  # into w13 or w2
+    layer, stack = target.param.rsplit(".", 1)
+    return layer, 2 if stack == "w2" else target.shard or 0
 
 
 def _linear(matrix: QuantizedWeight | list[QuantizedWeight] | torch.Tensor,
