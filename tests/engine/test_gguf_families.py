@@ -200,3 +200,25 @@ def test_tokenizer_from_the_file_encodes_as_the_original(
         assert spm is None or ids == spm.encode(text), text
         assert ours.decode(ids) == original.decode(ids), text
     assert load_tokenizer(path).encode(TEXTS[1]) == ours.encode(TEXTS[1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_a_window_the_family_cannot_express_is_refused(arch: str, tmp_path: Path) -> None:
+    """Only Gemma and Phi-3 read ``attention.sliding_window``; elsewhere it is refused,
+    never ignored (headers only: no tensor beyond the embedding is needed to get there)."""
+    import gguf as gguf_package
+    import numpy as np
+
+    path = tmp_path / f"{arch}.gguf"
+    writer = gguf_package.GGUFWriter(str(path), arch)
+    for key, value in (("block_count", 1), ("context_length", 4096),
+                       ("embedding_length", 16), ("feed_forward_length", 32),
+                       ("attention.head_count", 2), ("attention.sliding_window", 32)):
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        GGUFCheckpoint(path)

@@ -199,10 +199,12 @@ class GGUFCheckpoint:
                 "partial rotary and uneven heads are not supported"
             )
         max_positions = self._required_int("context_length")
-        window = self.metadata(self._key("attention.sliding_window"))
-        if self.arch.fields is None and window is not None and int(window) < max_positions:
-            raise UnsupportedModelError(f"{path}: sliding-window attention is not supported")
         layers = self._required_int("block_count")
+        fields = {} if self.arch.fields is None else self.arch.fields(
+            self._meta, layers, hidden, head_dim, str(path))
+        window = self._meta("attention.sliding_window", None)
+        if "sliding_window" not in fields and window is not None and int(window) < max_positions:
+            raise UnsupportedModelError(f"{path}: sliding-window attention is not supported")
         specs = {s.name: s for s in self._specs}
         vocab = specs["model.embed_tokens.weight"].shape[0]
         names = set(specs)
@@ -246,8 +248,7 @@ class GGUFCheckpoint:
                 "gguf_file_type": self.metadata("general.file_type"),
             },
         }
-        if self.arch.fields is not None:  # the family's own keys
-            common.update(self.arch.fields(self._meta, layers, hidden, head_dim, str(path)))
+        common.update(fields)  # the family's own keys
         for name in ("local_rope_theta", "attn_logit_softcapping", "final_logit_softcapping"):
             if common.get(name) is not None:
                 common[name] = float32_value(common[name])
