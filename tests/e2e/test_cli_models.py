@@ -36,7 +36,8 @@ def test_lists_the_supported_families() -> None:
         assert arch in line
     assert len([row for row in result.output.splitlines() if "HF folder" in row]) == len(FAMILIES)
     gguf = [row for row in result.output.splitlines() if "ForCausalLM" in row and "GGUF" in row]
-    assert [row.split(maxsplit=1)[0] for row in gguf] == ["Llama", "Qwen2/2.5", "Qwen3"]
+    assert [row.split(maxsplit=1)[0] for row in gguf] == [
+        "Llama", "Qwen2/2.5", "Qwen3", "Phi-3", "Gemma", "Gemma", "Mixtral", "Qwen3-MoE"]
 
 
 def test_lists_as_json() -> None:

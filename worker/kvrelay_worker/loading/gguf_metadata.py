@@ -94,26 +94,35 @@ class GGUFTensorInfo:
         Read, not memory-mapped: pages copied out of a mapping stay resident in this
         process until it is unmapped, so a load held the whole file on top of the weights.
         """
-        return self._read(None)
+        return self._read(None, None)
 
     def first_row(self) -> np.ndarray:
         """The first row only (a whole 1-D tensor): enough to try a type's dequantisation."""
-        return self._read(1)
+        return self._read(0, 1) if len(self.shape) > 1 else self._read(None, None)
 
-    def _read(self, rows: int | None) -> np.ndarray:
+    def slab(self, index: int) -> np.ndarray:
+        """``data[index]`` read alone: one expert of a stacked expert tensor."""
+        return self._read(index, 1)[0]
+
+    def _read(self, first: int | None, count: int | None) -> np.ndarray:
+        """Entries ``first .. first + count`` of the outermost dimension (all: None)."""
         dims = tuple(int(d) for d in reversed(self.shape.tolist()))
         item = _TYPED_TENSORS.get(self.tensor_type)
         if item is None:
             item = np.uint8
             block_size, type_size = GGML_QUANT_SIZES[self.tensor_type]
             dims = (*dims[:-1], dims[-1] // block_size * type_size)
-        if rows is not None and len(dims) > 1:
-            dims = (min(rows, dims[0]), *dims[1:])
         dtype = np.dtype(item).newbyteorder(self._file.byte_order)
+        offset = self.data_offset
+        if first is not None and count is not None:
+            if not 0 <= first < dims[0]:
+                raise IndexError(f"{self.name}: index {first} out of {dims[0]}")
+            offset += first * math.prod(dims[1:]) * dtype.itemsize
+            dims = (min(count, dims[0] - first), *dims[1:])
         array = np.empty(dims, dtype=dtype)
         buffer = array.reshape(-1).view(np.uint8).data
         with open(self._file.path, "rb") as f:
-            f.seek(self.data_offset)
+            f.seek(offset)
             done = 0
             while done < len(buffer):
                 got = f.readinto(buffer[done:])

@@ -15,7 +15,13 @@ every shard as stored too: consecutive shards of one layout are concatenated and
 becomes a ``FusedQuantizedLinear`` of those parts, each multiplied on its own kept weight.
 Only a float-stored shard beside quantized ones (rare) gets its layer requantized from
 float, in the format of its first quantized shard (the load log warns). llama.cpp's q/k row
-permutation is undone on the packed rows.
+permutation is undone on the packed rows. Phi-3's fused ``attn_qkv``/``ffn_up`` are our
+``qkv_proj``/``gate_up_proj`` as stored: kept whole.
+
+Mixture-of-experts layers (Mixtral, Qwen3-MoE) keep their experts too: each expert's slice
+of the stacked ``ffn_*_exps`` tensors is repacked like any matrix, gate|up joined as for a
+dense MLP, and ``SparseMoE.keep_quantized`` runs them one expert at a time. A layer with
+any expert stored as floats loads all its experts into the float stacks.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from kvrelay_worker.loading.load_progress import LoadProgress
 from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.families import family_of
+from kvrelay_worker.models.moe import SparseMoE
 from kvrelay_worker.models.quantized_linear import (
     FusedQuantizedLinear,
     QuantizedEmbedding,
@@ -64,7 +71,7 @@ def _module_path(spec: GGUFTensorSpec) -> tuple[str, int | None] | None:
         return _EMBED, None
     if name == "lm_head.weight":
         return "lm_head", None
-    if not name.endswith(_MATRIX_SUFFIXES):
+    if not name.endswith(_MATRIX_SUFFIXES) or spec.expert is not None:
         return None
     target = weight_target(name)
     return target.param.removesuffix(".weight"), target.shard
@@ -83,7 +90,8 @@ class GGUFQuantizedLoader:
         if spec.gguf_type in FLOAT_TYPES:
             self.formats[spec.name] = StoredFormat(spec.gguf_type, "float")
             return self.checkpoint.load_tensor(spec)
-        packed = repack_blocks(tensor.data, tensor.tensor_type, spec.shape[1])
+        data = tensor.data if spec.expert is None else tensor.slab(spec.expert)
+        packed = repack_blocks(data, tensor.tensor_type, spec.shape[1])
         if packed is None:
             self.formats[spec.name] = StoredFormat(spec.gguf_type, "requantized")
             return requantize(self.checkpoint.load_tensor(spec), tensor.tensor_type)
@@ -147,6 +155,12 @@ def _fused(parts: list[QuantizedWeight | torch.Tensor], path: str
     return quantize_int4(values, first.group_size)
 
 
+def _spec_bytes(checkpoint: GGUFCheckpoint, spec: GGUFTensorSpec) -> int:
+    """Bytes of the file one weight reads (one expert's share of a stacked tensor)."""
+    raw = checkpoint.raw_tensor(spec)
+    return raw.n_bytes if spec.expert is None else raw.n_bytes // int(raw.shape[-1])
+
+
 def _shard_count(path: str) -> int:
     """How many file matrices fill one of our modules (fused q/k/v and gate/up)."""
     if path.endswith("qkv_proj"):
@@ -182,6 +196,15 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
     Float-stored matrices (and every norm and bias) load through ``load_weights`` as on
     the float path; quantized ones replace their ``nn.Linear`` (or embedding) module.
     """
+    specs = checkpoint.tensor_specs()
+    total = sum(_spec_bytes(checkpoint, spec) for spec in specs)
+    with LoadProgress(total, checkpoint.path.name, progress=progress) as bar:
+        return _build(checkpoint, specs, dtype, device, max_position, bar)
+
+
+def _build(checkpoint: GGUFCheckpoint, specs: list[GGUFTensorSpec], dtype: torch.dtype,
+           device: torch.device, max_position: int, bar: LoadProgress
+           ) -> tuple[CausalLM, dict[str, StoredFormat]]:
     config = checkpoint.config
     family_of(config.model_type)
     loader = GGUFQuantizedLoader(checkpoint)
@@ -189,20 +212,26 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
         defaultdict(dict))
     floats: list[tuple[str, torch.Tensor]] = []
     quantized: dict[str, QuantizedWeight | list[QuantizedWeight]] = {}
-    specs = checkpoint.tensor_specs()
-    total = sum(checkpoint.raw_tensor(spec).n_bytes for spec in specs)
-    with LoadProgress(total, checkpoint.path.name, progress=progress) as bar:
-        for spec in specs:
-            where = _module_path(spec)
-            if where is None:
-                floats.append((spec.name, checkpoint.load_tensor(spec)))
-            else:
-                shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))
-                if len(shards[where[0]]) == _shard_count(where[0]):
-                    # Fused now, its shards let go: never every layer's shards at once.
-                    _settle(where[0], shards.pop(where[0]), loader, floats, quantized)
-                    give_back_freed_memory()
-            bar.advance(checkpoint.raw_tensor(spec).n_bytes)
+    # MoE layer path -> expert -> (gate, up, down) specs, read once the model exists
+    experts: dict[str, dict[int, dict[int, GGUFTensorSpec]]] = defaultdict(
+        lambda: defaultdict(dict))
+    float_expert_layers = {_expert_slot(s)[0] for s in specs
+                           if s.expert is not None and s.gguf_type in FLOAT_TYPES}
+    for spec in specs:
+        where = _module_path(spec)
+        if spec.expert is not None and _expert_slot(spec)[0] not in float_expert_layers:
+            layer, slot = _expert_slot(spec)
+            experts[layer][spec.expert][slot] = spec
+            continue  # counted in the progress when read
+        if where is None:
+            floats.append((spec.name, checkpoint.load_tensor(spec)))
+        else:
+            shards[where[0]][where[1]] = (spec.name, loader.matrix(spec))
+            if len(shards[where[0]]) == _shard_count(where[0]):
+                # Fused now, its shards let go: never every layer's shards at once.
+                _settle(where[0], shards.pop(where[0]), loader, floats, quantized)
+                give_back_freed_memory()
+        bar.advance(_spec_bytes(checkpoint, spec))
     for path, parts in shards.items():
         _settle(path, parts, loader, floats, quantized)
     with torch.device("meta"):
@@ -211,6 +240,9 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
               for name, module in model.named_modules()}
     for path in quantized:
         _set_module(model, path, nn.Identity())
+    for path in experts:  # no float stacks for kept experts
+        moe = model.get_submodule(path)
+        del moe._parameters["w13"], moe._parameters["w2"]
     tied_quantized = config.tie_word_embeddings and _EMBED in quantized
     if tied_quantized:
         _set_module(model, "lm_head", nn.Identity())
@@ -235,8 +267,45 @@ def build_gguf_quantized_model(checkpoint: GGUFCheckpoint, dtype: torch.dtype,
                 model.lm_head = module  # type: ignore[assignment]
         else:
             _set_module(model, path, module)
+    for path, by_expert in experts.items():
+        w13, w2 = _expert_modules(loader, by_expert, path, device, bar)
+        moe = model.get_submodule(path)
+        assert isinstance(moe, SparseMoE)
+        moe.keep_quantized(w13, w2)
     model.load_weights(floats)
     return model.eval(), loader.formats
+
+
+def _expert_slot(spec: GGUFTensorSpec) -> tuple[str, int]:
+    """``(MoE layer path, 0 gate / 1 up / 2 down)`` of one expert's matrix."""
+    target = weight_target(spec.name.removeprefix("model."))  # into w13 or w2
+    layer, stack = target.param.rsplit(".", 1)
+    return layer, 2 if stack == "w2" else target.shard or 0
+
+
+def _linear(matrix: QuantizedWeight | list[QuantizedWeight] | torch.Tensor,
+            device: torch.device) -> nn.Module:
+    if isinstance(matrix, list):
+        return FusedQuantizedLinear([part.to(device) for part in matrix], None)
+    assert not isinstance(matrix, torch.Tensor)
+    return QuantizedLinear(matrix.to(device))
+
+
+def _expert_modules(loader: GGUFQuantizedLoader,
+                    by_expert: dict[int, dict[int, GGUFTensorSpec]], path: str,
+                    device: torch.device, bar: LoadProgress
+                    ) -> tuple[list[nn.Module], list[nn.Module]]:
+    """Each expert's gate|up and down as kept matrices, in expert order."""
+    w13: list[nn.Module] = []
+    w2: list[nn.Module] = []
+    for expert in sorted(by_expert):
+        gate, up, down = (loader.matrix(by_expert[expert][part]) for part in range(3))
+        w13.append(_linear(_fused([gate, up], f"{path}.experts.{expert}"), device))
+        w2.append(_linear(down, device))
+        bar.advance(sum(_spec_bytes(loader.checkpoint, spec)
+                        for spec in by_expert[expert].values()))
+    give_back_freed_memory()
+    return w13, w2
 
 
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:

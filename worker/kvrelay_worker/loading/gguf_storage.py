@@ -5,7 +5,7 @@ weight bytes when the file is dequantised to float32 (``quantization="none"``) o
 quantized (``quantization="gguf"``: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
 repacked losslessly in ``gguf_blocks.KEPT_LAYOUTS``' layouts, shard by shard in fused
 layers that mix types too, float tensors as float32, other types requantized to int4 or
-int8, which ``requantized_types`` names).
+int8, which ``requantized_types`` names; mixture-of-experts stacks alike).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from kvrelay_worker.loading.gguf_blocks import (
     kept_bytes,
 )
 from kvrelay_worker.loading.gguf_metadata import GGUFFile
+from kvrelay_worker.loading.gguf_rope import ROPE_TENSORS
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def gguf_storage(path: Path) -> GGUFStorage:
         numel = int(math.prod(int(d) for d in tensor.shape))
         types[kind] += 1
         file_bytes += int(tensor.n_bytes)
-        if tensor.name == "rope_freqs.weight":  # Llama 3's divisors: become rotary tables
+        if tensor.name in ROPE_TENSORS:  # Llama 3's divisors, Phi-3's factors: rotary tables
             continue
         float32 += 4 * numel
         if kind in FLOAT_TYPES:
@@ -66,5 +67,5 @@ def gguf_storage(path: Path) -> GGUFStorage:
         elif kind in FOUR_BIT_TYPES:
             kept += numel // 2 + numel // 32 * 4
         else:
-            kept += numel + 4 * int(tensor.shape[-1])
+            kept += numel + 4 * (numel // int(tensor.shape[0]))  # a scale per row
     return GGUFStorage(dict(types), file_bytes, float32, kept)

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from kvrelay_worker.loading.gguf_config_json import WRITERS as FAMILY_WRITERS
+from kvrelay_worker.loading.gguf_config_json import family_config_json
 from kvrelay_worker.loading.load_progress import LoadProgress
 from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY, checkpoint_scheme
 from kvrelay_worker.loading.safetensors_reader import SafetensorsFile
@@ -117,6 +119,8 @@ def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str
     Uses the legacy ``rope_theta``/``rope_scaling`` keys, which transformers 4.x reads
     natively and 5.x converts into ``rope_parameters``.
     """
+    if config.model_type in FAMILY_WRITERS:  # Gemma, Phi-3, MoE: gguf_config_json
+        return family_config_json(config, dtype)
     if config.model_type not in _WRITABLE_ARCHITECTURES or config.sliding_layers:
         raise UnsupportedModelError(
             f"cannot write a config.json for model_type {config.model_type!r}"

@@ -12,11 +12,15 @@ from kvrelay_worker.loading.gguf_metadata import GGUFFile
 from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
 
 # The class ``AutoTokenizer.from_pretrained(gguf_file=...)`` picks for the config each GGUF
-# architecture maps to (tests/engine/test_gguf_tokenizer.py checks it). Byte-level BPE
-# vocabularies (``tokenizer.ggml.model == "gpt2"``) only: other files take transformers' path.
+# architecture maps to (tests/engine/test_gguf_tokenizer.py and test_gguf_families.py check
+# it). Byte-level BPE (``tokenizer.ggml.model == "gpt2"``) and SentencePiece (``llama``)
+# vocabularies, which transformers' ``convert_gguf_tokenizer`` builds per architecture
+# (Gemma's and Phi-3's SentencePiece quirks included); other files take transformers' path.
 _FAST_PATH_CLASSES = {"llama": "TokenizersBackend", "qwen2": "Qwen2Tokenizer",
-                      "qwen3": "Qwen2Tokenizer"}
-_FAST_PATH_TOKENIZER_TYPES = {"gpt2"}
+                      "qwen3": "Qwen2Tokenizer", "qwen3moe": "Qwen2Tokenizer",
+                      "gemma2": "GemmaTokenizer", "gemma3": "GemmaTokenizer",
+                      "phi3": "TokenizersBackend"}
+_FAST_PATH_TOKENIZER_TYPES = {"gpt2", "llama"}
 # transformers' get_gguf_tokenizer: special token attribute -> metadata key suffix
 _SPECIAL_TOKEN_IDS = {
     "bos_token": "bos_token_id",
@@ -98,6 +102,9 @@ def gguf_fast_tokenizer(gguf: GGUFFile) -> PreTrainedTokenizerBase | None:
         for group, renames in GGUF_TOKENIZER_MAPPING.items()
     }
     tokenizer_dict, tokenizer_config = grouped["tokenizer"], grouped["tokenizer_config"]
+    if tokenizer_dict.get("tokenizer_type") == "llama":
+        # as transformers: llama.cpp adds BOS to a SentencePiece vocabulary saying nothing
+        tokenizer_config.setdefault("add_bos_token", True)
     for name, key in _SPECIAL_TOKEN_IDS.items():
         token_id = metadata.get(f"tokenizer.ggml.{key}")
         tokenizer_config[name] = (

@@ -14,6 +14,10 @@ in a single call, instead of a Python loop issuing two matmuls per expert hit. W
 - ``_loop``: one pair of matmuls per expert hit, which must read the counts back (one
   wait for the device per layer) but reads only those experts' weights: small batches.
   It is also the baseline the MoE benchmark compares against.
+
+Experts kept quantized (a GGUF's blocks, ``keep_quantized``) are one ``QuantizedLinear``
+pair per expert instead of the stacks, and always take ``_loop``: the quantized kernels
+multiply one matrix at a time, and the loop reads only the experts a step hits.
 """
 
 from __future__ import annotations
@@ -45,6 +49,19 @@ class SparseMoE(nn.Module):
         self.grouped = _grouped_mm is not None
         # Without grouped_mm, large steps take the padded batch (no read-back per layer).
         self.padded = True
+        # Per-expert quantized (gate|up) and down projections, in place of w13/w2.
+        self.quantized_w13: nn.ModuleList | None = None
+        self.quantized_w2: nn.ModuleList | None = None
+
+    def keep_quantized(self, w13: list[nn.Module], w2: list[nn.Module]) -> None:
+        """Run on per-expert quantized modules; the float stacks are dropped."""
+        if len(w13) != self.num_experts or len(w2) != self.num_experts:
+            raise ValueError(f"{len(w13)}/{len(w2)} quantized experts for {self.num_experts}")
+        for name in ("w13", "w2"):
+            if name in self._parameters:
+                del self._parameters[name]
+        self.quantized_w13 = nn.ModuleList(w13)
+        self.quantized_w2 = nn.ModuleList(w2)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights, experts)``, each ``[tokens, top_k]``, as transformers computes them."""
@@ -63,7 +80,9 @@ class SparseMoE(nn.Module):
         # Not bincount: on CUDA it reads the largest id back to size its output.
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=x.device)
         counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts))
-        if self.grouped and (x.device.type == "cpu" or (
+        if self.quantized_w13 is not None:
+            out = self._loop(rows, counts)
+        elif self.grouped and (x.device.type == "cpu" or (
                 x.dtype == torch.bfloat16 and grouped_mm_supported(x.device))):
             # CUDA's grouped_mm takes bfloat16 only, from Hopper on; else the loop.
             out = self._grouped(rows, counts)
@@ -108,7 +127,12 @@ class SparseMoE(nn.Module):
             if count == 0:
                 continue
             chunk = rows[start : start + count]
-            gate, up = F.linear(chunk, self.w13[expert]).split(self.intermediate_size, dim=-1)
-            out[start : start + count] = F.linear(self.act(gate) * up, self.w2[expert])
+            if self.quantized_w13 is not None and self.quantized_w2 is not None:
+                gate, up = self.quantized_w13[expert](chunk).split(self.intermediate_size, -1)
+                out[start : start + count] = self.quantized_w2[expert](self.act(gate) * up)
+            else:
+                gate, up = F.linear(chunk, self.w13[expert]).split(self.intermediate_size,
+                                                                   dim=-1)
+                out[start : start + count] = F.linear(self.act(gate) * up, self.w2[expert])
             start += count
         return out

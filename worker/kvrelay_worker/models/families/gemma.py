@@ -82,7 +82,9 @@ def _gemma3_fields(raw: Mapping[str, Any], layers: int, source: str) -> dict[str
 
 
 GEMMA2 = ModelFamily("gemma2", "Gemma 2", ("Gemma2ForCausalLM",), ("gemma2",),
-                     _gemma2_fields, default_max_positions=8192, examples="gemma-2-2b-it")
+                     _gemma2_fields, default_max_positions=8192, formats=("safetensors", "gguf"),
+                     examples="gemma-2-2b-it")
 GEMMA3 = ModelFamily("gemma3", "Gemma 3 (text)", ("Gemma3ForCausalLM",), ("gemma3_text",),
                      _gemma3_fields, default_max_positions=131072,
+                     formats=("safetensors", "gguf"),
                      examples="gemma-3-1b-it, gemma-3-270m")

@@ -48,7 +48,9 @@ def _qwen3_moe_fields(raw: Mapping[str, Any], layers: int, source: str) -> dict[
 
 MIXTRAL = ModelFamily("mixtral", "Mixtral", ("MixtralForCausalLM",), ("mixtral",),
                       _mixtral_fields, default_max_positions=4096 * 32,
+                      formats=("safetensors", "gguf"),
                       examples="Mixtral-8x7B")
 QWEN3_MOE = ModelFamily("qwen3_moe", "Qwen3-MoE", ("Qwen3MoeForCausalLM",), ("qwen3_moe",),
                         _qwen3_moe_fields, default_max_positions=32768,
+                        formats=("safetensors", "gguf"),
                         examples="Qwen3-30B-A3B")

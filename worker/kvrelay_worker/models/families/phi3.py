@@ -14,4 +14,5 @@ def _fields(raw: Mapping[str, Any], layers: int, source: str) -> dict[str, Any]:
 
 
 PHI3 = ModelFamily("phi3", "Phi-3", ("Phi3ForCausalLM",), ("phi3",), _fields,
-                   default_max_positions=4096, examples="Phi-3-mini-4k-instruct")
+                   default_max_positions=4096, formats=("safetensors", "gguf"),
+                   examples="Phi-3-mini-4k-instruct")
