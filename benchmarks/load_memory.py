@@ -13,7 +13,9 @@ the measure: code, mapped once per process whatever the model.
 
 Rows: the default registry model as a CPU worker loads it (its GGUF, blocks kept), and the
 same weights as a float32 Hugging Face folder (``kvrelay models prepare``'s conversion) loaded
-float, int8 and int4 (quantized at load).
+float, int8 and int4 (quantized at load); ``--folder`` adds other folders, such as the
+pre-quantized checkpoints the tests make with llmcompressor
+(``$KVRELAY_CACHE_DIR/quant-checkpoints/*/W4A16-g64``).
 
     .venv/bin/python benchmarks/load_memory.py [--out benchmarks/results/load_memory.json]
     .venv/bin/python benchmarks/load_memory.py --checkout /tmp/before   # also an older commit
@@ -99,6 +101,9 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path,
                         help="also measure another checkout of the project (a git worktree "
                              "of an older commit) with this environment's packages")
+    parser.add_argument("--folder", action="append", default=[], metavar="LABEL=PATH",
+                        help="also load this folder as a worker would (quantization auto): "
+                             "a pre-quantized checkpoint, say; may be repeated")
     parser.add_argument("--repeats", type=int, default=3,
                         help="loads per row, each in a fresh process; the median is kept")
     parser.add_argument("--out", type=Path,
@@ -114,6 +119,9 @@ def main() -> None:
                  ("float32 folder, float", folder, "none"),
                  ("float32 folder, int8 at load", folder, "int8"),
                  ("float32 folder, int4 at load", folder, "int4")]
+        for extra in args.folder:
+            label, _, path = extra.partition("=")
+            loads.append((label, path, "auto"))
         rows = []
         for label, model, quantization in loads:
             for checkout in [None, args.checkout] if args.checkout else [None]:

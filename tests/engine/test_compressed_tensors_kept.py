@@ -28,6 +28,7 @@ from kvrelay_kernels.reference.quantized_matmul import dequantize_weight
 from kvrelay_worker.engine.errors import EngineConfigError
 from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
+from kvrelay_worker.loading import prequantized_model
 from kvrelay_worker.loading.hf_folder import read_hf_config
 from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
 from kvrelay_worker.loading.prequantized_model import _split, repack_gptq_layer, repack_layer
@@ -245,3 +246,26 @@ def test_gptq_kept_quantized_matches_gptqmodels_dequantization(
     theirs = hf_greedy(reference, prompts, NEW_TOKENS)
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
     assert same >= 7, (name, ours, theirs)
+
+
+@pytest.mark.parametrize("kind", ["W4A16-g64", "gptq-4bit-g128-desc"])
+def test_layers_are_repacked_as_they_stream_in(
+        kind: str, compressed: Callable[[str], Path], gptq: Callable[[str], Path]) -> None:
+    """The loader repacks each decoder layer when the next one starts arriving: at no
+    time does it hold more than one layer's stored tensors (seven projections)."""
+    folder = gptq(kind) if kind.startswith("gptq") else compressed(kind)
+    most = 0
+    flush = prequantized_model._Repacker.flush
+
+    def watched(self: prequantized_model._Repacker) -> None:
+        nonlocal most
+        most = max(most, len(self.pending))
+        flush(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prequantized_model._Repacker, "flush", watched)
+        model = prequantized_model.build_prequantized_model(
+            folder, torch.float32, torch.device("cpu"), 64)
+    assert most == 7
+    assert isinstance(model.decoder_layers()[0].mlp.down_proj, (QuantizedLinear,
+                                                                  InputPermutedLinear))

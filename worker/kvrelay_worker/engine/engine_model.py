@@ -100,7 +100,7 @@ def _build_prequantized_model(config: EngineConfig, files: LoadedModelFiles, max
             "'none' or 'auto'"
         )
     model = build_prequantized_model(files.path, config.torch_dtype, config.torch_device,
-                                     max_len, files.config)
+                                     max_len, files.config, progress=files.progress)
     log.info("model weights: %.1f MiB kept as stored (%s)",
              weight_bytes(model) / 2**20, scheme.describe())
     return model

@@ -46,15 +46,15 @@ from torch import nn
 
 from kvrelay_kernels.fp8_weight import Fp8Weight
 from kvrelay_kernels.quantized_weight import QuantizedWeight, pack_int4
+from kvrelay_worker.freed_memory import give_back_freed_memory
 from kvrelay_worker.loading.fp8_repack import concat_fp8, repack_fp8_layer
-from kvrelay_worker.loading.hf_folder import iter_safetensors_weights, read_hf_config
+from kvrelay_worker.loading.hf_folder import iter_safetensors_weights, load_order, read_hf_config
 from kvrelay_worker.loading.prequantized_config import (
     GPTQ_FORMATS,
     PREQUANTIZED_KEY,
     Fp8Scheme,
     WeightScheme,
 )
-from kvrelay_worker.models.allocate import allocate
 from kvrelay_worker.models.decoder import CausalLM, weight_target
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.families import family_of
@@ -200,21 +200,64 @@ def repack_gptq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme, name
                             mins.to(dtype).contiguous(), 4, group, k), perm_out)
 
 
+def _quantized_tensor(name: str, tensor: torch.Tensor) -> bool:
+    """Whether a checkpoint tensor belongs to a quantized layer (else it loads as float)."""
+    leaf = name.rpartition(".")[2]
+    if (leaf in _PARTS or leaf in _GPTQ_PARTS
+            or (leaf == "weight" and tensor.dtype in (torch.int8, torch.float8_e4m3fn))):
+        return True
+    if leaf == "weight" and tensor.dtype.is_floating_point and tensor.element_size() == 1:
+        raise UnsupportedModelError(f"{name}: {tensor.dtype} weights are not supported")
+    return False
+
+
 def _split(weights: Iterable[tuple[str, torch.Tensor]]
            ) -> tuple[dict[str, dict[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
-    """Quantized layers' tensors by module name; every other tensor as it is."""
+    """Quantized layers' tensors by module name; every other tensor as it is (all at once:
+    for tests and tools; the loader streams through ``_Repacker``)."""
     layers: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
     floats: list[tuple[str, torch.Tensor]] = []
     for name, tensor in weights:
-        module, _, leaf = name.rpartition(".")
-        if (leaf in _PARTS or leaf in _GPTQ_PARTS
-                or (leaf == "weight" and tensor.dtype in (torch.int8, torch.float8_e4m3fn))):
+        if _quantized_tensor(name, tensor):
+            module, _, leaf = name.rpartition(".")
             layers[module][leaf] = tensor
-        elif leaf == "weight" and tensor.dtype.is_floating_point and tensor.element_size() == 1:
-            raise UnsupportedModelError(f"{name}: {tensor.dtype} weights are not supported")
         else:
             floats.append((name, tensor))
     return layers, floats
+
+
+class _Repacker:
+    """Repacks quantized layers a decoder layer at a time as the weights stream in, so a
+    load holds the kept matrices plus one layer's stored tensors, never all of them."""
+
+    def __init__(self, scheme: WeightScheme | Fp8Scheme) -> None:
+        self.scheme = scheme
+        self.pending: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+        self.shards: dict[str, dict[int | None, QuantizedWeight | Fp8Weight]] = defaultdict(dict)
+        self.orders: dict[str, dict[int | None, torch.Tensor | None]] = defaultdict(dict)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        module, _, leaf = name.rpartition(".")
+        self.pending[module][leaf] = tensor
+
+    def flush(self) -> None:
+        """Repack every module whose tensors have all come (the previous layer's)."""
+        for module, parts in self.pending.items():
+            target = weight_target(f"{module}.weight".removeprefix("model."))
+            path = target.param.removesuffix(".weight")
+            if target.expert is not None or path in ("embed_tokens", "lm_head"):
+                raise UnsupportedModelError(f"{module}: quantized {path} is not supported")
+            matrix: QuantizedWeight | Fp8Weight
+            if isinstance(self.scheme, Fp8Scheme):
+                matrix, order = repack_fp8_layer(parts, self.scheme, module), None
+            elif self.scheme.format in GPTQ_FORMATS:
+                matrix, order = repack_gptq_layer(parts, self.scheme, module)
+            else:
+                matrix, order = repack_layer(parts, self.scheme, module), None
+            self.shards[path][target.shard] = matrix
+            self.orders[path][target.shard] = order
+        self.pending.clear()
+        give_back_freed_memory()
 
 
 def _concat(parts: list[QuantizedWeight | Fp8Weight], path: str
@@ -241,8 +284,8 @@ def _concat_int(parts: list[QuantizedWeight], path: str) -> QuantizedWeight:
 
 
 def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.device,
-                             max_position: int, config: ModelConfig | None = None
-                             ) -> CausalLM:
+                             max_position: int, config: ModelConfig | None = None, *,
+                             progress: bool = False) -> CausalLM:
     """The decoder with each quantized linear layer a ``QuantizedLinear`` (``Fp8Linear`` for
     FP8), as stored.
 
@@ -254,29 +297,29 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
     if not isinstance(scheme, (WeightScheme, Fp8Scheme)):
         raise UnsupportedModelError(f"{folder}: not a pre-quantized checkpoint")
     family_of(config.model_type)
-    layers, floats = _split(iter_safetensors_weights(folder, config))
-    shards: dict[str, dict[int | None, QuantizedWeight | Fp8Weight]] = defaultdict(dict)
-    orders: dict[str, dict[int | None, torch.Tensor | None]] = defaultdict(dict)
-    for module, parts in layers.items():
-        target = weight_target(f"{module}.weight".removeprefix("model."))
-        path = target.param.removesuffix(".weight")
-        if target.expert is not None or path in ("embed_tokens", "lm_head"):
-            raise UnsupportedModelError(f"{module}: quantized {path} is not supported")
-        matrix: QuantizedWeight | Fp8Weight
-        if isinstance(scheme, Fp8Scheme):
-            matrix, order = repack_fp8_layer(parts, scheme, module), None
-        elif scheme.format in GPTQ_FORMATS:
-            matrix, order = repack_gptq_layer(parts, scheme, module)
-        else:
-            matrix, order = repack_layer(parts, scheme, module), None
-        shards[path][target.shard] = matrix
-        orders[path][target.shard] = order
+    repacker = _Repacker(scheme)
+    floats: list[tuple[str, torch.Tensor]] = []
+    part: tuple[int, int] | None = None
+    for name, tensor in iter_safetensors_weights(folder, config, progress=progress):
+        if load_order(name) != part:  # the weights come a part (a layer) at a time
+            repacker.flush()
+            part = load_order(name)
+        if _quantized_tensor(name, tensor):
+            repacker.add(name, tensor)
+            continue
+        if tensor.dim() >= 2 and tensor.is_floating_point() and device.type == "cpu":
+            # In the model's dtype now, so it becomes the parameter without a second copy
+            # (matrices only: a norm's offset is added before any rounding).
+            tensor = tensor.to(dtype)
+        floats.append((name, tensor))
+    repacker.flush()
     with torch.device("meta"):
         model = CausalLM(config, max_position=max_position)
     modules = dict(model.named_modules())
     quantized: dict[str, QuantizedWeight | Fp8Weight] = {}
     permutations: dict[str, torch.Tensor | None] = {}
-    for path, by_shard in shards.items():
+    for path in list(repacker.shards):
+        by_shard = repacker.shards.pop(path)
         linear = modules.get(path)
         if not isinstance(linear, nn.Linear):
             raise UnsupportedModelError(f"{path}: no linear layer of that name")
@@ -288,14 +331,9 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
                                         "supported")
         quantized[path] = _concat([by_shard[i] for i in sorted(by_shard, key=lambda i: i or 0)],
                                   path)
-        permutations[path] = _one_order(list(orders[path].values()), path)
+        permutations[path] = _one_order(list(repacker.orders[path].values()), path)
     biased = {path: modules[path].bias is not None for path in quantized}
-    for path in quantized:
-        _set_module(model, path, nn.Identity())
-    model = allocate(model, device, dtype)
     model.place_rotary_tables(device)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
     for path, matrix in quantized.items():
         zeros = (torch.zeros(matrix.out_features, dtype=dtype, device=device)
                  if biased[path] else None)
@@ -303,7 +341,9 @@ def build_prequantized_model(folder: Path, dtype: torch.dtype, device: torch.dev
                             if isinstance(matrix, Fp8Weight)
                             else QuantizedLinear(matrix.to(device), zeros))
         _set_module(model, path, layer)
-    model.load_weights(floats)
+    # Float weights placed as they are copied in (fresh reads in the model's dtype are
+    # kept as they are): never a second copy of the embedding table.
+    model.load_weights(floats, place=(device, dtype), adopt=True)
     for path, order in permutations.items():  # after the biases are loaded by name
         if order is not None:
             _set_module(model, path, InputPermutedLinear(model.get_submodule(path),
