@@ -3,7 +3,8 @@
 # (the stages' limits add up to about 6 minutes; with the machine's start, under 7):
 #   1. kernel_tests       the Triton kernels compiled (tests/kernels, the Triton files
 #                         only: the CPU checks run in CI), KV block sizes 8..128, CUDA
-#                         graphs, block ids past 2**31 elements, LoRA shrink/expand;
+#                         graphs, block ids past 2**31 elements, LoRA shrink/expand,
+#                         FP8 weights (Triton dequantizing kernel, _scaled_mm on sm89+);
 #   2. bench_attention    paged decode attention against copy bandwidth, batch 1/16/64
 #                         at 4k and 32k (benchmarks/gpu_kernels.py --skip-decode);
 #      bench_decode_step  a Llama-3-8B-shaped decode step at batch 1/16/64 and its MBU;
@@ -48,7 +49,8 @@ TOKENIZER=$BUNDLE/.devdata/smollm2-tokenizer
 MAX_CARRIED_MIB=60
 
 KERNEL_TESTS=(tests/kernels/test_triton_*.py tests/kernels/test_block_sizes.py
-              tests/kernels/test_kernel_wrappers.py tests/kernels/test_kv_quant_attention.py)
+              tests/kernels/test_kernel_wrappers.py tests/kernels/test_kv_quant_attention.py
+              tests/kernels/test_fp8_scaled_mm.py)
 ENGINE_TESTS=(tests/engine/test_gpu_engine.py tests/engine/test_gpu_engine_checks.py
               tests/engine/test_gpu_sampling.py tests/engine/test_gpu_kv_quant.py
               tests/engine/test_gpu_staging.py)
