@@ -89,7 +89,7 @@ def _build_gguf_model(config: EngineConfig, files: LoadedModelFiles,
 
 def _build_prequantized_model(config: EngineConfig, files: LoadedModelFiles, max_len: int,
                               method: str) -> CausalLM:
-    """A published quantized checkpoint (compressed-tensors, GPTQ), its integer weights kept."""
+    """A published quantized checkpoint (compressed-tensors, GPTQ, AWQ), its integer weights kept."""
     from kvrelay_worker.loading import build_prequantized_model
 
     scheme = files.config.extra[PREQUANTIZED_KEY]

@@ -12,7 +12,12 @@ them at load):
 in the ``pack-quantized`` format (values packed into int32) or ``naive-quantized`` (one
 int8 per value). GPTQ checkpoints (``quant_method: "gptq"``, GPTQModel and AutoGPTQ) of 4
 or 8 bits, symmetric, are kept the same way, activation order (``desc_act``, a ``g_idx``
-per layer) included: their input columns are permuted once at load.
+per layer) included: their input columns are permuted once at load. AutoAWQ checkpoints
+(``quant_method: "awq"``, AutoAWQ, GPTQModel and most ``-AWQ`` repositories on the hub) in
+the GEMM packing (``version``/``format`` ``"gemm"``) of 4 bits are kept too, with their
+zero points (``zero_point: true``) or without (GPTQModel's symmetric AWQ stores zero points
+of 8), per group of any size or per channel (``group_size: -1``); the layers named in
+``modules_to_not_convert`` are float in the checkpoint and stay float.
 
 FP8 weights (``type: float, num_bits: 8``: float8_e4m3fn in the ``float-quantized`` format,
 or ``naive-quantized`` for weight-only FP8) are kept too, as stored (``Fp8Scheme``, ``kvrelay_kernels.fp8_weight``): llmcompressor's
@@ -24,8 +29,8 @@ GPUs multiply float activations by the FP8 weight (weight-only, more accurate).
 
 Everything else is refused with ``UnsupportedModelError`` saying so: other float weights
 (NVFP4, MXFP4), quantized activations with integer weights (W8A8, W4A8), integer block or
-tensor-group strategies, sparsity, transforms, a quantized KV cache, and other methods
-(AutoAWQ, bitsandbytes, ...).
+tensor-group strategies, sparsity, transforms, a quantized KV cache, AWQ's other packings
+(GEMV, GEMV-fast, Marlin, llm-awq) and bit widths, and other methods (bitsandbytes, ...).
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ COMPRESSED_TENSORS = "compressed-tensors"
 GPTQ = "gptq"
 # GPTQ's packed layouts: v1 stores each zero point minus one, v2 as it is.
 GPTQ_FORMATS = ("gptq", "gptq_v2")
+AWQ = "awq"
+# ``WeightScheme.format`` of AutoAWQ's GEMM packing (``version: "gemm"``).
+AWQ_GEMM = "awq-gemm"
 # ``ModelConfig.extra`` key of a pre-quantized checkpoint's ``WeightScheme``.
 PREQUANTIZED_KEY = "prequantized"
 SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized")
@@ -53,7 +61,9 @@ SUPPORTED = ("compressed-tensors (llmcompressor) weight-only int4 and int8 (symm
              "compressed-tensors FP8 (float-quantized e4m3) weights per channel, per tensor "
              "or in blocks, with dynamic, static or no activation quantization; "
              "GPTQ (GPTQModel, AutoGPTQ) 4- and 8-bit symmetric, with or without desc_act "
-             "(4-bit asymmetric in the gptq_v2 format)")
+             "(4-bit asymmetric in the gptq_v2 format); "
+             "AWQ (AutoAWQ, GPTQModel) 4-bit in the GEMM packing, with or without zero_point, "
+             "per group or per channel")
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,8 @@ def checkpoint_scheme(quantization: Mapping[str, Any], source: str) -> Prequanti
     method = quantization.get("quant_method", "?")
     if method == GPTQ:
         return _gptq_scheme(quantization, source)
+    if method == AWQ:
+        return _awq_scheme(quantization, source)
     if method != COMPRESSED_TENSORS:
         raise _refuse(source, f"pre-quantized checkpoints of method {method!r} are not "
                               "supported (use float16/bfloat16/float32 safetensors or a GGUF "
@@ -224,3 +236,20 @@ def _gptq_scheme(quantization: Mapping[str, Any], source: str) -> WeightScheme:
         raise _refuse(source, "a GPTQ-quantized lm_head")
     size = int(quantization.get("group_size") or -1)
     return WeightScheme(bits, symmetric, None if size <= 0 else size, fmt)
+
+
+def _awq_scheme(quantization: Mapping[str, Any], source: str) -> WeightScheme:
+    """AutoAWQ's ``quantization_config`` (``version``; GPTQModel also writes ``format``;
+    AutoAWQ's older ``quant_config.json`` names ``w_bit`` and ``q_group_size``)."""
+    version = str(quantization.get("version") or quantization.get("format") or "?").lower()
+    if quantization.get("backend") == "llm-awq":
+        version = "llm-awq"
+    if version != "gemm":
+        raise _refuse(source, f"quant_method 'awq' with version {version!r} (only AutoAWQ's "
+                              "'gemm' packing is read)")
+    bits = int(quantization.get("bits") or quantization.get("w_bit") or 0)
+    if bits != 4:
+        raise _refuse(source, f"{bits}-bit AWQ weights (awq 'gemm' is read in 4 bits)")
+    size = int(quantization.get("group_size") or quantization.get("q_group_size") or -1)
+    symmetric = not bool(quantization.get("zero_point", True))
+    return WeightScheme(bits, symmetric, None if size <= 0 else size, AWQ_GEMM)

@@ -1,4 +1,4 @@
-"""Build a decoder from a compressed-tensors or GPTQ checkpoint, its integer weights kept.
+"""Build a decoder from a compressed-tensors, GPTQ or AWQ checkpoint, its integer weights kept.
 
 ``prequantized_config`` decides which schemes are kept; here each quantized layer's tensors
 (``compressed_tensors``' compressors write them) are repacked, exactly, into
@@ -26,6 +26,13 @@ GPTQ (``repack_gptq_layer``): ``qweight`` int32 ``[K * bits / 32, N]`` packed al
 ``g_idx`` ``[K]`` each input's group. Inputs are sorted by group (``desc_act`` scatters
 them) and the layer gathers its activations in that order (``InputPermutedLinear``).
 
+AutoAWQ's GEMM packing (``repack_awq_layer``): ``qweight`` int32 ``[K, N / 8]`` and ``qzeros``
+int32 ``[groups, N / 8]`` both packed along the outputs, eight 4-bit values a word in AWQ's
+interleaved order (the value at bits ``4 * i`` is output ``8 * word + [0, 2, 4, 6, 1, 3, 5,
+7][i]``), ``scales`` ``[groups, N]``; ``w[n, i] = (q[i, n] - zero[g, n]) * scales[g, n]``
+(GPTQModel's ``dequantize_gemm``, AutoAWQ's ``dequantize_gemm``): the layout's int4 with
+``min = -zero * scale``, exact in float16 where it fits, else float32.
+
 Groups: a stored group of ``G`` inputs whose ``K`` is not a multiple of it (llmcompressor's
 default 128 on SmolLM2's 576) ends with a partial group. Our groups must divide ``K`` (and,
 for the CPU kernels' int4 tiles, ``K / 2``), so each stored scale is repeated over the
@@ -50,6 +57,7 @@ from kvrelay_worker.freed_memory import give_back_freed_memory
 from kvrelay_worker.loading.fp8_repack import concat_fp8, repack_fp8_layer
 from kvrelay_worker.loading.hf_folder import iter_safetensors_weights, load_order, read_hf_config
 from kvrelay_worker.loading.prequantized_config import (
+    AWQ_GEMM,
     GPTQ_FORMATS,
     PREQUANTIZED_KEY,
     Fp8Scheme,
@@ -66,6 +74,11 @@ from kvrelay_worker.models.quantized_linear import QuantizedLinear
 _PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
           "weight_g_idx", "input_scale")
 _GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+_AWQ_PARTS = ("qweight", "qzeros", "scales")
+# AWQ's order of the eight 4-bit values in a word: the value at bits 4 * i is output
+# 8 * word + _AWQ_ORDER[i]; reading position _AWQ_UNORDER[p] gives output 8 * word + p.
+_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+_AWQ_UNORDER = tuple(_AWQ_ORDER.index(p) for p in range(8))  # (0, 4, 1, 5, 2, 6, 3, 7)
 _FUSED_SHARDS = {"qkv_proj": 3, "gate_up_proj": 2}
 
 
@@ -200,10 +213,48 @@ def repack_gptq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme, name
                             mins.to(dtype).contiguous(), 4, group, k), perm_out)
 
 
+def _unpack_awq(packed: torch.Tensor, count: int) -> torch.Tensor:
+    """AWQ's ``[R, count / 8]`` int32 -> ``[R, count]`` 4-bit values in output order."""
+    values = unpack_int32(packed, 4, packed.shape[1] * 8)
+    ordered = values.reshape(packed.shape[0], -1, 8)[..., list(_AWQ_UNORDER)]
+    return ordered.reshape(packed.shape[0], -1)[:, :count]
+
+
+def repack_awq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
+                     name: str) -> QuantizedWeight:
+    """One AutoAWQ GEMM layer (``qweight``, ``qzeros``, ``scales``; see the module docstring)
+    as the layout's int4: ``q * scale + min`` with ``min = -zero * scale``."""
+    missing = [leaf for leaf in _AWQ_PARTS if leaf not in parts]
+    if missing:
+        raise UnsupportedModelError(f"{name}: an AWQ layer without {', '.join(missing)}")
+    scales = parts["scales"]
+    if scales.dtype not in (torch.float16, torch.float32):
+        scales = scales.float()
+    qweight = parts["qweight"]
+    k, n = qweight.shape[0], scales.shape[1]
+    stored_group = k if scheme.group_size is None else scheme.group_size
+    groups = math.ceil(k / stored_group)
+    if (qweight.dtype != torch.int32 or qweight.shape[1] * 8 != n or k % 2
+            or scales.shape[0] != groups or parts["qzeros"].shape != (groups, n // 8)):
+        raise UnsupportedModelError(
+            f"{name}: AWQ tensors qweight {tuple(qweight.shape)} {qweight.dtype}, qzeros "
+            f"{tuple(parts['qzeros'].shape)}, scales {tuple(scales.shape)} do not make a "
+            f"{n}x{k} weight in groups of {stored_group}")
+    values = _unpack_awq(qweight, n).T.contiguous()  # [N, K]
+    zeros = _unpack_awq(parts["qzeros"], n).T  # [N, groups]
+    scale = scales.T.contiguous()  # [N, groups]
+    group = _layout_group(stored_group, k, 4)
+    mins = -zeros.double() * scale.double()  # exact: a 4-bit integer times the scale
+    dtype = scale.dtype if torch.equal(mins.to(scale.dtype).double(), mins) else torch.float32
+    return QuantizedWeight(pack_int4(values.to(torch.uint8)),
+                           _spread(scale.to(dtype), stored_group, group, k),
+                           _spread(mins.to(dtype), stored_group, group, k), 4, group, k)
+
+
 def _quantized_tensor(name: str, tensor: torch.Tensor) -> bool:
     """Whether a checkpoint tensor belongs to a quantized layer (else it loads as float)."""
     leaf = name.rpartition(".")[2]
-    if (leaf in _PARTS or leaf in _GPTQ_PARTS
+    if (leaf in _PARTS or leaf in _GPTQ_PARTS or leaf in _AWQ_PARTS
             or (leaf == "weight" and tensor.dtype in (torch.int8, torch.float8_e4m3fn))):
         return True
     if leaf == "weight" and tensor.dtype.is_floating_point and tensor.element_size() == 1:
@@ -252,6 +303,8 @@ class _Repacker:
                 matrix, order = repack_fp8_layer(parts, self.scheme, module), None
             elif self.scheme.format in GPTQ_FORMATS:
                 matrix, order = repack_gptq_layer(parts, self.scheme, module)
+            elif self.scheme.format == AWQ_GEMM:
+                matrix, order = repack_awq_layer(parts, self.scheme, module), None
             else:
                 matrix, order = repack_layer(parts, self.scheme, module), None
             self.shards[path][target.shard] = matrix
