@@ -29,13 +29,14 @@ from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.loading import prequantized_model
 from kvrelay_worker.loading.hf_folder import read_hf_config
+from kvrelay_worker.loading.int_repack import repack_awq_layer
 from kvrelay_worker.loading.prequantized_config import (
     AWQ_GEMM,
     PREQUANTIZED_KEY,
     WeightScheme,
     checkpoint_scheme,
 )
-from kvrelay_worker.loading.prequantized_model import _split, repack_awq_layer
+from kvrelay_worker.loading.prequantized_model import _split
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.quantized_linear import QuantizedLinear
 from kvrelay_worker.teacher_forcing import sequence_logits

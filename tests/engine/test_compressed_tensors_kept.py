@@ -30,8 +30,9 @@ from kvrelay_worker.engine.llm import LLM
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.loading import prequantized_model
 from kvrelay_worker.loading.hf_folder import read_hf_config
+from kvrelay_worker.loading.int_repack import repack_gptq_layer, repack_layer
 from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY
-from kvrelay_worker.loading.prequantized_model import _split, repack_gptq_layer, repack_layer
+from kvrelay_worker.loading.prequantized_model import _split
 from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.permuted_linear import InputPermutedLinear
 from kvrelay_worker.models.quantize_model import weight_bytes
