@@ -178,7 +178,7 @@ class CausalLM(nn.Module):
         offset = self.config.norm_weight_offset
         parts = _parameters_by_part(params)
         done_parts: set[str] = set()
-        released: dict[str, torch.Size] = {}
+        released: set[str] = set()
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
@@ -224,7 +224,7 @@ class CausalLM(nn.Module):
         self._check_complete([*params, *released], loaded)
 
     def _part_done(self, param: str, parts: dict[str, list[str]],
-                   params: dict[str, nn.Parameter], released: dict[str, torch.Size],
+                   params: dict[str, nn.Parameter], released: set[str],
                    loaded: set[str], done_parts: set[str],
                    on_part_loaded: Callable[[str], None] | None) -> None:
         """Tell ``on_part_loaded`` once ``param``'s part is whole, letting its parameters go
@@ -235,7 +235,8 @@ class CausalLM(nn.Module):
             return
         done_parts.add(part)
         for name in parts[part]:
-            released[name] = params.pop(name).shape
+            params.pop(name)
+            released.add(name)
         on_part_loaded(part)
 
     def _place(self, param: str, device: torch.device, dtype: torch.dtype,
