@@ -17,8 +17,10 @@ from kvrelay_worker.models.errors import UnsupportedModelError
 from kvrelay_worker.models.model_config import ModelConfig
 
 
-def _common(config: ModelConfig, architecture: str, model_type: str, dtype: str
-            ) -> dict[str, Any]:
+def base_config_json(config: ModelConfig, architecture: str, model_type: str, dtype: str
+                     ) -> dict[str, Any]:
+    """The keys every family's ``config.json`` spells the same way (``hf_folder`` writes
+    Llama/Qwen files from it too)."""
     eos = list(config.eos_token_ids)
     out: dict[str, Any] = {
         "architectures": [architecture],
@@ -35,15 +37,20 @@ def _common(config: ModelConfig, architecture: str, model_type: str, dtype: str
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
         "tie_word_embeddings": config.tie_word_embeddings,
-        "attention_bias": config.attention_bias,
         "bos_token_id": config.bos_token_id,
         "eos_token_id": (eos[0] if len(eos) == 1 else eos) or None,
         "pad_token_id": config.pad_token_id,
         "torch_dtype": dtype,
-        "sliding_window": config.sliding_window,
     }
     if config.rope_scaling is not None:
         out["rope_scaling"] = dict(config.rope_scaling)
+    return out
+
+
+def _common(config: ModelConfig, architecture: str, model_type: str, dtype: str
+            ) -> dict[str, Any]:
+    out = base_config_json(config, architecture, model_type, dtype)
+    out.update(attention_bias=config.attention_bias, sliding_window=config.sliding_window)
     if config.sliding_layers:
         out["layer_types"] = ["sliding_attention" if flag else "full_attention"
                               for flag in config.sliding_layers]

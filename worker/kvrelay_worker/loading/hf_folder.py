@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kvrelay_worker.loading.gguf_config_json import WRITERS as FAMILY_WRITERS
-from kvrelay_worker.loading.gguf_config_json import family_config_json
+from kvrelay_worker.loading.gguf_config_json import base_config_json, family_config_json
 from kvrelay_worker.loading.load_progress import LoadProgress
 from kvrelay_worker.loading.prequantized_config import PREQUANTIZED_KEY, checkpoint_scheme
 from kvrelay_worker.loading.safetensors_reader import SafetensorsFile
@@ -136,35 +136,8 @@ def hf_dict_from_config(config: ModelConfig, dtype: str = "float32") -> dict[str
         )
     if config.qk_norm != (config.model_type == "qwen3"):
         raise UnsupportedModelError(f"a {config.model_type} model with qk_norm={config.qk_norm}")
-    eos: int | list[int] | None
-    if not config.eos_token_ids:
-        eos = None
-    elif len(config.eos_token_ids) == 1:
-        eos = config.eos_token_ids[0]
-    else:
-        eos = list(config.eos_token_ids)
-    out: dict[str, Any] = {
-        "architectures": [_WRITABLE_ARCHITECTURES[config.model_type]],
-        "model_type": config.model_type,
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_hidden_layers,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_position_embeddings,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "bos_token_id": config.bos_token_id,
-        "eos_token_id": eos,
-        "pad_token_id": config.pad_token_id,
-        "torch_dtype": dtype,
-    }
-    if config.rope_scaling is not None:
-        out["rope_scaling"] = dict(config.rope_scaling)
+    out = base_config_json(config, _WRITABLE_ARCHITECTURES[config.model_type],
+                           config.model_type, dtype)
     if config.model_type == "llama":
         out["attention_bias"] = config.attention_bias
         out["mlp_bias"] = config.mlp_bias
