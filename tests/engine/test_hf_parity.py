@@ -53,6 +53,10 @@ CONFIGS |= {
                           "num_speculative_tokens": 3},
 }
 DRAFT = "llama-mqa"
+# A pool for every configuration that does not size its own: SmolLM2's 8 sequences hold
+# ~1,000 tokens (46 MB of float32 KV). The default 1 GiB, and its 1 GiB host pool, are
+# zeroed per engine and stay bound to each cached model's layers: ~10 GB for the file.
+POOL = {"kv_cache_memory": 256 << 20, "swap_space_gib": 0.25}
 
 # Mistral's window releases blocks as sequences advance, so the shared "preemption" pool
 # never runs out for it; a pool of 12 blocks (less than one sequence's length, enough for
@@ -107,7 +111,7 @@ def test_greedy_matches_transformers(name: str, config_name: str, smollm2_folder
     preempting = config_name == "preemption" or config_name.startswith("speculative")
     if preempting and name == "mistral-window":
         options = {**options, **WINDOWED_PREEMPTION}
-    config = EngineConfig(model=name, device="cpu", dtype="float32", **options)
+    config = EngineConfig(model=name, device="cpu", dtype="float32", **(POOL | options))
     draft = _draft_model(tiny_model(DRAFT)) if "draft" in config_name else None
     engine = LLMEngine.from_model(config, model, tokenizer, model_id=name, draft_model=draft)
     llm = LLM.from_engine(engine)
