@@ -1,7 +1,7 @@
 """AutoAWQ-format checkpoints (``quant_method: "awq"``, GEMM packing) served kept quantized.
 
 The checkpoints are made by GPTQModel's AWQ, on CPU, from SmolLM2's float32 folder
-(``helpers/make_awq_checkpoint.py``, cached by ``helpers.compressed_checkpoints``); the
+(``helpers/make_gptqmodel_checkpoint.py``, cached by ``helpers.compressed_checkpoints``); the
 oracle is GPTQModel's own AWQ dequantization (``dequantize_gemm``) of every layer, run by
 transformers as a float32 model (``NAME-dequantized``).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.compressed_checkpoints import AWQ_SCRIPT, cached_checkpoints
+from helpers.compressed_checkpoints import GPTQMODEL_SCRIPT, cached_checkpoints
 from helpers.compressed_oracle import PROMPTS
 from helpers.engine_run import one_torch_thread
 from helpers.hf_reference import hf_greedy
@@ -100,7 +100,7 @@ def _one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def awq(smollm2_folder: Path) -> Callable[[str], Path]:
-    root = cached_checkpoints(smollm2_folder, list(AWQ), AWQ_SCRIPT)
+    root = cached_checkpoints(smollm2_folder, list(AWQ), GPTQMODEL_SCRIPT)
     return lambda name: root / name
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.compressed_checkpoints import GPTQ_SCRIPT, cached_checkpoints
+from helpers.compressed_checkpoints import GPTQMODEL_SCRIPT, cached_checkpoints
 from helpers.compressed_oracle import PROMPTS, decompressed_model, oracle_scheme
 from helpers.engine_run import one_torch_thread
 from helpers.hf_reference import hf_greedy
@@ -196,14 +196,14 @@ def test_a_worker_serves_a_compressed_checkpoint_kept_quantized(
         worker.stop()
 
 
-# GPTQModel's checkpoints (make_gptq_checkpoint.py): activation order scatters each group's
+# GPTQModel's checkpoints (make_gptqmodel_checkpoint.py): activation order scatters each group's
 # inputs (a g_idx per layer) and 576 inputs end in a partial group of 64.
 GPTQ = ["gptq-4bit-g128-desc", "gptq-8bit-g128-desc"]
 
 
 @pytest.fixture(scope="session")
 def gptq(smollm2_folder: Path) -> Callable[[str], Path]:
-    root = cached_checkpoints(smollm2_folder, GPTQ, GPTQ_SCRIPT)
+    root = cached_checkpoints(smollm2_folder, GPTQ, GPTQMODEL_SCRIPT)
     return lambda name: root / name
 
 

@@ -1,7 +1,7 @@
-"""A few local sentences the quantization tools calibrate on (AWQ in
-``make_compressed_checkpoint.py``, GPTQ in ``make_gptq_checkpoint.py``): no data set is
-downloaded. Both scripts run as files in the tools' environment, where this folder is
-first on the path."""
+"""A few local sentences the quantization tools calibrate on (llmcompressor's AWQ in
+``make_compressed_checkpoint.py``, GPTQModel's GPTQ and AWQ in
+``make_gptqmodel_checkpoint.py``): no data set is downloaded. Both scripts run as files in
+the tools' environment, where this folder is first on the path."""
 
 CALIBRATION = [
     "The quick brown fox jumps over the lazy dog near the river bank.",

@@ -4,9 +4,8 @@ llmcompressor pins an older transformers than the project's, and GPTQModel an ol
 so ``make install`` puts them in ``.venv/quant-tools`` (``requirements-quant-tools.txt``
 says how): a small environment that reads every other package from the project's venv.
 The tests run ``make_compressed_checkpoint.py`` (about 5 s a scheme after 10 s of
-imports), ``make_gptq_checkpoint.py`` (about 40 s a checkpoint) or
-``make_awq_checkpoint.py`` (GPTQModel's AWQ in the GEMM packing) there, from SmolLM2's
-float32 folder; ``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter with them.
+imports) or ``make_gptqmodel_checkpoint.py`` (GPTQ, and AWQ in the GEMM packing: 40-80 s a
+checkpoint) there, from SmolLM2's float32 folder; ``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter with them.
 
 Like the SmolLM2 folder they start from, the checkpoints live in the real cache
 (``$KVRELAY_CACHE_DIR`` or ``~/.cache/kvrelay``, ``quant-checkpoints/<key>``): made once
@@ -31,8 +30,7 @@ TOOL_PINS = (REPO / "requirements-quant-tools.txt", REPO / "requirements-quant-t
 SCRIPT_INPUTS = (Path(__file__).with_name("calibration_text.py"),)
 TOOLS_PYTHON = REPO / ".venv" / "quant-tools" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
-GPTQ_SCRIPT = Path(__file__).with_name("make_gptq_checkpoint.py")
-AWQ_SCRIPT = Path(__file__).with_name("make_awq_checkpoint.py")
+GPTQMODEL_SCRIPT = Path(__file__).with_name("make_gptqmodel_checkpoint.py")
 
 
 def tools_python() -> Path:
