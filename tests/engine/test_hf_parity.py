@@ -54,9 +54,10 @@ CONFIGS |= {
 }
 DRAFT = "llama-mqa"
 # A pool for every configuration that does not size its own: SmolLM2's 8 sequences hold
-# ~1,000 tokens (46 MB of float32 KV). The default 1 GiB, and its 1 GiB host pool, are
-# zeroed per engine and stay bound to each cached model's layers: ~10 GB for the file.
-POOL = {"kv_cache_memory": 256 << 20, "swap_space_gib": 0.25}
+# ~1,000 tokens, and 64 MiB holds 1,456 of its float32 tokens. The default 1 GiB (and its
+# 1 GiB host pool) is zeroed per engine and stays bound to each cached model's layers:
+# the file's process reached 10.4 GB.
+POOL = {"kv_cache_memory": 64 << 20, "swap_space_gib": 0.0625}
 
 # Mistral's window releases blocks as sequences advance, so the shared "preemption" pool
 # never runs out for it; a pool of 12 blocks (less than one sequence's length, enough for
