@@ -1,6 +1,7 @@
 """AutoAWQ-format checkpoints (``quant_method: "awq"``, GEMM packing) served kept quantized.
 
-The checkpoints are made by GPTQModel's AWQ, on CPU, from SmolLM2's float32 folder
+The checkpoints are made by GPTQModel's AWQ, on CPU, from SmolLM2's float32 folder (two
+variants from the tiny random Llama)
 (``helpers/make_gptqmodel_checkpoint.py``, cached by ``helpers.compressed_checkpoints``); the
 oracle is GPTQModel's own AWQ dequantization (``dequantize_gemm``) of every layer, run by
 transformers as a float32 model (``NAME-dequantized``).
@@ -16,7 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.compressed_checkpoints import GPTQMODEL_SCRIPT, cached_checkpoints
+from helpers.compressed_checkpoints import (
+    SMOLLM2,
+    TINY_SOURCE,
+    checkpoints_from_sources,
+    layer_count,
+)
 from helpers.compressed_oracle import PROMPTS
 from helpers.engine_run import one_torch_thread
 from helpers.hf_reference import hf_greedy
@@ -84,12 +90,15 @@ def test_other_awq_packings_are_refused_naming_what_is_supported(
     assert "AWQ (AutoAWQ, GPTQModel) 4-bit in the GEMM packing" in str(info.value)
 
 
-# GPTQModel's AWQ (GEMM packing, 4 bits) of SmolLM2: with zero points in groups of 64 (its
-# 576 inputs take no group of 128), without (zero_point: false, zero points of 8), and with
-# zero points per output channel (group_size -1).
+# GPTQModel's AWQ (GEMM packing, 4 bits): with zero points in groups of 64 (SmolLM2's 576
+# inputs take no group of 128), without (zero_point: false, zero points of 8), and with
+# zero points per output channel (group_size -1). The first of SmolLM2, the other two of
+# the tiny random Llama (helpers.compressed_checkpoints says why).
 AWQ = {"awq-gemm-g64": WeightScheme(4, False, 64, AWQ_GEMM),
        "awq-gemm-g64-sym": WeightScheme(4, True, 64, AWQ_GEMM),
        "awq-gemm-g-1": WeightScheme(4, False, None, AWQ_GEMM)}
+AWQ_SOURCES = {"awq-gemm-g64": SMOLLM2, "awq-gemm-g64-sym": TINY_SOURCE,
+               "awq-gemm-g-1": TINY_SOURCE}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,9 +108,8 @@ def _one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def awq(smollm2_folder: Path) -> Callable[[str], Path]:
-    root = cached_checkpoints(smollm2_folder, list(AWQ), GPTQMODEL_SCRIPT)
-    return lambda name: root / name
+def awq(smollm2_folder: Path, tiny_model: Callable[[str], Path]) -> Callable[[str], Path]:
+    return checkpoints_from_sources(AWQ_SOURCES, smollm2_folder, tiny_model)
 
 
 @pytest.mark.slow
@@ -114,9 +122,10 @@ def test_repacked_awq_layers_dequantize_as_gptqmodel_does(
         "awq", "gemm", not name.endswith("-sym"))
     scheme = read_hf_config(folder).extra[PREQUANTIZED_KEY]
     assert scheme == AWQ[name]
+    layer = min(5, layer_count(folder) - 1)
     with safe_open(str(folder / "model.safetensors"), "pt") as handle:
         tensors = [(k, handle.get_tensor(k)) for k in handle.keys()  # noqa: SIM118
-                   if ".layers.5." in k]
+                   if f".layers.{layer}." in k]
     layers, _ = _split(tensors)
     assert len(layers) == 7
     with safe_open(str(dequantized / "model.safetensors"), "pt") as handle:
@@ -124,7 +133,8 @@ def test_repacked_awq_layers_dequantize_as_gptqmodel_does(
             packed = repack_awq_layer(parts, scheme, module)
             packed.check()
             assert packed.bits == 4
-            # groups of 64 on 576 inputs: 32 (the CPU tiles take K / 2 in whole groups)
+            # groups of 64 on SmolLM2's 576 inputs: 32 (the CPU tiles take K / 2 in whole
+            # groups)
             stored = scheme.group_size or packed.in_features
             assert packed.group_size == math.gcd(stored, packed.in_features // 2)
             # q * scale + min with min = -zero * scale: both products exact in float32
@@ -159,7 +169,7 @@ def test_awq_kept_quantized_matches_gptqmodels_dequantization(
     llm = LLM(str(folder), device="cpu", dtype="float32", num_kv_blocks=16, max_num_seqs=8,
               enable_prefix_caching=False)
     model = llm.engine.model
-    for i in range(30):
+    for i in range(layer_count(folder)):
         for path in PROJECTIONS:
             assert isinstance(model.get_submodule(f"layers.{i}.{path}"), QuantizedLinear), path
     # no float copy of a quantized layer's weight exists

@@ -16,10 +16,12 @@ script, the tools' pinned versions and the source weights; a stale one is never 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,11 @@ SCRIPT_INPUTS = (Path(__file__).with_name("calibration_text.py"),)
 TOOLS_PYTHON = REPO / ".venv" / "quant-tools" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
 GPTQMODEL_SCRIPT = Path(__file__).with_name("make_gptqmodel_checkpoint.py")
+# The source of a checkpoint that is SmolLM2 itself (else a tiny model's name): GPTQ's and
+# AWQ's searches cost ~45-85 s per SmolLM2 checkpoint on 2 cores, a few on a tiny model,
+# so each format's variants past the first are made from the tiny random Llama.
+SMOLLM2 = "smollm2"
+TINY_SOURCE = "llama3-rope"
 
 
 def tools_python() -> Path:
@@ -74,6 +81,27 @@ def cached_checkpoints(source: Path, schemes: list[str], script: Path = SCRIPT) 
                     shutil.rmtree(root / made.name, ignore_errors=True)
                     made.rename(root / made.name)
     return root
+
+
+def checkpoints_from_sources(sources: dict[str, str], smollm2_folder: Path,
+                             tiny_model: Callable[[str], Path], script: Path = GPTQMODEL_SCRIPT
+                             ) -> Callable[[str], Path]:
+    """``get(NAME)`` (or ``get(NAME-dequantized)``): the checkpoint NAME made by ``script``
+    from ``sources[NAME]``, ``"smollm2"`` or a tiny model's name; the checkpoints of one
+    source are made together, in one process, at the first request for any of them."""
+
+    def get(name: str) -> Path:
+        base = name.removesuffix("-dequantized")
+        source = sources[base]
+        folder = smollm2_folder if source == SMOLLM2 else tiny_model(source)
+        together = [other for other, made_from in sources.items() if made_from == source]
+        return cached_checkpoints(folder, together, script) / name
+
+    return get
+
+
+def layer_count(folder: Path) -> int:
+    return int(json.loads((folder / "config.json").read_text())["num_hidden_layers"])
 
 
 def _cache_root() -> Path:
