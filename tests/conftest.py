@@ -143,7 +143,7 @@ def _file_weight(items: list[pytest.Item]) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long files first, so that ``make test``'s two processes (pytest-xdist, whole files
+    """Long files first, so that ``make test``'s processes (pytest-xdist, whole files
     each, in this order) do not end with one of them alone on a long file."""
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
