@@ -4,8 +4,9 @@ llmcompressor pins an older transformers than the project's, and GPTQModel an ol
 so ``make install`` puts them in ``.venv/quant-tools`` (``requirements-quant-tools.txt``
 says how): a small environment that reads every other package from the project's venv.
 The tests run ``make_compressed_checkpoint.py`` (about 5 s a scheme after 10 s of
-imports) or ``make_gptqmodel_checkpoint.py`` (GPTQ, and AWQ in the GEMM packing: 40-80 s a
-checkpoint) there, from SmolLM2's float32 folder; ``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter with them.
+imports) or ``make_gptqmodel_checkpoint.py`` (GPTQ, and AWQ in the GEMM packing: 45-85 s a
+SmolLM2 checkpoint) there, from SmolLM2's float32 folder or the tiny random Llama's;
+``$KVRELAY_TEST_QUANT_TOOLS_PYTHON`` names another interpreter with them.
 
 Like the SmolLM2 folder they start from, the checkpoints live in the real cache
 (``$KVRELAY_CACHE_DIR`` or ``~/.cache/kvrelay``, ``quant-checkpoints/<key>``): made once
@@ -34,8 +35,8 @@ TOOLS_PYTHON = REPO / ".venv" / "quant-tools" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("make_compressed_checkpoint.py")
 GPTQMODEL_SCRIPT = Path(__file__).with_name("make_gptqmodel_checkpoint.py")
 # The source of a checkpoint that is SmolLM2 itself (else a tiny model's name): GPTQ's and
-# AWQ's searches cost ~45-85 s per SmolLM2 checkpoint on 2 cores, a few on a tiny model,
-# so each format's variants past the first are made from the tiny random Llama.
+# AWQ's searches cost 45-85 s per SmolLM2 checkpoint on 2 cores and seconds on the tiny
+# model, so each format's variants past the first are made from the tiny random Llama.
 SMOLLM2 = "smollm2"
 TINY_SOURCE = "llama3-rope"
 
