@@ -46,7 +46,7 @@ from kvrelay_worker.loading.prequantized_config import WeightScheme
 from kvrelay_worker.models.errors import UnsupportedModelError
 
 PACKED_PARTS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
-          "weight_g_idx", "input_scale")
+                "weight_g_idx", "input_scale")
 GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 AWQ_PARTS = ("qweight", "qzeros", "scales")
 # AWQ's order of the eight 4-bit values in a word: the value at bits 4 * i is output
@@ -61,6 +61,23 @@ def unpack_int32(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     shifts = torch.arange(per_word, dtype=torch.int32) * bits
     values = (packed.to(torch.int32)[..., None] >> shifts) & ((1 << bits) - 1)
     return values.reshape(packed.shape[0], -1)[:, :count]
+
+
+def _unpack_rows(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """GPTQ's ``qweight``: ``[count * bits / 32, N]`` int32, packed along the inputs ->
+    ``[count, N]`` values (input ``i`` at word ``i // (32 / bits)``, low bits first)."""
+    return unpack_int32(packed.T.contiguous(), bits, count).T
+
+
+def _float_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Stored scales as float16 or float32 (bfloat16 becomes float32, exactly)."""
+    return scales if scales.dtype in (torch.float16, torch.float32) else scales.float()
+
+
+def _minimum_dtype(scale: torch.Tensor, mins: torch.Tensor) -> torch.dtype:
+    """The dtype scales and minimums share: the stored scales' where the (float64, exact)
+    minimums fit it exactly, else float32."""
+    return scale.dtype if torch.equal(mins.to(scale.dtype).double(), mins) else torch.float32
 
 
 def _layout_group(stored: int, in_features: int, bits: int) -> int:
@@ -79,9 +96,7 @@ def repack_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
     if "weight_g_idx" in parts:
         raise UnsupportedModelError(f"{name}: activation-ordered groups (weight_g_idx) are not "
                                     "supported")
-    scale = parts["weight_scale"]
-    if scale.dtype not in (torch.float16, torch.float32):
-        scale = scale.float()
+    scale = _float_scales(parts["weight_scale"])
     if scale.dim() == 1:
         scale = scale[:, None]
     bits = scheme.bits
@@ -120,20 +135,10 @@ def repack_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
         return QuantizedWeight(signed.to(torch.int8).contiguous(), scales.float(),
                                _spread(mins8.float(), stored_group, group, k), 8, group, k)
     mins = -(zero + 8).double() * scale.double()  # exact: a 5-bit integer times the scale
-    # scales and mins share a dtype: the stored one where the minimums fit it exactly
-    dtype = scale.dtype if torch.equal(mins.to(scale.dtype).double(), mins) else torch.float32
+    dtype = _minimum_dtype(scale, mins)
     values = (signed + 8).to(torch.uint8)
     return QuantizedWeight(pack_int4(values), scales.to(dtype),
                            _spread(mins.to(dtype), stored_group, group, k), 4, group, k)
-
-
-def _unpack_rows(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
-    """GPTQ's ``qweight``: ``[count * bits / 32, N]`` int32, packed along the inputs ->
-    ``[count, N]`` values (input ``i`` at word ``i // (32 / bits)``, low bits first)."""
-    per_word = 32 // bits
-    shifts = (torch.arange(per_word, dtype=torch.int32) * bits)[None, :, None]
-    values = (packed.to(torch.int32)[:, None, :] >> shifts) & ((1 << bits) - 1)
-    return values.reshape(-1, packed.shape[1])[:count]
 
 
 def repack_gptq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme, name: str
@@ -145,9 +150,7 @@ def repack_gptq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme, name
     (GPTQModel's ``dequantize_weight``); the ``gptq`` (v1) format stores ``zero - 1``.
     """
     bits = scheme.bits
-    scales = parts["scales"]
-    if scales.dtype not in (torch.float16, torch.float32):
-        scales = scales.float()
+    scales = _float_scales(parts["scales"])
     n = scales.shape[1]
     k = parts["qweight"].shape[0] * 32 // bits
     g_idx = parts.get("g_idx")
@@ -180,8 +183,7 @@ def repack_gptq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme, name
         signed = (values - 128).to(torch.int8).contiguous()
         return QuantizedWeight(signed, layout_scales, None, 8, group, k), perm_out
     mins = -layout_zeros.double() * layout_scales.double()
-    dtype = (layout_scales.dtype if torch.equal(mins.to(layout_scales.dtype).double(), mins)
-             else torch.float32)
+    dtype = _minimum_dtype(layout_scales, mins)
     return (QuantizedWeight(pack_int4(values.to(torch.uint8)), layout_scales.to(dtype),
                             mins.to(dtype).contiguous(), 4, group, k), perm_out)
 
@@ -200,9 +202,7 @@ def repack_awq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
     missing = [leaf for leaf in AWQ_PARTS if leaf not in parts]
     if missing:
         raise UnsupportedModelError(f"{name}: an AWQ layer without {', '.join(missing)}")
-    scales = parts["scales"]
-    if scales.dtype not in (torch.float16, torch.float32):
-        scales = scales.float()
+    scales = _float_scales(parts["scales"])
     qweight = parts["qweight"]
     k, n = qweight.shape[0], scales.shape[1]
     stored_group = k if scheme.group_size is None else scheme.group_size
@@ -218,7 +218,7 @@ def repack_awq_layer(parts: dict[str, torch.Tensor], scheme: WeightScheme,
     scale = scales.T.contiguous()  # [N, groups]
     group = _layout_group(stored_group, k, 4)
     mins = -zeros.double() * scale.double()  # exact: a 4-bit integer times the scale
-    dtype = scale.dtype if torch.equal(mins.to(scale.dtype).double(), mins) else torch.float32
+    dtype = _minimum_dtype(scale, mins)
     return QuantizedWeight(pack_int4(values.to(torch.uint8)),
                            _spread(scale.to(dtype), stored_group, group, k),
                            _spread(mins.to(dtype), stored_group, group, k), 4, group, k)
