@@ -1,8 +1,8 @@
 """AutoAWQ-format checkpoints (``quant_method: "awq"``, GEMM packing) served kept quantized.
 
-The checkpoints are made by GPTQModel's AWQ, on CPU, from SmolLM2's float32 folder (two
-variants from the tiny random Llama)
-(``helpers/make_gptqmodel_checkpoint.py``, cached by ``helpers.compressed_checkpoints``); the
+The checkpoints are made by GPTQModel's AWQ, on CPU, from SmolLM2's float32 folder and
+(two variants) the tiny random Llama's (``helpers/make_gptqmodel_checkpoint.py``, cached by
+``helpers.compressed_checkpoints``); the
 oracle is GPTQModel's own AWQ dequantization (``dequantize_gemm``) of every layer, run by
 transformers as a float32 model (``NAME-dequantized``).
 """
