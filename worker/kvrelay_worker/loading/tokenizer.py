@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from kvrelay_worker.loading.gguf_metadata import GGUFFile
+from kvrelay_worker.loading.tokenizer_choice import load_folder_tokenizer
 from kvrelay_worker.models.errors import UnknownModelError, UnsupportedModelError
 
 # The class ``AutoTokenizer.from_pretrained(gguf_file=...)`` picks for the config each GGUF
@@ -40,11 +41,13 @@ def load_tokenizer(
     converter, giving what ``AutoTokenizer.from_pretrained(gguf_file=...)`` gives without
     its seconds of re-reading the file (``gguf_fast_tokenizer``); files it does not cover
     take transformers' path. The chat template stored in the file is set on
-    ``tokenizer.chat_template`` either way. Never touches the network.
+    ``tokenizer.chat_template`` either way. A folder's tokenizer is ``AutoTokenizer``'s,
+    built through the class it picked before (``tokenizer_choice``). Never touches the
+    network.
     """
     path = Path(path_or_folder).expanduser()
     if path.is_dir():
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return load_folder_tokenizer(path)
     if path.is_file() and path.suffix == ".gguf":
         try:
             header = gguf if gguf is not None else GGUFFile(path)
@@ -53,6 +56,8 @@ def load_tokenizer(
         try:
             tokenizer = gguf_fast_tokenizer(header)
             if tokenizer is None:
+                from transformers import AutoTokenizer
+
                 tokenizer = AutoTokenizer.from_pretrained(
                     str(path.parent), gguf_file=path.name, local_files_only=True
                 )
