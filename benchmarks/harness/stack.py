@@ -57,6 +57,12 @@ class WorkerStack:
     def served_model(self) -> str:
         return str(self.stack.plan.served_model)
 
+    @property
+    def worker_log(self) -> Path | None:
+        """The worker's log file (None: its output went to stderr)."""
+        log: Path | None = self.stack.worker_logs[0]
+        return log
+
     def start_gateway(self, port: int) -> str:
         """The OpenAI-compatible gateway on ``port`` beside the worker; its URL."""
         return str(self.stack.start_gateway(port))
@@ -80,12 +86,12 @@ def worker_stack(settings: Mapping[str, Any], workdir: Path, redis_url: str | No
     plan = plan_worker(worker_environment(dict(env or os.environ), dict(settings)),
                        loglevel="WARNING")
     workdir.mkdir(parents=True, exist_ok=True)
-    stack = LocalStack(plan, workdir)
+    stack = LocalStack([plan], workdir)
     try:
         stack.start_redis(redis_url)
-        stack.start_worker()
+        stack.start_workers()
         with Client(stack.redis_url, model=stack.plan.served_model) as client:
-            info = stack.wait_ready(client, timeout=ready_timeout)
+            (info,) = stack.wait_ready(client, timeout=ready_timeout)
         yield WorkerStack(stack, info)
     finally:
         stack.stop()

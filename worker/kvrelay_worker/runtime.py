@@ -49,6 +49,8 @@ from kvrelay_worker.jobs.orphan_queues import OrphanQueues
 from kvrelay_worker.jobs.owned_jobs import OwnedJobs
 from kvrelay_worker.jobs.publisher import EventItem, Publisher
 from kvrelay_worker.jobs.run_trace import record_run
+from kvrelay_worker.jobs.takeover_admission import TakeoverAdmission
+from kvrelay_worker.jobs.takeover_throttle import TakeoverThrottle
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.probes import WorkerProbes
 from kvrelay_worker.recent_prefixes import RecentPrefixes, prefix_capacity
@@ -142,6 +144,13 @@ class WorkerRuntime:
         self.service = EngineService(make_engine, self.publisher, self.metrics,
                                      adapters=self.adapters)
         self.jobs = OwnedJobs(self.service, self.store, self.health)
+        # How much of a dead worker's re-prefill this worker takes on at once.
+        self.takeovers = TakeoverAdmission(self.store, TakeoverThrottle(
+            settings.takeover_target_s, held=self.jobs.jobs,
+            rate=lambda: float(self.service.stats().get("prefill_tokens_per_s") or 0.0)),
+            prompt_tokens=lambda request: len(prompt_ids_for(
+                request, self.engine.tokenizer, self.engine.vocab_size,
+                self.engine.max_model_len)))
         self.engine = self.service.start()  # loads the model (on the engine's own thread)
         self.probes.engine_loaded(self.service.is_alive)
         # The syntax the model writes tool calls and reasoning in (KVRELAY_TOOL_PARSER,
@@ -333,6 +342,19 @@ class WorkerRuntime:
                 job_id, ErrorCode.DEADLINE_EXCEEDED,
                 "the job's deadline passed before a worker picked it up", Outcome.DEADLINE,
                 request.reply_to or "")
+        reservation = self.takeovers.admit(job_id, request)
+        if reservation is None:  # its re-prefill is for a survivor with room: unclaimed
+            until_written(lambda: self.requeue(job_id, payload_json),
+                          f"the copy of job {job_id}", self.health)
+            self.metrics.jobs.labels(outcome=Outcome.HANDBACK).inc()
+            return Outcome.HANDBACK
+        try:
+            return self._claim_and_run(job_id, request, payload_json, picked_at)
+        finally:
+            reservation.release()
+
+    def _claim_and_run(self, job_id: str, request: GenerateRequest, payload_json: str,
+                       picked_at: float) -> str:
         # The run this claim starts; a claim resent after a lost reply finds it its own.
         run = run_id(self.settings.worker_id)
         digest = request_digest(request)

@@ -93,6 +93,9 @@ class WorkerSettings:
     stall_timeout: float = 30.0
     # A job whose workers died this many times fails with worker_lost.
     max_attempts: int = 3
+    # Taken-over jobs' re-prefill one worker holds at once, in seconds of its measured
+    # prefill rate: a copy past that goes back to the queue for another survivor.
+    takeover_target_s: float = 2.0
     # Celery's redelivery of unacknowledged messages: the last resort, longer than any job.
     visibility_timeout: float = 6 * 3600.0
     # kombu's restore sweep of unacknowledged messages: every interval x throttle seconds.
@@ -173,6 +176,7 @@ class WorkerSettings:
             "watchdog_interval": self.watchdog_interval,
             "stall_timeout": self.stall_timeout,
             "max_attempts": self.max_attempts,
+            "takeover_target_s": self.takeover_target_s,
             "visibility_timeout": self.visibility_timeout,
             "max_payload_bytes": self.max_payload_bytes,
             "redis_socket_timeout": self.redis_socket_timeout,

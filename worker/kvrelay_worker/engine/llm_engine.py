@@ -37,6 +37,7 @@ from kvrelay_worker.engine.kv.kv_swap import copy_to_device, copy_to_host
 from kvrelay_worker.engine.kv.max_model_len import default_max_len
 from kvrelay_worker.engine.lora.adapter import LoraAdapter, LoraInfo
 from kvrelay_worker.engine.outputs import StepOutput
+from kvrelay_worker.engine.prefill_rate import PrefillRate
 from kvrelay_worker.engine.prompt import Prompt
 from kvrelay_worker.engine.request_state import RequestState
 from kvrelay_worker.engine.runner.device import bind_device
@@ -108,6 +109,8 @@ class LLMEngine:
         self.beam_groups: dict[str, BeamGroup] = {}
         self._pending: list[StepOutput] = []
         self.num_steps = 0
+        # Prompt tokens per second of the latest prefill steps (the takeover throttle's).
+        self.prefill_rate = PrefillRate()
 
     # ------------------------------------------------------------------ requests
 
@@ -222,6 +225,7 @@ class LLMEngine:
             # (a step where no row samples read nothing back).
             ms = self.step_timer.elapsed_ms()
             self.scheduler.observe_step(sched, ms)
+            self.prefill_rate.observe(sched.shape.prefill_tokens, ms / 1000.0)
             if self.speculator is not None:
                 self.speculator.observe_step(sched.num_batched_tokens, ms)
         for request_id, state in touched.items():
@@ -372,4 +376,5 @@ class LLMEngine:
                              block_size=self.config.block_size)
         if self.loras is not None:
             stats |= self.loras.stats()
+        stats["prefill_tokens_per_s"] = self.prefill_rate.tokens_per_s()
         return stats

@@ -27,6 +27,7 @@ from typing import Any
 from kvrelay.protocol import ToolCallDelta
 from kvrelay_worker.engine.errors import EngineInputError, InvalidPromptError
 from kvrelay_worker.engine.outputs import ChoiceDelta, CompletionChoice, RequestOutput, StepOutput
+from kvrelay_worker.engine.prefill_rate import PrefillRate
 from kvrelay_worker.engine.prompt import Prompt, prompt_token_ids
 from kvrelay_worker.engine.sampling_params import SamplingParams
 from kvrelay_worker.simulated.step_time import StepTimeModel
@@ -103,6 +104,8 @@ class SimulatedEngine:
         # token gap is made of, so a benchmark can tell delivery delays from the steps.
         self.recent_steps: deque[tuple[float, float]] = deque()
         self.max_batch_size = 0
+        # Prompt tokens per second of the latest prefill steps, as lived (slept) here.
+        self.prefill_rate = PrefillRate()
 
     # ------------------------------------------------------------------ requests
 
@@ -187,6 +190,7 @@ class SimulatedEngine:
         self._admit()
         budget = self.max_num_batched_tokens
         batched = 0
+        prefilled = 0
         batch_size = 0
         touched: list[_Request] = []
         for request in [self.requests[r] for r in self._running]:
@@ -207,6 +211,7 @@ class SimulatedEngine:
                 break
             request.prefilled += chunk
             batched += chunk
+            prefilled += chunk
             if request.prefilled == request.prefill_total:
                 live = request.live_choices
                 batch_size += len(live)
@@ -223,6 +228,8 @@ class SimulatedEngine:
         remaining = self.model.seconds(batched) - (self._clock() - started)
         if batched and remaining > 0:
             self._sleep(remaining)
+        self.prefill_rate.observe(prefilled, max(self._clock() - started,
+                                                 self.model.seconds(batched)))
         return outputs
 
     def _admit(self) -> None:
@@ -316,6 +323,7 @@ class SimulatedEngine:
             "simulated_modeled_s": self.modeled_seconds,
             "simulated_step_ms_p50": _percentile(recent, 0.50) * 1000,
             "simulated_step_ms_p99": _percentile(recent, 0.99) * 1000,
+            "prefill_tokens_per_s": self.prefill_rate.tokens_per_s(),
         }
 
 
