@@ -3,9 +3,10 @@
 Created once per process by the worker bootstep: loads the engine, then starts the
 engine thread, the publisher thread, the lease keeper, the heartbeat, the failover watch
 and the control listener, all over one Redis connection pool; a watch on the vital ones
-(``vital_threads``) reports the death of any (the bootstep ends the process then). Task threads enter through
-``run_job``; the jobs they hold live in one registry (``OwnedJobs``); shutdown goes
-through ``shutdown`` (graceful: finish within the grace period, hand the rest back).
+(``vital_threads``) reports the death of any (the bootstep ends the process then). Task
+threads enter through ``run_job`` (the per-job path is ``job_intake``); the jobs they
+hold live in one registry (``OwnedJobs``); shutdown goes through ``shutdown`` (graceful:
+finish within the grace period, hand the rest back).
 """
 
 from __future__ import annotations
@@ -18,12 +19,7 @@ from typing import TYPE_CHECKING
 
 from kvrelay.protocol import (
     AdapterMessage,
-    ErrorCode,
-    Failed,
-    GenerateRequest,
-    Started,
     WorkerInfo,
-    request_digest,
 )
 from kvrelay.tracing import switch as tracing
 from kvrelay_worker.control_listener import ControlListener
@@ -32,23 +28,16 @@ from kvrelay_worker.engine.tools.model_parsers import ModelParsers
 from kvrelay_worker.engine_service import EngineService
 from kvrelay_worker.heartbeat import Heartbeat
 from kvrelay_worker.intake.job_request import (
-    JobRejected,
-    decode_payload,
     prompt_ids_for,
-    reply_to_of,
-    sampling_params_from,
 )
-from kvrelay_worker.intake.pickup_checks import check_queue_wait
-from kvrelay_worker.jobs.active_job import ActiveJob, Outcome
-from kvrelay_worker.jobs.dead_deliveries import drop_delivery_records
+from kvrelay_worker.job_intake import JobIntake
 from kvrelay_worker.jobs.failover import Failover, Requeue
 from kvrelay_worker.jobs.held_writes import until_written
-from kvrelay_worker.jobs.job_store import JobStore, PriorProgress, run_id
+from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.jobs.lease_keeper import LeaseKeeper
 from kvrelay_worker.jobs.orphan_queues import OrphanQueues
 from kvrelay_worker.jobs.owned_jobs import OwnedJobs
-from kvrelay_worker.jobs.publisher import EventItem, Publisher
-from kvrelay_worker.jobs.run_trace import record_run
+from kvrelay_worker.jobs.publisher import Publisher
 from kvrelay_worker.jobs.takeover_admission import TakeoverAdmission
 from kvrelay_worker.jobs.takeover_throttle import TakeoverThrottle
 from kvrelay_worker.metrics import WorkerMetrics
@@ -67,10 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How often a task thread waiting for its job checks that the engine thread still runs.
-_LIVENESS_CHECK_S = 1.0
-# How long the publisher gets to write the failure of a job whose engine died.
-_PUBLISH_GRACE_S = 30.0
 
 
 class WorkerRuntime:
@@ -151,6 +136,7 @@ class WorkerRuntime:
             prompt_tokens=lambda request: len(prompt_ids_for(
                 request, self.engine.tokenizer, self.engine.vocab_size,
                 self.engine.max_model_len)))
+        self.intake = JobIntake(self)
         self.engine = self.service.start()  # loads the model (on the engine's own thread)
         self.probes.engine_loaded(self.service.is_alive)
         # The syntax the model writes tool calls and reasoning in (KVRELAY_TOOL_PARSER,
@@ -287,161 +273,19 @@ class WorkerRuntime:
         self.service.call(lambda engine: self.adapters.apply(engine, message))
 
     # ------------------------------------------------------------------- jobs
+    # Task threads enter here; the per-job path is ``job_intake``.
 
     def reject(self, job_id: str | None, message: str) -> str:
-        """Fail a delivered job as ``invalid_request`` without looking at its payload (one
-        with no id is only counted)."""
-        if not job_id:
-            self.metrics.jobs.labels(outcome="rejected").inc()
-            return "rejected"
-        return self._end_unclaimed(job_id, ErrorCode.INVALID_REQUEST, message, "rejected")
+        return self.intake.reject(job_id, message)
 
     def drop_delivery(self, tag: str | None) -> None:
-        """Remove the records of a message whose job ended here (``drop_delivery_records``)."""
-        if tag:
-            until_written(lambda: drop_delivery_records(self.store.redis, self.settings.keys,
-                                                        tag),
-                          "the records of a delivered message", self.health)
+        self.intake.drop_delivery(tag)
 
     def refuse_oversized(self, job_id: str | None, size: int) -> str:
-        """Fail a job whose message was too large to parse (seen by ``payload_gate``)."""
-        if not job_id:
-            return "rejected"
-        return self._end_unclaimed(
-            job_id, ErrorCode.PAYLOAD_TOO_LARGE,
-            f"the job's message is {size} bytes; this worker accepts payloads of at most "
-            f"{self.settings.max_payload_bytes}", "rejected")
-
-    def _end_unclaimed(self, job_id: str, code: str, message: str, outcome: str,
-                       reply_to: str = "") -> str:
-        """Fail a job this worker did not claim (it never ran) and count the outcome."""
-        until_written(lambda: self.store.fail_unclaimed(job_id, code, message,
-                                                        reply_to=reply_to),
-                      f"the end of job {job_id}", self.health)
-        self.metrics.jobs.labels(outcome=outcome).inc()
-        return outcome
+        return self.intake.refuse_oversized(job_id, size)
 
     def run_job(self, job_id: str | None, payload: object) -> str:
-        """Run one delivered job to its end on this worker; returns what happened."""
-        if not job_id:
-            log.warning("ignoring a task without an id")
-            return "ignored"
-        picked_at = time.time()
-        try:
-            request, payload_json = decode_payload(payload, job_id, self.settings.served_model,
-                                                   self.settings.max_payload_bytes)
-        except JobRejected as rejected:
-            return self._end_unclaimed(job_id, rejected.code, rejected.message, "rejected",
-                                       reply_to_of(payload))
-        if self.draining:
-            until_written(lambda: self.requeue(job_id, payload_json),
-                          f"the copy of job {job_id}", self.health)
-            return Outcome.HANDBACK
-        if request.deadline is not None and request.deadline <= time.time():
-            return self._end_unclaimed(
-                job_id, ErrorCode.DEADLINE_EXCEEDED,
-                "the job's deadline passed before a worker picked it up", Outcome.DEADLINE,
-                request.reply_to or "")
-        reservation = self.takeovers.admit(job_id, request)
-        if reservation is None:  # its re-prefill is for a survivor with room: unclaimed
-            until_written(lambda: self.requeue(job_id, payload_json),
-                          f"the copy of job {job_id}", self.health)
-            self.metrics.jobs.labels(outcome=Outcome.HANDBACK).inc()
-            return Outcome.HANDBACK
-        try:
-            return self._claim_and_run(job_id, request, payload_json, picked_at)
-        finally:
-            reservation.release()
-
-    def _claim_and_run(self, job_id: str, request: GenerateRequest, payload_json: str,
-                       picked_at: float) -> str:
-        # The run this claim starts; a claim resent after a lost reply finds it its own.
-        run = run_id(self.settings.worker_id)
-        digest = request_digest(request)
-        claim = until_written(lambda: self.store.claim(job_id, payload_json, digest, run),
-                              f"the claim of job {job_id}", self.health)
-        if claim.status == "aborted":
-            return self._end_unclaimed(job_id, ErrorCode.CANCELLED,
-                                       "the job was cancelled before it started",
-                                       Outcome.CANCELLED, request.reply_to or "")
-        if claim.status == "reused":
-            log.warning("refusing a copy of job %s: its request differs from the one the "
-                        "job id belongs to", job_id)
-            self.metrics.jobs.labels(outcome="rejected").inc()
-            return "reused"
-        if claim.status != "claimed" or claim.progress is None:
-            log.info("dropping a copy of job %s (%s)", job_id, claim.status)
-            return "duplicate"
-        return self._run_claimed(job_id, request, payload_json, claim.attempt, claim.progress,
-                                 run, picked_at)
-
-    def _fail_claimed(self, request: GenerateRequest, prior: PriorProgress, code: str,
-                      message: str, outcome: str, run: str) -> str:
-        """End a job this worker claimed but cannot run: its ``Failed`` event, then done."""
-        job_id = request.job_id
-        failed = Failed(seq=prior.next_seq, code=code, message=message)
-        until_written(lambda: self.store.append_event(job_id, failed, fenced=run,
-                                                      reply_to=request.reply_to or ""),
-                      f"the end of job {job_id}", self.health)
-        until_written(lambda: self.store.release_done(job_id, run),
-                      f"the end of job {job_id}", self.health)
-        self.metrics.jobs.labels(outcome=outcome).inc()
-        return outcome
-
-    def _run_claimed(self, job_id: str, request: GenerateRequest, payload_json: str,
-                     attempt: int, prior: PriorProgress, run: str,
-                     picked_at: float = 0.0) -> str:
-        if prior.terminal:
-            until_written(lambda: self.store.release_done(job_id, run),
-                          f"the end of job {job_id}", self.health)
-            return "duplicate"
-        if prior.truncated:
-            return self._fail_claimed(
-                request, prior, ErrorCode.LOG_TRUNCATED,
-                "the job's worker died and its replay log no longer starts at its first event "
-                "(over KVRELAY_LOG_MAX_LEN or KVRELAY_LOG_MAX_BYTES): it cannot be continued",
-                Outcome.FAILED, run)
-        try:
-            check_queue_wait(request, attempt, time.time(), self.settings.max_queue_wait,
-                             lambda: self.store.picked_in_time(job_id))
-            params = sampling_params_from(request, self.parsers)
-            prompt_ids = prompt_ids_for(request, self.engine.tokenizer, self.engine.vocab_size,
-                                        self.engine.max_model_len)
-        except JobRejected as rejected:
-            return self._fail_claimed(request, prior, rejected.code, rejected.message,
-                                      "rejected", run)
-        job = ActiveJob(job_id=job_id, request=request, payload_json=payload_json,
-                        params=params, prompt_ids=prompt_ids, attempt=attempt, prior=prior,
-                        run_id=run, next_seq=prior.next_seq, picked_at=picked_at,
-                        cache_salt=self.settings.keys.cache_salt(request.cache_salt))
-        with self.jobs.hold(job) as holds:
-            if not holds:
-                return Outcome.FENCED
-            if attempt == 1 and request.enqueued_at:
-                self.metrics.queue_time.observe(max(0.0, job.claimed_at - request.enqueued_at))
-            started = Started(seq=0, worker=self.settings.worker_name, attempt=attempt,
-                              prompt_tokens=len(prompt_ids))
-            if self.settings.enable_prefix_caching:
-                self.prefixes.note(request)
-            # Started leaves with the next step's events while steps are short.
-            self.service.submit(job, [EventItem(job, started)])
-            self._wait_for_end(job)
-        record_run(job, self.settings.worker_name)  # its spans, now that it is over
-        return job.outcome or "unknown"
-
-    def _wait_for_end(self, job: ActiveJob) -> None:
-        """Wait for the job's end, but not past the death of the engine thread that would
-        have ended it: then the job fails as ``internal`` and the Celery slot is freed."""
-        while not job.done.wait(_LIVENESS_CHECK_S):
-            if self.service.is_alive():
-                continue
-            log.error("the engine thread is gone; failing job %s", job.job_id)
-            self.publisher.put([EventItem(job, Failed(
-                seq=0, code=ErrorCode.INTERNAL, message="the worker's engine stopped"),
-                Outcome.FAILED)])
-            if not job.done.wait(_PUBLISH_GRACE_S):
-                job.finish(Outcome.FAILED)  # the publisher is stuck too: stop waiting
-            return
+        return self.intake.run_job(job_id, payload)
 
 
 def simulated_engine(settings: WorkerSettings) -> ServedEngine:
