@@ -176,6 +176,11 @@ class ProxyGroup:
                     pump.cancel()
         except (OSError, asyncio.IncompleteReadError):
             pass  # the server went away or refused: the worker sees its connection end
+        except asyncio.CancelledError:
+            # A cut or the hub's close ended this connection. Returning, not raising:
+            # Python 3.11's stream callback asks a cancelled handler for its exception
+            # and logs the CancelledError that raises.
+            pass
         finally:
             self._links.discard(link)
             link.abort()

@@ -140,7 +140,8 @@ def restart_primary(replicated: ReplicatedPrimary, spawn: Spawn, down_s: float) 
     primary = replicated.primary
     with replicated.client() as client:
         before = client.dbsize()
-        if int(client.info("persistence").get("aof_enabled", 0)) != 1:
+        persistence = client.info("persistence")
+        if int(persistence.get("aof_enabled", 0)) != 1:
             raise RuntimeError("the primary keeps no append-only file: a restart loses all")
     _sigkill(primary)
     time.sleep(down_s)
@@ -148,4 +149,8 @@ def restart_primary(replicated: ReplicatedPrimary, spawn: Spawn, down_s: float) 
     replicated.wait_writable(SETTLE_TIMEOUT_S)
     with replicated.client() as client:
         after = client.dbsize()
-    return f"primary restarted from its AOF after {down_s:.1f}s: {before} keys, then {after}"
+    # Writes held back past a stalled fsync (a reply before the write): the only ones a
+    # killed process can lose.
+    delayed = persistence.get("aof_delayed_fsync", "?")
+    return (f"primary restarted from its AOF after {down_s:.1f}s: {before} keys, then "
+            f"{after}; aof_delayed_fsync {delayed}")
