@@ -28,7 +28,7 @@ from helpers.refusing_redis import ReplicatedPrimary
 from helpers.sentinel_cluster import MASTER_NAME, SentinelCluster
 from helpers.worker_process import WorkerProcess, redis_for
 
-from chaos.proxy import HOST, ProxyGroup, ProxyHub, Route
+from chaos.proxy import HOST, ProxyGroup, ProxyHub, Route, sentinel_group
 from chaos.schedule import (
     PRESSURE,
     REDIS_RESTART,
@@ -177,19 +177,9 @@ class ChaosCluster:
             assert self.replicated is not None
             group = self.proxies.group(f"w{index}", [Route("redis", self.replicated.primary.port)])
             return group, f"redis://{HOST}:{group.port('redis')}/0"
-        servers = {f"redis{i}": server.port
-                   for i, server in enumerate((self.sentinel.primary, self.sentinel.replica))}
-        sentinels = {f"sentinel{i}": port for i, port in enumerate(self.sentinel.sentinel_ports)}
-        routes = [Route(name, port) for name, port in servers.items()]
-        routes += [Route(name, port, slow=False) for name, port in sentinels.items()]
-
-        def rewrites(group: ProxyGroup) -> dict[str, dict[int, int]]:
-            ports = {port: group.port(name) for name, port in servers.items()}
-            return {name: ports for name in sentinels}
-
-        group = self.proxies.group(f"w{index}", routes, rewrites)
-        hosts = ",".join(f"{HOST}:{group.port(name)}" for name in sentinels)
-        return group, f"redis+sentinel://{hosts}/{MASTER_NAME}/0"
+        return sentinel_group(self.proxies, f"w{index}",
+                              [self.sentinel.primary.port, self.sentinel.replica.port],
+                              self.sentinel.sentinel_ports, MASTER_NAME)
 
     def _start_workers(self, ready_timeout: float) -> None:
         settings = dict(BASE_SETTINGS)

@@ -269,3 +269,22 @@ async def _cancel_the_rest() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def sentinel_group(hub: ProxyHub, name: str, servers: list[int], sentinels: list[int],
+                   master_name: str) -> tuple[ProxyGroup, str]:
+    """A worker's group behind sentinels: a listener per Redis server (on ``servers``)
+    and per sentinel, the sentinels' replies naming the group's listeners; and the
+    ``redis+sentinel://`` URL the worker is given."""
+    server_routes = {f"redis{i}": port for i, port in enumerate(servers)}
+    sentinel_routes = {f"sentinel{i}": port for i, port in enumerate(sentinels)}
+    routes = [Route(route, port) for route, port in server_routes.items()]
+    routes += [Route(route, port, slow=False) for route, port in sentinel_routes.items()]
+
+    def rewrites(group: ProxyGroup) -> dict[str, dict[int, int]]:
+        ports = {port: group.port(route) for route, port in server_routes.items()}
+        return {route: ports for route in sentinel_routes}
+
+    group = hub.group(name, routes, rewrites)
+    hosts = ",".join(f"{HOST}:{group.port(route)}" for route in sentinel_routes)
+    return group, f"redis+sentinel://{hosts}/{master_name}/0"
