@@ -55,54 +55,87 @@ def _server_on(sentinel: SentinelCluster, port: int) -> PrivateRedis:
     raise RuntimeError(f"no server of the cluster on port {port}")
 
 
-def _linked(sentinel: SentinelCluster, primary: int, replica: int) -> bool:
-    """Every sentinel names ``primary`` and sees ``replica`` up and linked to it, and the
-    replica says so itself."""
+def _agreed_primary(sentinel: SentinelCluster) -> int | None:
+    """The primary's port when every sentinel names the same one, else None."""
+    named = set()
+    for index in range(len(sentinel.sentinel_ports)):
+        with sentinel.sentinel_client(index) as client:
+            _, port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME",
+                                             MASTER_NAME)
+        named.add(int(port))
+    return named.pop() if len(named) == 1 else None
+
+
+def _settled(sentinel: SentinelCluster) -> int | None:
+    """The primary, once every sentinel names it and sees the other server up and linked
+    to it as its replica, and that server says so itself; else None."""
+    primary = _agreed_primary(sentinel)
+    if primary is None:
+        return None
+    replica = next(s.port for s in (sentinel.primary, sentinel.replica) if s.port != primary)
     with redis.Redis(host="127.0.0.1", port=replica, socket_timeout=2) as client:
         info = client.info("replication")
         if info.get("master_link_status") != "up" or int(info.get("master_port", 0)) != primary:
-            return False
+            return None
     for index in range(len(sentinel.sentinel_ports)):
         with sentinel.sentinel_client(index) as client:
-            if int(client.sentinel_master(MASTER_NAME)["port"]) != primary:
-                return False
             replicas = client.sentinel_slaves(MASTER_NAME)
         if not any(int(r["port"]) == replica and not set(r["flags"].split(",")) & DOWN_FLAGS
                    and r.get("master-link-status") == "ok" and int(r["master-port"]) == primary
                    for r in replicas):
-            return False
-    return True
+            return None
+    return primary
 
 
 def kill_primary(sentinel: SentinelCluster, spawn: Spawn, down_s: float) -> str:
-    """SIGKILL the primary the sentinels name, wait for them to promote the replica, and
-    after ``down_s`` in all bring the dead server back as the new primary's replica."""
+    """SIGKILL the primary the sentinels name, wait until they all name the promoted
+    replica, and after ``down_s`` in all bring the dead server back as its replica; done
+    once the cluster settled (the sentinels may still move the primary meanwhile: a dead
+    primary back within seconds can win a failover a slower sentinel started)."""
     began = time.monotonic()
-    old = sentinel.primary_port()
+    seen: list[int] = []  # the primaries the sentinels agreed on, in turn
+
+    def agreed(unlike: int | None = None) -> bool:
+        primary = _agreed_primary(sentinel)
+        if primary is None or primary == unlike:
+            return False
+        seen.append(primary)
+        return True
+
+    if not wait_until(agreed, SETTLE_TIMEOUT_S, 0.2):
+        raise TimeoutError(f"the sentinels named no one primary {SETTLE_TIMEOUT_S:g}s on")
+    old = seen[-1]
     server = _server_on(sentinel, old)
     _sigkill(server)
-    if not wait_until(lambda: sentinel.primary_port() != old, FAILOVER_TIMEOUT_S, 0.2):
+    if not wait_until(lambda: agreed(unlike=old), FAILOVER_TIMEOUT_S, 0.2):
         raise TimeoutError(f"no new primary {FAILOVER_TIMEOUT_S:g}s after the kill")
-    new = sentinel.primary_port()
+    promoted = seen[-1]
     failover_s = time.monotonic() - began
     time.sleep(max(0.0, down_s - failover_s))
-    server.extra_args = ("--replicaof", "127.0.0.1", str(new))
+    server.extra_args = ("--replicaof", "127.0.0.1", str(promoted))
     spawn(server.start)
-    if not wait_until(lambda: _linked(sentinel, new, old), SETTLE_TIMEOUT_S, 0.2):
-        raise TimeoutError(f"{old} not a linked replica of {new} {SETTLE_TIMEOUT_S:g}s "
-                           f"after it was brought back")
-    return (f"primary {old} killed, {new} promoted after {failover_s:.1f}s; {old} back as "
-            f"its replica after {time.monotonic() - began:.1f}s")
+    settled: list[int] = []
+
+    def linked() -> bool:
+        primary = _settled(sentinel)
+        if primary is not None:
+            settled.append(primary)
+        return primary is not None
+
+    if not wait_until(linked, SETTLE_TIMEOUT_S, 0.2):
+        raise TimeoutError(f"{old}, brought back, not a linked replica "
+                           f"{SETTLE_TIMEOUT_S:g}s on")
+    return (f"primary {old} killed, {promoted} promoted after {failover_s:.1f}s; {old} "
+            f"back, settled with {settled[-1]} the primary after "
+            f"{time.monotonic() - began:.1f}s")
 
 
 def failback(sentinel: SentinelCluster, spawn: Spawn, down_s: float) -> str:
     """A second failover once the first settled: wait until a replica is linked and
     every sentinel sees it, then kill the primary again (the replica is the first
     primary, brought back: it is promoted again) and bring the dead one back."""
-    primary = sentinel.primary_port()
-    replica = next(s.port for s in (sentinel.primary, sentinel.replica) if s.port != primary)
-    if not wait_until(lambda: _linked(sentinel, primary, replica), SETTLE_TIMEOUT_S, 0.2):
-        raise TimeoutError(f"no replica of {primary} linked {SETTLE_TIMEOUT_S:g}s on")
+    if not wait_until(lambda: _settled(sentinel) is not None, SETTLE_TIMEOUT_S, 0.2):
+        raise TimeoutError(f"no primary with a linked replica {SETTLE_TIMEOUT_S:g}s on")
     time.sleep(SETTLED_MARGIN_S)
     return "failback: " + kill_primary(sentinel, spawn, down_s)
 
