@@ -2,9 +2,15 @@
 over, and real Celery workers in slots that faults kill, stop and restart.
 
 Redis is a primary with one replica under ``min-replicas-to-write 1`` (refusals:
-NOREPLICAS, MISCONF, CLIENT PAUSE WRITE), or a primary, a replica and three sentinels
-(the primary can be killed). Workers run with short leases and a short ``KVRELAY_LOG_TTL``
-so that takeovers and the retention check fit in a few seconds.
+NOREPLICAS, MISCONF, CLIENT PAUSE WRITE; with an append-only file when the schedule
+restarts it), or a primary, a replica and three sentinels (the primary can be killed and
+brought back). Workers run with short leases and a short ``KVRELAY_LOG_TTL`` so that
+takeovers and the retention check fit in a few seconds.
+
+Each worker reaches Redis through its own proxy group (``chaos.proxy``): one listener
+per Redis server and, behind sentinels, one per sentinel, whose replies name the group's
+listeners (``chaos.sentinel_view``). The harness itself (callers, tap, checks) talks to
+Redis directly.
 """
 
 from __future__ import annotations
@@ -12,16 +18,25 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import redis
 from helpers.injected_faults import inject
 from helpers.refusing_redis import ReplicatedPrimary
-from helpers.sentinel_cluster import SentinelCluster
+from helpers.sentinel_cluster import MASTER_NAME, SentinelCluster
 from helpers.worker_process import WorkerProcess, redis_for
 
-from chaos.schedule import PRESSURE, SENTINEL, VICTIM, WORKER_VARIANTS, Schedule
+from chaos.proxy import HOST, ProxyGroup, ProxyHub, Route, sentinel_group
+from chaos.schedule import (
+    PRESSURE,
+    REDIS_RESTART,
+    SENTINEL,
+    VICTIM,
+    WORKER_VARIANTS,
+    Schedule,
+)
 
 # Seconds a job's log lives after its end: the retention check waits this long.
 LOG_TTL_S = 4
@@ -34,6 +49,11 @@ BASE_SETTINGS: dict[str, Any] = {
     "lease_ttl": 2.0, "lease_refresh": 0.5, "watchdog_interval": 0.5, "max_attempts": 10,
     "log_ttl": LOG_TTL_S, "redis_socket_timeout": 5.0, "shutdown_grace": 2.0,
 }
+# A primary that keeps an append-only file synced every second (what compose.yaml runs):
+# a killed process loses no write that Redis wrote to the file before it replied.
+AOF_ARGS = ("--appendonly", "yes", "--appendfsync", "everysec")
+# Seconds a (re)start of a Redis server may take on the cluster's own thread.
+SPAWN_TIMEOUT_S = 60.0
 
 
 # The engine counters a run reports, summed over every worker it started.
@@ -44,9 +64,11 @@ class WorkerSlot:
     """One place a worker runs; a killed worker is replaced by a new process here."""
 
     def __init__(self, index: int, url: str, model: str, log_dir: Path, concurrency: int,
-                 settings: dict[str, Any]) -> None:
+                 settings: dict[str, Any], worker_url: str | None = None) -> None:
         self.index = index
         self.url = url
+        # What the worker connects to (its proxy); ``url`` is the harness's own way in.
+        self.worker_url = worker_url or url
         self.model = model
         self.log_dir = log_dir
         self.concurrency = concurrency
@@ -68,6 +90,7 @@ class WorkerSlot:
         self.generation += 1
         worker = WorkerProcess(name, self.url, self.model, self.log_dir,
                                concurrency=self.concurrency, **self.settings)
+        worker.env["KVRELAY_REDIS_URL"] = self.worker_url
         if self.faults:
             inject(worker, **self.faults)
         self.processes.append(worker.start())
@@ -107,6 +130,12 @@ class ChaosCluster:
         self.replicated: ReplicatedPrimary | None = None
         self.model_path = model_path
         self.slots: list[WorkerSlot] = []
+        self.proxies: ProxyHub | None = None
+        # One per slot: the worker's way to Redis, which worker faults cut or blackhole.
+        self.groups: list[ProxyGroup] = []
+        # Redis servers are (re)started on this one thread: a server dies with the thread
+        # that started it (``PR_SET_PDEATHSIG``), and a fault's thread does not last.
+        self.spawner = ThreadPoolExecutor(1, thread_name_prefix="chaos-redis")
 
     @property
     def url(self) -> str:
@@ -126,13 +155,31 @@ class ChaosCluster:
 
     def _start_redis(self) -> None:
         if self.schedule.scenario == SENTINEL:
-            self.sentinel = SentinelCluster(self.workdir / "ha", down_after_ms=1000).start()
+            self.sentinel = SentinelCluster(self.workdir / "ha", down_after_ms=1000)
+            self.spawn(self.sentinel.start)
             return
         self.replicated = ReplicatedPrimary(self.workdir / "redis")
         # A replica in sync at once, not after the default 5 s diskless-sync delay.
         primary = self.replicated.primary
         primary.extra_args = (*primary.extra_args, "--repl-diskless-sync-delay", "0")
-        self.replicated.start()
+        if any(f.kind == REDIS_RESTART for f in self.schedule.faults):
+            primary.extra_args = (*primary.extra_args, *AOF_ARGS)
+        self.spawn(self.replicated.start)
+
+    def spawn(self, start: Any) -> Any:
+        """Call ``start`` (a server's start) on the cluster's own thread."""
+        return self.spawner.submit(start).result(SPAWN_TIMEOUT_S)
+
+    def _proxy_for(self, index: int) -> tuple[ProxyGroup, str]:
+        """Worker ``index``'s proxy group and the URL the worker is given."""
+        assert self.proxies is not None
+        if self.sentinel is None:
+            assert self.replicated is not None
+            group = self.proxies.group(f"w{index}", [Route("redis", self.replicated.primary.port)])
+            return group, f"redis://{HOST}:{group.port('redis')}/0"
+        return sentinel_group(self.proxies, f"w{index}",
+                              [self.sentinel.primary.port, self.sentinel.replica.port],
+                              self.sentinel.sentinel_ports, MASTER_NAME)
 
     def _start_workers(self, ready_timeout: float) -> None:
         settings = dict(BASE_SETTINGS)
@@ -146,8 +193,13 @@ class ChaosCluster:
             model = self.model_path
         logs = self.workdir / "workers"
         logs.mkdir(parents=True, exist_ok=True)
-        self.slots = [WorkerSlot(i, self.url, model, logs, self.schedule.concurrency, settings)
-                      for i in range(self.schedule.workers)]
+        self.proxies = ProxyHub()
+        self.slots = []
+        for i in range(self.schedule.workers):
+            group, worker_url = self._proxy_for(i)
+            self.groups.append(group)
+            self.slots.append(WorkerSlot(i, self.url, model, logs, self.schedule.concurrency,
+                                         settings, worker_url))
         for slot in self.slots:
             if self.schedule.broken in WORKER_VARIANTS:
                 slot.faults = {"broken": self.schedule.broken, "victim": VICTIM}
@@ -178,12 +230,16 @@ class ChaosCluster:
         for slot in self.slots:
             with contextlib.suppress(Exception):
                 slot.shutdown()
+        if self.proxies is not None:
+            with contextlib.suppress(Exception):
+                self.proxies.close()
         if self.replicated is not None:
             with contextlib.suppress(Exception):
                 self.replicated.stop()
         if self.sentinel is not None:
             with contextlib.suppress(Exception):
                 self.sentinel.stop()
+        self.spawner.shutdown(wait=False)
 
 
 # What a poll may meet while Redis refuses, fails over or restarts: tried again. Any

@@ -30,8 +30,18 @@ WORKER_STOP = "worker_stop"  # SIGSTOP for ``duration``, then SIGCONT
 NOREPLICAS = "noreplicas"  # the replica SIGSTOPped: the primary refuses writes
 MISCONF = "misconf"  # the primary's snapshot fails: it refuses writes
 PAUSE_WRITES = "pause_writes"  # CLIENT PAUSE WRITE
-PRIMARY_KILL = "primary_kill"  # SIGKILL of the Sentinel primary (a failover follows)
-REDIS_FAULTS = frozenset({NOREPLICAS, MISCONF, PAUSE_WRITES, PRIMARY_KILL})
+PRIMARY_KILL = "primary_kill"  # SIGKILL of the Sentinel primary (a failover follows), brought back
+# A second failover once the first settled: the primary killed again, so the first one
+# (brought back as a replica) is promoted again. Drawn only after a ``PRIMARY_KILL``.
+FAILBACK = "failback"
+REPLICA_LAG = "replica_lag"  # the Sentinel replica paused in short bursts: WAITs come back short
+REDIS_RESTART = "redis_restart"  # the primary SIGKILLed, restarted from its AOF after ``duration``
+# Through each worker's proxy (``chaos.proxy``): the worker's engine keeps computing.
+WORKER_CUT = "worker_cut"  # its connections reset, new ones refused
+WORKER_BLACKHOLE = "worker_blackhole"  # its connections open, nothing passes: calls time out
+REDIS_LATENCY = "redis_latency"  # every chunk to or from Redis waits ``magnitude`` s (all workers)
+REDIS_FAULTS = frozenset({NOREPLICAS, MISCONF, PAUSE_WRITES, PRIMARY_KILL, FAILBACK, REPLICA_LAG,
+                          REDIS_RESTART, REDIS_LATENCY})
 # Deliberate defects that the checker must catch, each wrong for one victim job (the one
 # whose prompt holds ``VICTIM``). The first is done from outside the worker, the next
 # inside the real worker process (``helpers/injected/sitecustomize.py``), the last in the
@@ -76,6 +86,8 @@ class FaultPlan:
     kind: str
     duration: float
     target: int = 0  # the worker slot, for worker faults
+    # REDIS_LATENCY: seconds per chunk; REPLICA_LAG: seconds per pause of the replica.
+    magnitude: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,7 @@ class Schedule:
                   f" n={j.n} prio={j.priority} at_chunk={j.at_chunk} pause={j.pause_s:.2f}"
                   f" queue_timeout={j.queue_timeout}" for j in self.jobs]
         lines += [f"  fault @{f.at:.2f}s {f.kind} for {f.duration:.2f}s (worker {f.target})"
-                  for f in self.faults]
+                  + (f" magnitude {f.magnitude:.3f}" if f.magnitude else "") for f in self.faults]
         return "\n".join(lines)
 
 
@@ -145,8 +157,9 @@ def make_schedule(seed: int, *, scenario: str | None = None,
     workers = rng.choice((1, 2, 2, 3))
     concurrency = rng.choice((4, 8))
     jobs = tuple(_simulated_job(rng, i) for i in range(rng.randint(8, 16)))
-    kinds = [WORKER_KILL, WORKER_STOP, PAUSE_WRITES]
-    kinds += [PRIMARY_KILL] if scenario == SENTINEL else [NOREPLICAS, MISCONF]
+    kinds = [WORKER_KILL, WORKER_STOP, PAUSE_WRITES, WORKER_CUT, WORKER_BLACKHOLE, REDIS_LATENCY]
+    kinds += ([PRIMARY_KILL, REPLICA_LAG] if scenario == SENTINEL
+              else [NOREPLICAS, MISCONF, REDIS_RESTART])
     faults = _faults(rng, kinds, workers, rng.randint(2, 4))
     settings: dict[str, object] = {"simulated_step_ms": rng.choice((10, 20, 30))}
     if broken == DROP_LOG_ENTRY:  # a victim long enough to have log entries mid-stream
@@ -176,20 +189,30 @@ def _simulated_job(rng: random.Random, index: int) -> JobPlan:
 
 def _faults(rng: random.Random, kinds: list[str], workers: int,
             count: int) -> tuple[FaultPlan, ...]:
-    """``count`` faults; Redis faults never overlap each other, and at most one kill of
-    the primary (the dead one is not brought back)."""
+    """``count`` faults; Redis faults never overlap each other; at most one kill of the
+    primary and, after it, at most one failback. A blackhole lasts long enough (up to
+    7.5 s) to outlast the workers' 5 s socket timeout about a third of the time."""
     faults: list[FaultPlan] = []
     redis_busy_until = 0.0
     for _ in range(count):
         kind = rng.choice(kinds)
         at = rng.uniform(0.5, LOAD_S)
         duration = rng.uniform(0.5, 3.0)
+        magnitude = 0.0
+        if kind == WORKER_BLACKHOLE:
+            duration *= 2.5
+        elif kind == REDIS_LATENCY:
+            magnitude = rng.uniform(0.02, 0.3)
+        elif kind == REPLICA_LAG:
+            magnitude = rng.uniform(0.25, 0.6)
         if kind in REDIS_FAULTS:
             at = max(at, redis_busy_until + 0.5)
             redis_busy_until = at + duration + 2.0
             if kind == PRIMARY_KILL:
-                kinds = [k for k in kinds if k != PRIMARY_KILL]
-        faults.append(FaultPlan(at, kind, duration, rng.randrange(workers)))
+                kinds = [k for k in kinds if k != PRIMARY_KILL] + [FAILBACK]
+            elif kind == FAILBACK:
+                kinds = [k for k in kinds if k != FAILBACK]
+        faults.append(FaultPlan(at, kind, duration, rng.randrange(workers), magnitude))
     return tuple(sorted(faults, key=lambda f: f.at))
 
 
@@ -209,8 +232,8 @@ def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
                     at_chunk=rng.randint(5, 30), pause_s=rng.uniform(0.01, 0.03))
             for i in range(rng.randint(4, 7))]
     workers = rng.choice((1, 2))
-    faults = _faults(rng, [WORKER_KILL, WORKER_STOP, PAUSE_WRITES, NOREPLICAS], workers,
-                     rng.randint(1, 2))
+    faults = _faults(rng, [WORKER_KILL, WORKER_STOP, PAUSE_WRITES, NOREPLICAS, WORKER_CUT,
+                            REDIS_LATENCY], workers, rng.randint(1, 2))
     # Blocks of 16 tokens for about a quarter of what each worker's jobs would hold at once:
     # the low-priority jobs are still running when the high-priority ones arrive, so the
     # pool runs out while both are in it.

@@ -41,6 +41,8 @@ def make_celery(s: WorkerSettings) -> Celery:
     queue_name = s.keys.celery_queue(s.served_model)
     # redis+sentinel://: kombu's Sentinel transport, asking the sentinels for the primary.
     broker_url, broker_options = celery_broker_settings(s.redis_url)
+    if is_sentinel_url(s.redis_url):
+        broker_transport.own_the_sentinel_scheme()
     celery_app.conf.update(
         broker_url=broker_url,
         # kombu's transport with a channel that can restore unacked messages after its

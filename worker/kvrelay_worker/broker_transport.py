@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import kombu.transport
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
@@ -40,6 +41,21 @@ REDIS_TRANSPORT = "kvrelay_worker.broker_transport:RedisTransport"
 SENTINEL_TRANSPORT = "kvrelay_worker.broker_transport:SentinelTransport"
 # How often a consumer behind sentinels asks them which primary they name.
 PRIMARY_CHECK_S = 1.0
+# kombu's name for its Sentinel transport, the scheme of each sentinel's broker URL.
+SENTINEL_SCHEME = "sentinel"
+
+
+def own_the_sentinel_scheme() -> None:
+    """Make ``sentinel://`` mean this module's transport in this process.
+
+    The app names the transport (``broker_transport``), but when a connection attempt
+    fails (no sentinel names a primary during a failover, none is reachable) kombu
+    moves to the next sentinel's URL (``Connection.switch``), which takes the transport
+    from the URL's scheme instead: the consumer went on with kombu's own Sentinel
+    transport, without these channels (no record of whose deliveries are whose, no
+    leaving a replaced primary, no reconnecting after a close) for the rest of the
+    worker's life. A worker's every ``sentinel://`` connection is its broker's."""
+    kombu.transport.TRANSPORT_ALIASES[SENTINEL_SCHEME] = SENTINEL_TRANSPORT
 
 
 class HeldQoS(kombu_redis.QoS):
