@@ -398,7 +398,7 @@ class WorkerRuntime:
             if attempt == 1 and request.enqueued_at:
                 self.metrics.queue_time.observe(max(0.0, job.claimed_at - request.enqueued_at))
             started = Started(seq=0, worker=self.settings.worker_name, attempt=attempt,
-                              prompt_tokens=len(prompt_ids))
+                              prompt_tokens=len(prompt_ids), run=run)
             if self.settings.enable_prefix_caching:
                 self.prefixes.note(request)
             # Started leaves with the next step's events while steps are short.
