@@ -304,14 +304,18 @@ return 1
 # holds (an unfenced write first settles what the last owner left in its tail). Nothing
 # is ever written after a terminal event. An unfenced terminal event ends the job for
 # good in the same call (``end_unowned``: the run the record named is fenced); an
-# unfenced terminal write that finds the log ended marks the record done.
+# unfenced terminal write that finds the log ended marks the record done. Either way the
+# last owner's tail is settled as a claim settles it (``settle_owner_tail``): a dead
+# owner's tail, whose last running job ends here unclaimed (cancelled at its pickup, or
+# out of attempts), goes as an ended job's log would instead of living on.
 # KEYS: event log, lease, job record, running zset
 # ARGV: reply channel ('' = none), job channel ('' = none: behind sentinels the caller
 #       publishes once a replica holds the event), run id ('' = unfenced), seq, events
 #       array (the one event), message (``pack_message`` of its pair), max log length,
 #       terminal (0/1), log ttl s (after a terminal event; the ended record's too), live
 #       log ttl s (before it), oldest seq to keep (0: keep all; the byte cap, see
-#       ``log_window``), tail key prefix, job id, fence flag prefix
+#       ``log_window``), tail key prefix, job id, fence flag prefix, the job record's and
+#       log's names less the job id and closing brace
 # -> the seq written, or an ``AppendResult``: FENCED (the lease is not this run's),
 #    ALREADY_WRITTEN (the log has this seq), ENDED (the log already ended: nothing
 #    written), and for unfenced writes NOT_NEXT (``seq`` is not the next one: retry).
@@ -328,6 +332,10 @@ else
   local tail = nil
   if record[1] then tail = ARGV[12] .. record[1] end
   local last_seq, ended = settle(KEYS[1], tail, ARGV[13], ARGV[7], ARGV[10], record[2])
+  if terminal and tail then
+    settle_owner_tail(tail, record[1], ARGV[13], {ARGV[15], ARGV[16]}, ARGV[7], ARGV[10],
+                      ARGV[9])
+  end
   if ended then
     if terminal then
       redis.call('HSET', KEYS[3], 'state', 'done')
