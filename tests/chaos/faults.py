@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chaos.cluster import ChaosCluster, wait_until
 from chaos.schedule import (
@@ -20,12 +21,17 @@ from chaos.schedule import (
     NOREPLICAS,
     PAUSE_WRITES,
     PRIMARY_KILL,
+    PROCESS_FAULTS,
+    PUBSUB_KILL,
     REDIS_FAULTS,
     WORKER_KILL,
     WORKER_STOP,
     FaultPlan,
 )
 from kvrelay.keys import Keyspace
+
+if TYPE_CHECKING:
+    from chaos.workload import Workload
 
 KEYS = Keyspace()
 # How long a failover may take before the fault is recorded as not healed.
@@ -45,11 +51,14 @@ class FaultInjector:
     """Runs a schedule's faults against ``cluster`` at their planned offsets from ``t0``.
 
     ``running_jobs`` names the jobs whose streams are live now (the log-tampering defect
-    picks its victim among them)."""
+    picks its victim among them); ``workload``'s callers are the other half of a
+    ``cancel_race``."""
 
-    def __init__(self, cluster: ChaosCluster, running_jobs: Callable[[], list[str]]) -> None:
+    def __init__(self, cluster: ChaosCluster, running_jobs: Callable[[], list[str]],
+                 workload: Workload | None = None) -> None:
         self.cluster = cluster
         self.running_jobs = running_jobs
+        self.workload = workload
         self.records: list[FaultRecord] = []
 
     async def run_all(self, faults: tuple[FaultPlan, ...], t0: float) -> None:
@@ -107,6 +116,16 @@ class FaultInjector:
             return "writes paused"
         if fault.kind == PRIMARY_KILL:
             return self._kill_primary()
+        if fault.kind == PUBSUB_KILL:
+            with cluster.admin() as client:
+                killed = client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            time.sleep(fault.duration)
+            return f"killed {killed} pub/sub connections"
+        if fault.kind in PROCESS_FAULTS:
+            from chaos.process_faults import apply_process_fault
+
+            assert self.workload is not None
+            return apply_process_fault(cluster, self.workload, fault)
         if fault.kind == DROP_LOG_ENTRY:
             return self._drop_log_entry(fault.duration)
         raise ValueError(f"unknown fault {fault.kind}")
