@@ -25,6 +25,8 @@ RACE_WAIT_S = 10.0
 # How long a drained worker may take to hand its jobs back and exit (its shutdown grace
 # is 2 s; Celery's own shutdown follows).
 DRAIN_EXIT_S = 30.0
+# How long a worker started by an earlier fault may take to be ready before its drain.
+READY_WAIT_S = 60.0
 
 
 def apply_process_fault(cluster: ChaosCluster, workload: Workload, fault: FaultPlan) -> str:
@@ -65,16 +67,23 @@ def _cancel_race(cluster: ChaosCluster, workload: Workload, fault: FaultPlan) ->
 
 
 def _drain(slot: WorkerSlot, restart_after: float) -> str:
-    """SIGTERM: the worker hands its jobs back and exits 0; started again later."""
+    """SIGTERM to a running worker (one still starting is waited for: it has no jobs to
+    hand back, and dies of the signal): it hands its jobs back and exits 0. The slot is
+    started again ``restart_after`` later, whatever the exit."""
     slot.cont()
     worker = slot.current
+    worker.wait_ready(READY_WAIT_S)
     worker.signal(signal.SIGTERM)
     try:
-        status = worker.wait_exit(DRAIN_EXIT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise TimeoutError(f"{worker.name} still running {DRAIN_EXIT_S:g}s after SIGTERM") \
-            from exc
-    if status not in (0, -signal.SIGKILL):  # SIGKILL: another fault killed it meanwhile
-        raise RuntimeError(f"{worker.name} exited {status} after SIGTERM:\n{worker.tail(800)}")
+        status: int | str = worker.wait_exit(DRAIN_EXIT_S)
+    except subprocess.TimeoutExpired:
+        status = "still running"
+        worker.kill()
     time.sleep(restart_after)
-    return f"drained {worker.name} (exit {status}), started {slot.start().name}"
+    started = slot.start().name
+    if status not in (0, -signal.SIGKILL):  # SIGKILL: another fault killed it meanwhile
+        outcome = f"exited {status}" if isinstance(status, int) else \
+            f"was {status} {DRAIN_EXIT_S:g}s"
+        raise RuntimeError(f"{worker.name} {outcome} after SIGTERM (started {started}):\n"
+                           f"{worker.tail(800)}")
+    return f"drained {worker.name} (exit {status}), started {started}"
