@@ -44,6 +44,7 @@ async def run_orphan(url: str, model: str, run: Any, options: dict[str, Any],
     assert child.stdout is not None
     first_at: float | None = None
     other: list[str] = []
+    ended = False  # the child ended on its own (said nothing of an outcome: it crashed)
     try:
         while True:
             timeout = None if first_at is None else max(0.0, first_at + KILL_WITHIN_S
@@ -53,6 +54,7 @@ async def run_orphan(url: str, model: str, run: Any, options: dict[str, Any],
             except TimeoutError:
                 break
             if not line:
+                ended = True
                 break
             kind, _, rest = line.decode(errors="replace").strip().partition(" ")
             if kind == "enqueued":
@@ -73,7 +75,7 @@ async def run_orphan(url: str, model: str, run: Any, options: dict[str, Any],
                 return
             else:
                 other.append(line.decode(errors="replace").rstrip())
-        run.outcome = "killed"
+        run.outcome = "caller crashed" if ended else "killed"
         run.error = " | ".join(other[-3:])
     finally:
         run.live = False
@@ -94,11 +96,14 @@ async def _child(url: str, model: str, job_id: str, options: dict[str, Any], pla
 
     client = AsyncClient(url, model=model, require_worker=False, placement=placement,
                          stream_timeout=STREAM_TIMEOUT_S, reconnect_timeout=30.0)
-    await client.connect()
     give_up = time.monotonic() + RETRY_FOR_S
-    while True:
-        stream = client.stream(prompt, job_id=job_id, **options)
+    connected = False
+    while True:  # a careful caller: what Redis refused before the job ran is tried again
         try:
+            if not connected:
+                await client.connect()
+                connected = True
+            stream = client.stream(prompt, job_id=job_id, **options)
             await stream.start()
             break
         except InvalidRequest as exc:
