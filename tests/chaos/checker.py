@@ -192,12 +192,30 @@ class JobCheck:
         if conflicts:
             self.fail("wire-conflict", f"two different events published under seqs "
                       f"{sorted(conflicts)[:10]}")
+        self._no_run_after_end()
         end = self.terminal
         if end is not None:
             late = sorted({t.event.seq for t in self.tapped if t.event.seq > end.seq})
             if late:
                 self.fail("after-terminal", f"published seqs {late[:10]} after the terminal "
                           f"event {end.seq}")
+
+    def _no_run_after_end(self) -> None:
+        """Once the job's terminal event went over the wire, no new run of it starts (a
+        batch sent again republishes its own ``Started``, which is no new run)."""
+        ended = [t.at for t in self.tapped if isinstance(t.event, TERMINAL_EVENTS)]
+        if not ended:
+            return
+        before = {t.raw for t in self.tapped
+                  if isinstance(t.event, Started) and t.at <= min(ended)}
+        for tapped in self.tapped:
+            event = tapped.event
+            if isinstance(event, Started) and tapped.at > min(ended) and \
+                    tapped.raw not in before:
+                self.fail("run-after-end", f"run {event.run or event.worker} (attempt "
+                          f"{event.attempt}) started {tapped.at - min(ended):.1f}s after "
+                          f"the job's end was published: the job ran again")
+                return
 
     # ---------------------------------------------------------------- the caller
 

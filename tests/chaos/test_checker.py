@@ -137,6 +137,16 @@ def test_two_runs_writing_after_a_fence_are_caught() -> None:
     assert "run-fence" in _rules(_check(_run(swapped), swapped, writers=writers))
 
 
+def test_a_run_that_starts_after_the_end_is_caught() -> None:
+    log = _history(REFERENCE[0])
+    again = Started(seq=3, worker="w:2", attempt=2, run="w:2#c")
+    found = _check(_run(log), log, [*_tap(log), Tapped(NOW + 5, again, encode_event(again))])
+    assert "run-after-end" in _rules(found)
+    # The ending run's batch published again (its reply was lost): no new run.
+    tapped = _tap(log)
+    assert _check(_run(log), log, [*tapped, Tapped(NOW + 5, log[0], tapped[0].raw)]) == []
+
+
 def test_a_pickup_after_the_queue_deadline_is_caught() -> None:
     log = _history(REFERENCE[0])
     log[-1] = Finished(seq=log[-1].seq, finish_reason="length", timings=Timings(queue=5.0))
