@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from chaos.cluster import ChaosCluster, WorkerSlot, wait_until
+from chaos.cluster import POLL_ERRORS, ChaosCluster, WorkerSlot, wait_until
 from chaos.schedule import CANCEL_RACE, WORKER_DRAIN, FaultPlan
 from kvrelay.event_log import OWNER_FIELD
 from kvrelay.keys import Keyspace
@@ -73,12 +73,19 @@ def _drain(slot: WorkerSlot, restart_after: float) -> str:
     worker another fault SIGKILLs before or during its drain is that fault's to restart."""
     slot.cont()
     worker = slot.current
-    try:
-        worker.wait_ready(READY_WAIT_S)
-    except RuntimeError:  # "exited early": it was killed meanwhile
-        if worker.alive() or worker.wait_exit(1) != -signal.SIGKILL:
-            raise
-        return f"{worker.name} was killed by another fault before its drain"
+    give_up = time.monotonic() + READY_WAIT_S
+    while True:
+        try:
+            worker.wait_ready(max(1.0, give_up - time.monotonic()))
+            break
+        except RuntimeError:  # "exited early": it was killed meanwhile
+            if worker.alive() or worker.wait_exit(1) != -signal.SIGKILL:
+                raise
+            return f"{worker.name} was killed by another fault before its drain"
+        except POLL_ERRORS:  # its heartbeat is read from a Redis failing over
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.2)
     worker.signal(signal.SIGTERM)
     try:
         status: int | str = worker.wait_exit(DRAIN_EXIT_S)
