@@ -8,6 +8,9 @@ A job's events live in two Redis streams:
   entry carries a second field ``t``, so a writer can tell from the last entry alone that
   the job already ended, and the worker's scripts then set the stream's last id to the
   highest there is (``ENDED_LAST_ID``), so Redis itself refuses any entry after it;
+  an entry also names the run that wrote its events (field ``r``: the claim's run id, as
+  the job's lease holds it), which no reader of events needs: it lets an audit tell two
+  runs of one job apart (none: an ending written by no run, a cancel at pickup, say);
 - while it runs, the **tail** of the worker that owns it (``Keyspace.worker_tail``, the
   owner named by the job record's ``owner``): one entry per publisher batch, with one
   field ``b`` holding every job of the batch as a record (``tail_record``: the job id, its
@@ -48,6 +51,7 @@ __all__ = [
     "LIVE_LOG_TTL_S",
     "OWNER_FIELD",
     "PICKED_FIELD",
+    "RUN_FIELD",
     "TAIL_FIELD",
     "TAIL_READ_ENTRIES",
     "TERMINAL_FIELD",
@@ -55,6 +59,7 @@ __all__ = [
     "add_entry",
     "entry_events",
     "entry_id",
+    "entry_run",
     "first_id_after",
     "read_after",
     "read_some_after",
@@ -71,6 +76,8 @@ ENTRY_ID_SUFFIX: Final = 1
 # A log's last id once its terminal entry is in (``XSETID``): every later ``XADD`` fails
 # as "equal or smaller than the top item", so nothing is ever appended after the end.
 ENDED_LAST_ID: Final = "18446744073709551615-0"
+# The field naming the run whose events an entry holds (absent: no run's).
+RUN_FIELD: Final = "r"
 # The one field of a tail entry: the batch's records, one after another.
 TAIL_FIELD: Final = "b"
 # A record's head: its job id's length; after the id, its last seq, 1 if the events end the
@@ -175,14 +182,28 @@ def entry_events(fields: Mapping[Any, Any] | list[Any] | None) -> bytes | None:
     return None
 
 
+def entry_run(fields: Mapping[Any, Any] | None) -> str:
+    """The run an entry's events were written by ('' when it names none), from its
+    fields as redis-py's ``XRANGE`` gives them."""
+    if not fields:
+        return ""
+    value = fields.get(RUN_FIELD.encode(), fields.get(RUN_FIELD))
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def add_entry(client: Any, job_log: str, last_seq: int, events: bytes, *,
-              terminal: bool = False) -> Any:
-    """``XADD`` one entry (``events`` from ``pack_events``, the last of them ``last_seq``) as
-    the format requires, on any redis-py client or pipeline (sync or async: the call's
-    result is returned as is, to be awaited where it must)."""
+              terminal: bool = False, run: str = "") -> Any:
+    """``XADD`` one entry (``events`` from ``pack_events``, the last of them ``last_seq``;
+    ``run``: the run that wrote them) as the format requires, on any redis-py client or
+    pipeline (sync or async: the call's result is returned as is, to be awaited where it
+    must)."""
     fields: dict[str, bytes] = {EVENT_FIELD: events}
     if terminal:
         fields[TERMINAL_FIELD] = b"1"
+    if run:
+        fields[RUN_FIELD] = run.encode()
     return client.xadd(job_log, fields, id=entry_id(last_seq))
 
 

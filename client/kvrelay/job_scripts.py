@@ -44,6 +44,7 @@ _CONSTANTS: dict[str, object] = {
     "ENTRY_ID_SUFFIX": event_log.ENTRY_ID_SUFFIX,
     "ENDED_LAST_ID": event_log.ENDED_LAST_ID,
     "TAIL_FIELD": event_log.TAIL_FIELD,
+    "RUN_FIELD": event_log.RUN_FIELD,
     "FENCE_FLAG_TTL_S": FENCE_FLAG_TTL_S,
     "CHECK_EACH_JOB": CHECK_EACH_JOB,
     **{result.name: int(result) for result in AppendResult},
@@ -95,18 +96,25 @@ local function log_end(log_key)
   return seq, false
 end
 -- A terminal entry also sets the log's last id to the top (``ENDED_LAST_ID``): Redis then
--- refuses every later entry, whoever writes it and on whichever path.
-local function add_log_entry(log_key, max_len, last_seq, data, terminal)
+-- refuses every later entry, whoever writes it and on whichever path. ``run`` names the
+-- run whose events the entry holds (field ``RUN_FIELD``; '' or nil: no run's, an unowned
+-- ending, or a run no record names any more).
+local function add_log_entry(log_key, max_len, last_seq, data, terminal, run)
   local id = last_seq .. '-{ENTRY_ID_SUFFIX}'
+  local fields = {'{EVENT_FIELD}', data}
   if terminal then
-    local added = redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}',
-                              data, '{TERMINAL_FIELD}', '1')
-    if not (type(added) == 'table' and added.err) then
-      redis.call('XSETID', log_key, '{ENDED_LAST_ID}')
-    end
-    return added
+    fields[#fields + 1] = '{TERMINAL_FIELD}'
+    fields[#fields + 1] = '1'
   end
-  return redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, '{EVENT_FIELD}', data)
+  if run and run ~= '' then
+    fields[#fields + 1] = '{RUN_FIELD}'
+    fields[#fields + 1] = run
+  end
+  local added = redis.pcall('XADD', log_key, 'MAXLEN', '~', max_len, id, unpack(fields))
+  if terminal and not (type(added) == 'table' and added.err) then
+    redis.call('XSETID', log_key, '{ENDED_LAST_ID}')
+  end
+  return added
 end
 -- Whether ``run`` still holds the job: its lease names the run, or the lease is gone
 -- (it ran out while Redis was out of reach) and the record still names the run, running.
@@ -117,8 +125,9 @@ local function run_holds(lease_key, record_key, run)
   return record[1] == 'running' and record[2] == run
 end
 -- Write a job's tail records (``tail_by_job``'s) past its log's end into its log as one
--- entry; returns the log's last seq then, and whether the log has ended.
-local function move_records(log_key, records, max_len, ttl)
+-- entry, as ``run``'s (the run the job's record names: the tail's owner's last claim);
+-- returns the log's last seq then, and whether the log has ended.
+local function move_records(log_key, records, max_len, ttl, run)
   local last_seq, ended = log_end(log_key)
   if ended then return last_seq, true end
   local parts, count, top, terminal = {}, 0, last_seq, false
@@ -133,7 +142,7 @@ local function move_records(log_key, records, max_len, ttl)
   end
   if count == 0 then return last_seq, false end
   local added = add_log_entry(log_key, max_len, top, array_header(count) .. table.concat(parts),
-                              terminal)
+                              terminal, run)
   if type(added) == 'table' and added.err then error(added.err) end
   redis.call('EXPIRE', log_key, ttl)
   return top, terminal
@@ -180,9 +189,9 @@ local function settle_owner_tail(tail_key, owner, claimed, heads, max_len, ttl, 
   local running = false
   for _, id in ipairs(order) do
     local record_key, log_key = heads[1] .. id .. '}', heads[2] .. id .. '}'
-    local record = redis.call('HMGET', record_key, 'state', '{OWNER_FIELD}')
+    local record = redis.call('HMGET', record_key, 'state', '{OWNER_FIELD}', 'run')
     if record[2] == owner and record[1] == 'queued' and id ~= claimed then
-      move_records(log_key, per_job[id], max_len, ttl)
+      move_records(log_key, per_job[id], max_len, ttl, record[3])
     elseif record[2] == owner and record[1] == 'running' and id ~= claimed then
       running = true
     end
@@ -194,9 +203,9 @@ local function settle_owner_tail(tail_key, owner, claimed, heads, max_len, ttl, 
     end
   end
 end
-local function settle(log_key, tail_key, job_id, max_len, ttl)
+local function settle(log_key, tail_key, job_id, max_len, ttl, run)
   if not tail_key then return log_end(log_key) end
-  return move_records(log_key, tail_by_job(tail_key)[job_id] or {}, max_len, ttl)
+  return move_records(log_key, tail_by_job(tail_key)[job_id] or {}, max_len, ttl, run)
 end
 -- The server's clock, in ms: leases are judged on it alone, so a worker whose own clock
 -- is skewed neither delays a takeover nor causes one.
@@ -256,7 +265,7 @@ if record[4] then
     settle_owner_tail(ARGV[7] .. record[4], record[4], ARGV[1], {ARGV[11], ARGV[12]},
                       ARGV[8], ARGV[5], ARGV[13])
   end
-  local _, ended = settle(KEYS[4], ARGV[7] .. record[4], ARGV[1], ARGV[8], ARGV[5])
+  local _, ended = settle(KEYS[4], ARGV[7] .. record[4], ARGV[1], ARGV[8], ARGV[5], record[6])
   if ended then
     -- Its run wrote the terminal event but its release was lost: the job is done.
     redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
@@ -295,14 +304,18 @@ return 1
 # holds (an unfenced write first settles what the last owner left in its tail). Nothing
 # is ever written after a terminal event. An unfenced terminal event ends the job for
 # good in the same call (``end_unowned``: the run the record named is fenced); an
-# unfenced terminal write that finds the log ended marks the record done.
+# unfenced terminal write that finds the log ended marks the record done. Either way the
+# last owner's tail is settled as a claim settles it (``settle_owner_tail``): a dead
+# owner's tail, whose last running job ends here unclaimed (cancelled at its pickup, or
+# out of attempts), goes as an ended job's log would instead of living on.
 # KEYS: event log, lease, job record, running zset
 # ARGV: reply channel ('' = none), job channel ('' = none: behind sentinels the caller
 #       publishes once a replica holds the event), run id ('' = unfenced), seq, events
 #       array (the one event), message (``pack_message`` of its pair), max log length,
 #       terminal (0/1), log ttl s (after a terminal event; the ended record's too), live
 #       log ttl s (before it), oldest seq to keep (0: keep all; the byte cap, see
-#       ``log_window``), tail key prefix, job id, fence flag prefix
+#       ``log_window``), tail key prefix, job id, fence flag prefix, the job record's and
+#       log's names less the job id and closing brace
 # -> the seq written, or an ``AppendResult``: FENCED (the lease is not this run's),
 #    ALREADY_WRITTEN (the log has this seq), ENDED (the log already ended: nothing
 #    written), and for unfenced writes NOT_NEXT (``seq`` is not the next one: retry).
@@ -315,10 +328,14 @@ if ARGV[3] ~= '' then
   if seq <= last_seq then return {ALREADY_WRITTEN} end
   if ended then return {ENDED} end
 else
-  local owner = redis.call('HGET', KEYS[3], '{OWNER_FIELD}')
+  local record = redis.call('HMGET', KEYS[3], '{OWNER_FIELD}', 'run')
   local tail = nil
-  if owner then tail = ARGV[12] .. owner end
-  local last_seq, ended = settle(KEYS[1], tail, ARGV[13], ARGV[7], ARGV[10])
+  if record[1] then tail = ARGV[12] .. record[1] end
+  local last_seq, ended = settle(KEYS[1], tail, ARGV[13], ARGV[7], ARGV[10], record[2])
+  if terminal and tail then
+    settle_owner_tail(tail, record[1], ARGV[13], {ARGV[15], ARGV[16]}, ARGV[7], ARGV[10],
+                      ARGV[9])
+  end
   if ended then
     if terminal then
       redis.call('HSET', KEYS[3], 'state', 'done')
@@ -330,7 +347,7 @@ else
   end
   if seq ~= last_seq + 1 then return {NOT_NEXT} end
 end
-local added = add_log_entry(KEYS[1], ARGV[7], seq, ARGV[5], terminal)
+local added = add_log_entry(KEYS[1], ARGV[7], seq, ARGV[5], terminal, ARGV[3])
 if type(added) == 'table' and added.err then return added end
 if terminal and ARGV[3] == '' then
   end_unowned(KEYS[3], KEYS[2], KEYS[4], ARGV[13], ARGV[14], ARGV[9])
@@ -370,7 +387,7 @@ return seq
 #       (``pack_pair``; '' for a job with nothing new, only a move), run id; per
 #       message: channel, message (``pack_message``); per move: its last seq, its events
 #       array, terminal (0/1), oldest seq to keep (0: keep all), log expiry s (0: leave it
-#       as is); per release: job id, run id
+#       as is), the run whose events they are; per release: job id, run id
 # A checked job is this run's while its lease holds the run id (every ending by another
 # party drops the lease and the record's run together), or while its lease is gone and
 # its record still names this run: running (the lease expired during an outage), or done
@@ -387,7 +404,7 @@ local releases = tonumber(ARGV[11])
 local a = 13
 -- Where the releases' keys and arguments start.
 local rk = 3 + 3 * jobs + moves + 1
-local ra = a + 3 * jobs + 2 * messages + 5 * moves
+local ra = a + 3 * jobs + 2 * messages + 6 * moves
 if jobs == 0 then
   if redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return {{CHECK_EACH_JOB}} end
 else
@@ -434,14 +451,15 @@ for k = 1, messages do redis.call('PUBLISH', ARGV[a + 2 * k - 2], ARGV[a + 2 * k
 a = a + 2 * messages
 for k = 1, moves do
   local log_key = KEYS[3 + 3 * jobs + k]
-  local added = add_log_entry(log_key, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1')
+  local added = add_log_entry(log_key, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1',
+                              ARGV[a + 5])
   if type(added) == 'table' and added.err then
     if not string.find(added.err, 'equal or smaller', 1, true) then return added end
   elseif tonumber(ARGV[a + 3]) > 0 then
     redis.call('XTRIM', log_key, 'MINID', ARGV[a + 3])
   end
   if ARGV[a + 4] ~= '0' then redis.call('EXPIRE', log_key, ARGV[a + 4]) end
-  a = a + 5
+  a = a + 6
 end
 for k = 1, releases do
   local record, lease = KEYS[rk + 2 * k - 1], KEYS[rk + 2 * k]
@@ -465,7 +483,7 @@ return {}
 # -> 1 written, 0 already there, fenced or ended
 MOVE_TO_LOG = LuaScript("move_to_log", format_script("""
 if redis.call('HGET', KEYS[2], 'run') ~= ARGV[5] then return 0 end
-local added = add_log_entry(KEYS[1], ARGV[3], ARGV[1], ARGV[2], false)
+local added = add_log_entry(KEYS[1], ARGV[3], ARGV[1], ARGV[2], false, ARGV[5])
 if type(added) == 'table' and added.err then
   if string.find(added.err, 'equal or smaller', 1, true) then return 0 end
   return added

@@ -52,7 +52,7 @@ from kvrelay.tool_wire import ToolSpec as ToolSpec
 from kvrelay.trace_wire import TraceContext
 
 PROTOCOL_MAJOR: Final = 3
-PROTOCOL_MINOR: Final = 1
+PROTOCOL_MINOR: Final = 2
 
 # Largest request payload a worker accepts, in bytes of JSON.
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1 << 20
@@ -477,11 +477,14 @@ class Event(msgspec.Struct, tag_field="type", kw_only=True):
 
 
 class Started(Event, tag="started", kw_only=True):
-    """A worker took the job (again, after a failover: ``attempt`` > 1)."""
+    """A worker took the job (again, after a failover: ``attempt`` > 1). ``run`` is the
+    claim's run id (what the job's lease holds, and what its log entries name as their
+    writer: ``event_log.RUN_FIELD``); '' from a worker that does not send it."""
 
     worker: str
     attempt: int = 1
     prompt_tokens: int = 0
+    run: str = ""
 
 
 class Tokens(Event, tag="tokens", kw_only=True, omit_defaults=True):

@@ -11,6 +11,8 @@ wire, against the reference tokens and the rules (docs/chaos.md).
 - No job starts after its queue deadline.
 - Nothing is published after a job's terminal event, and no seq carries two different
   events.
+- Runs do not overlap: once a later run of a job has written to its log, no entry of an
+  earlier run follows (each log entry names the run that wrote it).
 
 Time bounds are widened by the faults that overlap them (a stopped worker cannot stop a
 job); what the tap did not see is unknown, never a violation.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 from chaos.faults import FaultRecord
 from chaos.reference import Reference
-from chaos.schedule import CANCEL, GENERATE
+from chaos.schedule import CANCEL, GENERATE, ORPHAN, RACE
 from chaos.tap import Tapped
 from chaos.workload import JobRun
 from kvrelay.protocol import (
@@ -87,10 +89,17 @@ class JobCheck:
     """Every rule for one job; ``violations`` holds what failed."""
 
     def __init__(self, run: JobRun, expected: list[list[int]], log: list[AnyEvent],
-                 tapped: list[Tapped], faults: Sequence[FaultRecord]) -> None:
+                 tapped: list[Tapped], faults: Sequence[FaultRecord],
+                 writers: list[str] | None = None, skew_s: float = 0.0) -> None:
         self.run = run
         self.expected = _as_lists(expected)
         self.log = log
+        # Per logged event, the run that wrote its entry ('' : none named).
+        self.writers = writers or []
+        # How far a worker's wall clock is off at most: a worker judges queue deadlines
+        # and measures its queue time by its own clock (docs/behaviour.md, "Deadlines
+        # compare clocks"), so those bounds widen by it; leases do not (Redis's clock).
+        self.skew_s = skew_s
         self.tapped = tapped
         self.faults = faults
         self.violations: list[Violation] = []
@@ -100,12 +109,16 @@ class JobCheck:
 
     def check(self) -> list[Violation]:
         self._log_shape()
+        self._run_fence()
         self._wire()
         self._client_order()
         self._queue_deadline()
-        cancelled = self.run.plan.behaviour == CANCEL and self.run.cancel_acked_at is not None
+        cancelled = self.run.plan.behaviour in (CANCEL, RACE) and \
+            self.run.cancel_acked_at is not None
         if cancelled:
             self._cancelled()
+        elif self.run.plan.behaviour == ORPHAN:
+            self._orphaned()
         elif self.run.plan.queue_timeout is not None and self.run.outcome == "QueueTimeout":
             self._expired_in_queue()
         else:
@@ -135,6 +148,38 @@ class JobCheck:
                 self.fail("log-tokens", f"choice {index} differs from the reference at "
                           f"token {at} ({len(tokens)} logged, {len(want)} expected)")
 
+    def _run_fence(self) -> None:
+        """One run at a time: once a later run has an entry in the log, no entry of an
+        earlier run follows (a fenced run kept writing); a run's ``Started`` is in an
+        entry it wrote; runs start in the order of their attempts. On the wire, a
+        ``Started`` names its run: the log's event at that seq is that run's."""
+        order: list[str] = []
+        by_seq: dict[int, str] = {}
+        for event, writer in zip(self.log, self.writers, strict=False):
+            by_seq[event.seq] = writer
+            if isinstance(event, Started) and event.run and writer and writer != event.run:
+                self.fail("run-fence", f"the Started of run {event.run} (seq {event.seq}) is "
+                          f"in an entry written by {writer}")
+            if not writer or (order and order[-1] == writer):
+                continue
+            if writer in order:
+                self.fail("run-fence", f"run {writer} wrote seq {event.seq} after run "
+                          f"{order[-1]} had written: two runs wrote after a fence")
+                break
+            order.append(writer)
+        attempts = [e.attempt for e in self.log if isinstance(e, Started)]
+        if any(b <= a for a, b in itertools.pairwise(attempts)):
+            self.fail("run-fence", f"runs started in the log as attempts {attempts}")
+        if not self.writers:
+            return
+        for tapped in self.tapped:
+            event = tapped.event
+            if isinstance(event, Started) and event.run:
+                writer = by_seq.get(event.seq)
+                if writer and writer != event.run:
+                    self.fail("run-fence", f"run {event.run} published its Started as seq "
+                              f"{event.seq}; the log's seq {event.seq} is run {writer}'s")
+
     # ---------------------------------------------------------------- the wire
 
     def _wire(self) -> None:
@@ -147,12 +192,30 @@ class JobCheck:
         if conflicts:
             self.fail("wire-conflict", f"two different events published under seqs "
                       f"{sorted(conflicts)[:10]}")
+        self._no_run_after_end()
         end = self.terminal
         if end is not None:
             late = sorted({t.event.seq for t in self.tapped if t.event.seq > end.seq})
             if late:
                 self.fail("after-terminal", f"published seqs {late[:10]} after the terminal "
                           f"event {end.seq}")
+
+    def _no_run_after_end(self) -> None:
+        """Once the job's terminal event went over the wire, no new run of it starts (a
+        batch sent again republishes its own ``Started``, which is no new run)."""
+        ended = [t.at for t in self.tapped if isinstance(t.event, TERMINAL_EVENTS)]
+        if not ended:
+            return
+        before = {t.raw for t in self.tapped
+                  if isinstance(t.event, Started) and t.at <= min(ended)}
+        for tapped in self.tapped:
+            event = tapped.event
+            if isinstance(event, Started) and tapped.at > min(ended) and \
+                    tapped.raw not in before:
+                self.fail("run-after-end", f"run {event.run or event.worker} (attempt "
+                          f"{event.attempt}) started {tapped.at - min(ended):.1f}s after "
+                          f"the job's end was published: the job ran again")
+                return
 
     # ---------------------------------------------------------------- the caller
 
@@ -196,6 +259,16 @@ class JobCheck:
                 shown.setdefault(chunk.index, []).extend(chunk.token_ids)
             if shown != self.expected:
                 self.fail("streamed-tokens", _first_difference(shown, self.expected))
+
+    def _orphaned(self) -> None:
+        """A caller killed mid-stream: its job still runs to its end, whole."""
+        run = self.run
+        if run.outcome not in ("killed", "completed"):
+            self.fail("orphan", f"the caller never streamed: {run.outcome}: {run.error}"[:300])
+        if not isinstance(self.terminal, Finished):
+            self.fail("orphan", f"its caller died; the log ends with {self.terminal!r}"[:200])
+        elif per_choice(self.log) != self.expected:
+            self.fail("orphan", _first_difference(per_choice(self.log), self.expected))
 
     def _cancelled(self) -> None:
         run = self.run
@@ -242,8 +315,8 @@ class JobCheck:
             return
         if run.queue_deadline is not None:
             gave_up = run.queue_deadline + PICKUP_GRACE_S
-            early = [t.at for t in self.tapped
-                     if isinstance(t.event, Started) and t.at <= gave_up - QUEUE_SLACK_S]
+            early = [t.at for t in self.tapped if isinstance(t.event, Started)
+                     and t.at <= gave_up - QUEUE_SLACK_S - self.skew_s]
             if early:
                 self.fail("queue-timeout", f"the caller got QueueTimeout, yet a run started "
                           f"{early[0] - run.queue_deadline:+.2f}s from its queue deadline "
@@ -273,14 +346,14 @@ class JobCheck:
             isinstance(t.event, Started) and t.event.attempt > 1 for t in self.tapped)
         if not taken_over and isinstance(end, Finished) and end.timings.queue > 0:
             waited = end.timings.queue
-            if waited > run.queue_deadline - run.enqueued_at + QUEUE_SLACK_S:
+            if waited > run.queue_deadline - run.enqueued_at + QUEUE_SLACK_S + self.skew_s:
                 self.fail("queue-deadline", f"picked up after {waited:.2f}s, its queue limit "
                           f"{run.queue_deadline - run.enqueued_at:.2f}s")
             return
         first = [t.at for t in self.tapped if isinstance(t.event, Started)]
         if first:
             bound = run.queue_deadline + allowance(self.faults, run.enqueued_at, first[0])
-            if first[0] > bound + STOP_BOUND_S:
+            if first[0] > bound + STOP_BOUND_S + self.skew_s:
                 self.fail("queue-deadline", f"started {first[0] - run.queue_deadline:.2f}s "
                           f"past its queue deadline")
 
@@ -303,10 +376,14 @@ def _first_difference(got: dict[int, list[int]], want: dict[int, list[int]]) -> 
 
 
 def check_jobs(runs: Sequence[JobRun], reference: Reference, logs: dict[str, list[AnyEvent]],
-               tapped: dict[str, list[Tapped]], faults: Sequence[FaultRecord]
+               tapped: dict[str, list[Tapped]], faults: Sequence[FaultRecord],
+               writers: dict[str, list[str]] | None = None, *, skew_s: float = 0.0
                ) -> list[Violation]:
+    """Every rule for every job; ``writers`` holds, per job, the run that wrote each
+    logged event (``chaos.log_read``); ``skew_s``: how far a worker's clock is off."""
     found: list[Violation] = []
     for run in runs:
         found += JobCheck(run, reference[run.plan.index], logs.get(run.job_id, []),
-                          tapped.get(run.job_id, []), faults).check()
+                          tapped.get(run.job_id, []), faults,
+                          (writers or {}).get(run.job_id), skew_s).check()
     return found

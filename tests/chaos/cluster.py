@@ -203,6 +203,8 @@ class ChaosCluster:
         for slot in self.slots:
             if self.schedule.broken in WORKER_VARIANTS:
                 slot.faults = {"broken": self.schedule.broken, "victim": VICTIM}
+            if slot.index in self.schedule.clock_skew:  # every process of the slot
+                slot.faults["clock_skew_s"] = str(self.schedule.clock_skew[slot.index])
             slot.start()
         for slot in self.slots:
             slot.current.wait_ready(ready_timeout)

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chaos import redis_ops
 from chaos.cluster import ChaosCluster
@@ -22,6 +23,8 @@ from chaos.schedule import (
     NOREPLICAS,
     PAUSE_WRITES,
     PRIMARY_KILL,
+    PROCESS_FAULTS,
+    PUBSUB_KILL,
     REDIS_FAULTS,
     REDIS_LATENCY,
     REDIS_RESTART,
@@ -33,6 +36,9 @@ from chaos.schedule import (
     FaultPlan,
 )
 from kvrelay.keys import Keyspace
+
+if TYPE_CHECKING:
+    from chaos.workload import Workload
 
 KEYS = Keyspace()
 
@@ -50,11 +56,14 @@ class FaultInjector:
     """Runs a schedule's faults against ``cluster`` at their planned offsets from ``t0``.
 
     ``running_jobs`` names the jobs whose streams are live now (the log-tampering defect
-    picks its victim among them)."""
+    picks its victim among them); ``workload``'s callers are the other half of a
+    ``cancel_race``."""
 
-    def __init__(self, cluster: ChaosCluster, running_jobs: Callable[[], list[str]]) -> None:
+    def __init__(self, cluster: ChaosCluster, running_jobs: Callable[[], list[str]],
+                 workload: Workload | None = None) -> None:
         self.cluster = cluster
         self.running_jobs = running_jobs
+        self.workload = workload
         self.records: list[FaultRecord] = []
 
     async def run_all(self, faults: tuple[FaultPlan, ...], t0: float) -> None:
@@ -117,6 +126,16 @@ class FaultInjector:
         if fault.kind == REDIS_RESTART:
             assert cluster.replicated is not None
             return redis_ops.restart_primary(cluster.replicated, cluster.spawn, fault.duration)
+        if fault.kind == PUBSUB_KILL:
+            with cluster.admin() as client:
+                killed = client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            time.sleep(fault.duration)
+            return f"killed {killed} pub/sub connections"
+        if fault.kind in PROCESS_FAULTS:
+            from chaos.process_faults import apply_process_fault
+
+            assert self.workload is not None
+            return apply_process_fault(cluster, self.workload, fault)
         if fault.kind == DROP_LOG_ENTRY:
             return self._drop_log_entry(fault.duration)
         raise ValueError(f"unknown fault {fault.kind}")

@@ -3,7 +3,10 @@
 Each job's request is built by the SDK's own builder and turned into the engine's input
 by the worker's own functions, so the reference sees exactly what a worker would. The
 simulated engine's tokens depend only on the prompt, the choice and the position; the
-tiny model's reference is the offline engine, greedy, with a pool too large to preempt.
+tiny model's reference is the offline engine with each job's own sampling options
+(greedy, or seeded: a seeded choice's tokens depend only on the seed, the position and
+the logits, with other requests beside it and after a resume), with a pool too large to
+preempt.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ Reference = dict[int, list[list[int]]]
 
 
 def job_options(job: JobPlan, model: str) -> dict[str, Any]:
-    """The ``generate``/``stream`` keywords of a job (greedy, a fixed length)."""
+    """The ``generate``/``stream`` keywords of a job (greedy or seeded, a fixed length)."""
     options: dict[str, Any] = {"model": model, "max_tokens": job.max_tokens, "n": job.n,
-                               "temperature": 0.0, "ignore_eos": True,
+                               "temperature": job.temperature, "ignore_eos": True,
                                "priority": job.priority}
+    if job.seed is not None:
+        options["seed"] = job.seed
+    if job.best_of is not None:
+        options["best_of"] = job.best_of
     if job.queue_timeout is not None:
         options["queue_timeout"] = job.queue_timeout
     return options

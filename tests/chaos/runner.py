@@ -17,18 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers.job_log import read_log
+from helpers.worker_process import redis_for
 
 from chaos.checker import Violation, check_jobs
 from chaos.cluster import ENGINE_COUNTERS, LOG_TTL_S, ChaosCluster, wait_until
 from chaos.faults import FaultInjector, FaultRecord
+from chaos.log_read import LogRead, longer, read_log
 from chaos.reference import reference_tokens
 from chaos.retention import retained
 from chaos.schedule import LOAD_S, LOSE_ENQUEUE, PRESSURE, VICTIM, Schedule, make_schedule
 from chaos.tap import WireTap
 from chaos.workload import Workload
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Started
+from kvrelay.protocol import Started
 
 KEYS = Keyspace()
 # Seconds the load may run past its planned length (faults, takeovers, slow readers).
@@ -122,7 +123,7 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
                 result: RunResult) -> None:
     tap = WireTap(cluster.url).start()
     workload = Workload(schedule, cluster.url)
-    injector = FaultInjector(cluster, workload.running_jobs)
+    injector = FaultInjector(cluster, workload.running_jobs, workload)
     loaded = time.monotonic()
     t0 = time.time() + 0.2
 
@@ -137,7 +138,8 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
             slot.cont()
         result.seconds["load"] = time.monotonic() - loaded
         checked = time.monotonic()
-        logs = _final_logs(cluster, {run.job_id: _longer(tap.logs.get(run.job_id, []), run.log)
+        logs = _final_logs(cluster, {run.job_id: longer(tap.logs.get(run.job_id, LogRead()),
+                                                        run.log)
                                      for run in workload.runs},
                            {run.job_id for run in workload.runs
                             if run.enqueued_at is not None},
@@ -148,9 +150,13 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
     result.faults = injector.records
     result.job_index = {run.job_id: run.plan.index for run in workload.runs}
     result.harness_errors = [f"{f.plan.kind}: {f.error}" for f in injector.records if f.error]
-    result.violations = check_jobs(workload.runs, reference, logs,
+    result.violations = check_jobs(workload.runs, reference,
+                                   {job_id: log.events for job_id, log in logs.items()},
                                    {run.job_id: tap.of(run.job_id) for run in workload.runs},
-                                   injector.records)
+                                   injector.records,
+                                   {job_id: log.writers for job_id, log in logs.items()},
+                                   skew_s=max((abs(s) for s in schedule.clock_skew.values()),
+                                              default=0.0))
     result.violations += [Violation(None, "tap-decode", f"a reply-channel message did not "
                                     f"decode: {line}") for line in tap.undecodable]
     _keep_handled(cluster, workload, tap, result)
@@ -200,8 +206,8 @@ def _sdk_broken(broken: str | None) -> Iterator[None]:
         enqueue.publish_task = publish
 
 
-def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]], enqueued: set[str],
-                wait_s: float = END_WAIT_S) -> dict[str, list[AnyEvent]]:
+def _final_logs(cluster: ChaosCluster, seen: dict[str, LogRead], enqueued: set[str],
+                wait_s: float = END_WAIT_S) -> dict[str, LogRead]:
     """Each job's log once it ended: as its caller's snapshot saw it, or, where that had
     no terminal event yet, read again until it has one (up to ``wait_s``). Every job
     that was enqueued is waited for, one with no log yet too: a job whose caller gave up
@@ -209,15 +215,13 @@ def _final_logs(cluster: ChaosCluster, seen: dict[str, list[AnyEvent]], enqueued
     ``queue_timeout`` or ``cancelled``), and one that never does was lost."""
     logs = dict(seen)
 
-    def ended(job_id: str) -> bool:
-        return bool(logs[job_id]) and isinstance(logs[job_id][-1], TERMINAL_EVENTS)
-
     def all_ended() -> bool:
-        url = cluster.admin_url()
-        for job_id in logs:
-            if not ended(job_id):
-                logs[job_id] = read_log(url, job_id) or logs[job_id]
-        return all(ended(j) or (not logs[j] and j not in enqueued) for j in logs)
+        with redis_for(cluster.admin_url()) as client:
+            for job_id in logs:
+                if not logs[job_id].ended:
+                    logs[job_id] = longer(read_log(client, job_id), logs[job_id])
+        return all(log.ended or (not log.events and j not in enqueued)
+                   for j, log in logs.items())
 
     wait_until(all_ended, wait_s, 0.2)
     return logs
@@ -239,20 +243,13 @@ def _keep_handled(cluster: ChaosCluster, workload: Workload, tap: WireTap,
                 log_file = logs.get(name.rsplit(":", 1)[-1])
                 handled.setdefault(f"{name} ({log_file})" if log_file else name, []).append(
                     f"job {run.plan.index} {run.job_id} attempt {tapped.event.attempt} "
-                    f"at {tapped.at:.3f}")
+                    f"run {tapped.event.run} at {tapped.at:.3f}")
     with contextlib.suppress(OSError):  # a report only
         (cluster.workdir / "handled.json").write_text(json.dumps({
             "seed": result.schedule.seed, "workers": handled,
             "jobs": {run.job_id: {"index": run.plan.index, "outcome": run.outcome,
                                   "error": run.error[:300]} for run in workload.runs},
         }, indent=1))
-
-
-def _longer(a: list[AnyEvent], b: list[AnyEvent]) -> list[AnyEvent]:
-    """Of two reads of one log, the one that ends the job, else the longer."""
-    def rank(log: list[AnyEvent]) -> tuple[bool, int]:
-        return bool(log) and isinstance(log[-1], TERMINAL_EVENTS), len(log)
-    return max(a, b, key=rank)
 
 
 def _last_lines(text: str, count: int = 3) -> str:

@@ -23,6 +23,10 @@ RESUME = "resume"  # iterate, drop the stream after some chunks, resume(seq) lat
 CANCEL = "cancel"  # iterate, cancel() after some chunks, read to the end
 BEHAVIOURS = (GENERATE, STREAM, SLOW, RESUME, CANCEL)
 _BEHAVIOUR_WEIGHTS = (0.2, 0.3, 0.15, 0.2, 0.15)
+# Drawn apart (``chaos.extras``): a caller in a child process SIGKILLed after some chunks,
+# and a caller that cancels as the worker running its job is SIGKILLed (``CANCEL_RACE``).
+ORPHAN = "orphan"
+RACE = "race"
 
 # Faults.
 WORKER_KILL = "worker_kill"  # SIGKILL, restarted (a new process) after ``duration``
@@ -40,8 +44,13 @@ REDIS_RESTART = "redis_restart"  # the primary SIGKILLed, restarted from its AOF
 WORKER_CUT = "worker_cut"  # its connections reset, new ones refused
 WORKER_BLACKHOLE = "worker_blackhole"  # its connections open, nothing passes: calls time out
 REDIS_LATENCY = "redis_latency"  # every chunk to or from Redis waits ``magnitude`` s (all workers)
+PUBSUB_KILL = "pubsub_kill"  # CLIENT KILL TYPE pubsub on the primary (every subscriber)
+CANCEL_RACE = "cancel_race"  # SIGKILL of the worker running job ``target`` as it is cancelled
+WORKER_DRAIN = "worker_drain"  # SIGTERM (drain, hand back), restarted after ``duration``
 REDIS_FAULTS = frozenset({NOREPLICAS, MISCONF, PAUSE_WRITES, PRIMARY_KILL, FAILBACK, REPLICA_LAG,
-                          REDIS_RESTART, REDIS_LATENCY})
+                          REDIS_RESTART, REDIS_LATENCY, PUBSUB_KILL})
+# Faults done by ``chaos.process_faults``.
+PROCESS_FAULTS = frozenset({CANCEL_RACE, WORKER_DRAIN})
 # Deliberate defects that the checker must catch, each wrong for one victim job (the one
 # whose prompt holds ``VICTIM``). The first is done from outside the worker, the next
 # inside the real worker process (``helpers/injected/sitecustomize.py``), the last in the
@@ -53,10 +62,11 @@ IGNORE_CANCEL = "ignore_cancel"  # the worker drops the job's cancel and runs on
 LEAK_MESSAGE = "leak_message"  # a copy of its message (base64 body) left in Redis
 SKIP_TERMINAL = "skip_terminal"  # the terminal event never sent; the job hangs
 LOSE_ENQUEUE = "lose_enqueue"  # the SDK's push of the job silently dropped
+WRITE_AFTER_FENCE = "write_after_fence"  # a fenced run appends after its successor
 WORKER_VARIANTS = frozenset({DUPLICATE_TOKEN, AFTER_TERMINAL, IGNORE_CANCEL, LEAK_MESSAGE,
-                             SKIP_TERMINAL})
+                             SKIP_TERMINAL, WRITE_AFTER_FENCE})
 BROKEN_VARIANTS = (DROP_LOG_ENTRY, DUPLICATE_TOKEN, AFTER_TERMINAL, IGNORE_CANCEL,
-                   LEAK_MESSAGE, SKIP_TERMINAL, LOSE_ENQUEUE)
+                   LEAK_MESSAGE, SKIP_TERMINAL, LOSE_ENQUEUE, WRITE_AFTER_FENCE)
 VICTIM = "chaos victim"
 
 # Seconds of load: jobs start within the first part, faults land anywhere in it.
@@ -78,6 +88,10 @@ class JobPlan:
     pause_s: float = 0.0
     # A short queue-wait limit (seconds): the job may expire in the queue; None: default.
     queue_timeout: float | None = None
+    # Sampling: 0 is greedy; above it, always with a seed (the reference is then exact).
+    temperature: float = 0.0
+    seed: int | None = None
+    best_of: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,10 @@ class Schedule:
     broken: str | None = None
     # ``small_schedule``: the smallest schedule showing ``broken``, not the seed's own.
     small: bool = False
+    # Seconds each worker slot's wall clock is off by (slot -> skew; others are true).
+    clock_skew: dict[int, float] = field(default_factory=dict)
+    # The callers' SDK places jobs by prompt prefix (workers' own queues).
+    placement: bool = False
 
     @property
     def model(self) -> str:
@@ -110,10 +128,12 @@ class Schedule:
     def describe(self) -> str:
         """One line per job and fault: what a failure report shows next to the seed."""
         lines = [f"seed {self.seed}: {self.scenario}, {self.workers} workers x "
-                 f"{self.concurrency}, broken={self.broken}{' (small)' * self.small}"]
+                 f"{self.concurrency}, broken={self.broken}{' (small)' * self.small}, "
+                 f"clock skew {self.clock_skew}, placement={self.placement}"]
         lines += [f"  job {j.index} @{j.start_at:.2f}s {j.behaviour} max_tokens={j.max_tokens}"
                   f" n={j.n} prio={j.priority} at_chunk={j.at_chunk} pause={j.pause_s:.2f}"
-                  f" queue_timeout={j.queue_timeout}" for j in self.jobs]
+                  f" queue_timeout={j.queue_timeout} temperature={j.temperature}"
+                  f" seed={j.seed} best_of={j.best_of}" for j in self.jobs]
         lines += [f"  fault @{f.at:.2f}s {f.kind} for {f.duration:.2f}s (worker {f.target})"
                   + (f" magnitude {f.magnitude:.3f}" if f.magnitude else "") for f in self.faults]
         return "\n".join(lines)
@@ -126,6 +146,8 @@ def _victim(index: int, broken: str) -> JobPlan:
         return JobPlan(index, 0.3, prompt, 500, behaviour=CANCEL, at_chunk=3)
     if broken == LOSE_ENQUEUE:  # its caller gives up after the queue wait
         return JobPlan(index, 0.3, prompt, 30, queue_timeout=2.0)
+    if broken == WRITE_AFTER_FENCE:  # still running seconds after its takeover
+        return JobPlan(index, 0.3, prompt, 500)
     return JobPlan(index, 0.3, prompt, 60)
 
 
@@ -153,7 +175,7 @@ def make_schedule(seed: int, *, scenario: str | None = None,
     chosen = rng.choices(SCENARIOS, _SCENARIO_WEIGHTS)[0]
     scenario = scenario or chosen
     if scenario == PRESSURE:
-        return _pressure(rng, seed, broken)
+        return _pressure(rng, seed, broken, _extras_rng(seed) if broken is None else None)
     workers = rng.choice((1, 2, 2, 3))
     concurrency = rng.choice((4, 8))
     jobs = tuple(_simulated_job(rng, i) for i in range(rng.randint(8, 16)))
@@ -168,7 +190,10 @@ def make_schedule(seed: int, *, scenario: str | None = None,
                               key=lambda f: f.at))
     elif broken is not None:
         jobs += (_victim(len(jobs), broken),)
-    return Schedule(seed, scenario, workers, concurrency, jobs, faults, settings, broken)
+    schedule = Schedule(seed, scenario, workers, concurrency, jobs, faults, settings, broken)
+    # The caller, sampling and worker-process draws come from a generator of their own,
+    # so the draws above (and the schedules of seeds chosen for them) stay as they were.
+    return _with_extras(schedule, _extras_rng(seed)) if broken is None else schedule
 
 
 def _simulated_job(rng: random.Random, index: int) -> JobPlan:
@@ -216,7 +241,8 @@ def _faults(rng: random.Random, kinds: list[str], workers: int,
     return tuple(sorted(faults, key=lambda f: f.at))
 
 
-def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
+def _pressure(rng: random.Random, seed: int, broken: str | None,
+              extra: random.Random | None) -> Schedule:
     """Low-priority jobs first, then high-priority ones that need their blocks: the small
     pool forces preemption; a worker may die or stall meanwhile."""
     low = [JobPlan(index=i, start_at=rng.uniform(0.0, 0.3),
@@ -234,12 +260,36 @@ def _pressure(rng: random.Random, seed: int, broken: str | None) -> Schedule:
     workers = rng.choice((1, 2))
     faults = _faults(rng, [WORKER_KILL, WORKER_STOP, PAUSE_WRITES, NOREPLICAS, WORKER_CUT,
                             REDIS_LATENCY], workers, rng.randint(1, 2))
+    if extra is not None:  # sampled, n > 1 and best_of jobs, before the pool is sized
+        from chaos.extras import sampled
+
+        low = [sampled(extra, job, choices=True) for job in low]
+        high = [sampled(extra, job, choices=True) for job in high]
     # Blocks of 16 tokens for about a quarter of what each worker's jobs would hold at once:
     # the low-priority jobs are still running when the high-priority ones arrive, so the
     # pool runs out while both are in it.
     # Never fewer than the longest job needs alone: each must be able to finish.
-    need = sum(len(j.prompt) // 3 + j.max_tokens for j in low + high) // 16
-    longest = max(len(j.prompt) // 3 + j.max_tokens for j in low + high) // 16 + 2
+    # Each choice (each candidate, with best_of) needs its own blocks for what it generates.
+    def tokens(job: JobPlan) -> int:
+        return len(job.prompt) // 3 + max(job.n, job.best_of or 1) * job.max_tokens
+
+    need = sum(tokens(j) for j in low + high) // 16
+    # (a partial block per choice, and one to spare)
+    longest = max(tokens(j) // 16 + 1 + max(j.n, j.best_of or 1) for j in low + high)
     blocks = max(8, longest, need // (4 * workers))
-    return Schedule(seed, PRESSURE, workers, 8, tuple(low + high), faults,
-                    {"preemption_mode": "recompute", "kv_blocks": blocks}, broken)
+    schedule = Schedule(seed, PRESSURE, workers, 8, tuple(low + high), faults,
+                        {"preemption_mode": "recompute", "kv_blocks": blocks}, broken)
+    return _with_extras(schedule, extra) if extra is not None else schedule
+
+
+def _extras_rng(seed: int) -> random.Random:
+    """The generator of a seed's later draws (``chaos.extras``): apart from the first,
+    so adding draws there leaves every earlier draw of every seed as it was."""
+    return random.Random(f"chaos extras {seed}")
+
+
+def _with_extras(schedule: Schedule, extra: random.Random) -> Schedule:
+    from chaos.extras import with_extras  # it builds on this module's names
+
+    return with_extras(schedule, extra)
+

@@ -19,14 +19,13 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import redis
 from helpers.worker_process import redis_for
 
+from chaos.log_read import LogRead, read_log
 from kvrelay.event_frames import unpack_events, unpack_message
-from kvrelay.event_log import entry_events
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, decode_event
 
@@ -44,8 +43,9 @@ class WireTap:
     def __init__(self, url: str) -> None:
         self.url = url
         self.events: dict[str, list[Tapped]] = defaultdict(list)
-        # Each ended job's log, read when its terminal event went by.
-        self.logs: dict[str, list[AnyEvent]] = {}
+        # Each ended job's log (with the run that wrote each event), read when its
+        # terminal event went by.
+        self.logs: dict[str, LogRead] = {}
         self.reconnects = 0
         # Messages on a reply channel that did not decode (what and why): each one is a
         # violation, since a caller could not have read it either.
@@ -107,7 +107,7 @@ class WireTap:
                 for blob, event in pairs:
                     self.events[job_id].append(Tapped(at, event, blob))
                     if isinstance(event, TERMINAL_EVENTS) and job_id not in self.logs:
-                        self.logs[job_id] = []
+                        self.logs[job_id] = LogRead()
                         ended.append(job_id)
         return ended
 
@@ -115,11 +115,9 @@ class WireTap:
         """The ended job's log, given up to a second to show its terminal event."""
         give_up = time.monotonic() + 1.0
         while True:
-            entries: list[Any] = client.xrange(KEYS.event_log(job_id)) or []
-            log = [decode_event(bytes(raw)) for _, fields in entries
-                   if (data := entry_events(fields)) is not None for raw in unpack_events(data)]
+            log = read_log(client, job_id)
             with self._lock:
                 self.logs[job_id] = log
-            if (log and isinstance(log[-1], TERMINAL_EVENTS)) or time.monotonic() > give_up:
+            if log.ended or time.monotonic() > give_up:
                 return
             time.sleep(0.1)

@@ -23,6 +23,7 @@ from chaos.schedule import (
     LEAK_MESSAGE,
     LOSE_ENQUEUE,
     SKIP_TERMINAL,
+    WRITE_AFTER_FENCE,
 )
 
 pytestmark = pytest.mark.integration
@@ -38,6 +39,7 @@ CAUGHT_BY: dict[str, tuple[int | None, set[str]]] = {
     LEAK_MESSAGE: (None, {"retention"}),
     LOSE_ENQUEUE: (VICTIM_INDEX, {"queue-timeout"}),
     SKIP_TERMINAL: (VICTIM_INDEX, {"incomplete", "log-terminal"}),
+    WRITE_AFTER_FENCE: (VICTIM_INDEX, {"run-fence"}),
 }
 # Variants whose caller must wait out a timeout (the stream's 25 s, the queue wait and
 # the checker's wait for every job's end) to see the defect: 30 s or more each.

@@ -10,7 +10,7 @@ import fakeredis
 
 from chaos.checker import Violation, check_jobs
 from chaos.retention import retained
-from chaos.schedule import CANCEL, STREAM, JobPlan
+from chaos.schedule import CANCEL, ORPHAN, STREAM, JobPlan
 from chaos.tap import Tapped, WireTap
 from chaos.workload import Chunk, JobRun
 from kvrelay.protocol import (
@@ -50,10 +50,11 @@ def _tap(events: list[AnyEvent], at: float = NOW) -> list[Tapped]:
     return [Tapped(at + i * 0.01, e, encode_event(e)) for i, e in enumerate(events)]
 
 
-def _check(run: JobRun, log: list[AnyEvent], tapped: list[Tapped] | None = None
-           ) -> list[Violation]:
+def _check(run: JobRun, log: list[AnyEvent], tapped: list[Tapped] | None = None,
+           writers: list[str] | None = None) -> list[Violation]:
     return check_jobs([run], {0: REFERENCE}, {"j": log},
-                      {"j": tapped if tapped is not None else _tap(log)}, [])
+                      {"j": tapped if tapped is not None else _tap(log)}, [],
+                      {"j": writers} if writers is not None else None)
 
 
 def _rules(found: list[Violation]) -> set[str]:
@@ -107,6 +108,43 @@ def test_a_run_that_starts_after_its_cancel_is_caught() -> None:
     # The same history with the new run before the cancel is lawful.
     early = [*_tap(log[:3]), Tapped(NOW + 1.5, log[3], encode_event(log[3]))]
     assert _check(run, log, early) == []
+
+
+def _taken_over() -> tuple[list[AnyEvent], list[str]]:
+    """Run a wrote seqs 0-3, run b took over at seq 4: the log and each event's writer."""
+    log: list[AnyEvent] = [Started(seq=0, worker="w:1", run="w:1#a")]
+    log += [Tokens(seq=i + 1, token_ids=[t], text="") for i, t in enumerate(REFERENCE[0][:3])]
+    log.append(Started(seq=4, worker="w:2", attempt=2, run="w:2#b"))
+    log += [Tokens(seq=i + 5, token_ids=[t], text="") for i, t in enumerate(REFERENCE[0][3:])]
+    log.append(Finished(seq=8, finish_reason="length"))
+    return log, ["w:1#a"] * 4 + ["w:2#b"] * 5
+
+
+def test_two_runs_writing_after_a_fence_are_caught() -> None:
+    log, writers = _taken_over()
+    assert _check(_run(log), log, writers=writers) == []
+    # Run a, fenced at b's claim, kept writing: its entry lands between b's.
+    stale = [*writers]
+    stale[6] = "w:1#a"
+    assert "run-fence" in _rules(_check(_run(log), log, writers=stale))
+    # Run a's entry holds seq 4, which b published as its Started.
+    stale = [*writers]
+    stale[4:6] = ["w:1#a", "w:1#a"]
+    assert "run-fence" in _rules(_check(_run(log), log, writers=stale))
+    # Runs out of their attempts' order.
+    swapped = [*log]
+    swapped[0] = Started(seq=0, worker="w:1", attempt=3, run="w:1#a")
+    assert "run-fence" in _rules(_check(_run(swapped), swapped, writers=writers))
+
+
+def test_a_run_that_starts_after_the_end_is_caught() -> None:
+    log = _history(REFERENCE[0])
+    again = Started(seq=3, worker="w:2", attempt=2, run="w:2#c")
+    found = _check(_run(log), log, [*_tap(log), Tapped(NOW + 5, again, encode_event(again))])
+    assert "run-after-end" in _rules(found)
+    # The ending run's batch published again (its reply was lost): no new run.
+    tapped = _tap(log)
+    assert _check(_run(log), log, [*tapped, Tapped(NOW + 5, log[0], tapped[0].raw)]) == []
 
 
 def test_a_pickup_after_the_queue_deadline_is_caught() -> None:
@@ -169,6 +207,29 @@ def test_a_lost_cancel_is_caught_even_when_the_job_finishes_whole() -> None:
     assert _check(run, log, _tap(log, at=NOW)) == []  # finishing as the cancel came
     tapped = [*_tap(log[:-1]), Tapped(NOW + 20, log[-1], encode_event(log[-1]))]
     assert "cancel-finished" in _rules(_check(run, log, tapped))
+
+
+def test_a_job_whose_caller_died_must_still_end_whole() -> None:
+    log = _history(REFERENCE[0])
+    run = JobRun(JobPlan(0, 0.0, "p", max_tokens=6, behaviour=ORPHAN), job_id="j")
+    run.enqueued_at, run.queue_deadline = NOW, NOW + 2.0
+    run.chunks = [Chunk(e.seq, e.index, tuple(e.token_ids), NOW + e.seq)
+                  for e in log[:3] if isinstance(e, Tokens)]
+    run.outcome = "killed"
+    assert _check(run, log) == []
+    # Nobody ended it (a job whose caller died was dropped or left hanging).
+    assert "orphan" in _rules(_check(run, log[:-1]))
+    cut = [*log[:4], Failed(seq=4, code="cancelled", message="")]
+    assert "orphan" in _rules(_check(run, cut))
+
+
+def test_a_skewed_worker_clock_widens_only_the_queue_bounds() -> None:
+    # The worker's queue time reads 1.5 s past the 2 s limit: a clock 2 s ahead explains it.
+    log = _history(REFERENCE[0])
+    log[-1] = Finished(seq=log[-1].seq, finish_reason="length", timings=Timings(queue=3.5))
+    assert "queue-deadline" in _rules(_check(_run(log), log))
+    assert check_jobs([_run(log)], {0: REFERENCE}, {"j": log}, {"j": _tap(log)}, [],
+                      skew_s=2.0) == []
 
 
 def test_an_undecodable_tapped_message_is_counted() -> None:

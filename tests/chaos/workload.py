@@ -1,6 +1,8 @@
 """The callers: every job of a schedule through the real SDK (``kvrelay.AsyncClient``),
 each behaving as its plan says (generate, stream, read slowly, drop the stream and
-resume from its last seq, cancel), recording everything it was shown.
+resume from its last seq, cancel, cancel when a fault says so, or run in a child process
+that is SIGKILLed mid-stream: ``chaos.orphan_caller``), recording everything it was
+shown.
 
 A careful caller retries what Redis refused before the job was accepted (the same
 ``job_id``, so a retry attaches to the job instead of starting a second one), a
@@ -20,15 +22,14 @@ from typing import Any
 import redis
 from redis.asyncio import Redis
 
+from chaos.log_read import LogRead, decode_entries
+from chaos.orphan_caller import run_orphan
 from chaos.reference import job_options
-from chaos.schedule import CANCEL, GENERATE, RESUME, SLOW, JobPlan, Schedule
+from chaos.schedule import CANCEL, GENERATE, ORPHAN, RACE, RESUME, SLOW, JobPlan, Schedule
 from kvrelay import AsyncClient
 from kvrelay.connection import make_redis
 from kvrelay.errors import InvalidRequest, KvrelayError
-from kvrelay.event_frames import unpack_events
-from kvrelay.event_log import entry_events
 from kvrelay.keys import Keyspace
-from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, decode_event
 from kvrelay.stream import AsyncStream
 
 KEYS = Keyspace()
@@ -75,7 +76,7 @@ class JobRun:
     cancel_errors: list[str] = field(default_factory=list)
     live: bool = False
     # The job's log as read when its caller was done (logs expire soon after the end).
-    log: list[AnyEvent] = field(default_factory=list)
+    log: LogRead = field(default_factory=LogRead)
 
 
 class Workload:
@@ -85,6 +86,16 @@ class Workload:
         self.url = url
         self.runs = [JobRun(job) for job in schedule.jobs]
         self._store: Redis | None = None
+        # RACE jobs: set (from the fault's thread) when their caller must cancel.
+        self._race = {run.plan.index: asyncio.Event() for run in self.runs
+                      if run.plan.behaviour == RACE}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def cancel_soon(self, index: int) -> None:
+        """Have job ``index``'s caller (a RACE job) cancel it now; callable from any
+        thread."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._race[index].set)
 
     def running_jobs(self) -> list[str]:
         return [run.job_id for run in self.runs if run.live and run.chunks]
@@ -92,8 +103,10 @@ class Workload:
     async def run(self, t0: float, bound_s: float) -> None:
         """Every job, started at its planned offset from ``t0``; jobs still going after
         ``bound_s`` seconds end with outcome ``unfinished``."""
+        self._loop = asyncio.get_running_loop()
         clients = [AsyncClient(self.url, model=self.schedule.model, require_worker=False,
-                               stream_timeout=self.stream_timeout, reconnect_timeout=30.0)
+                               stream_timeout=self.stream_timeout, reconnect_timeout=30.0,
+                               placement=self.schedule.placement)
                    for _ in range(2)]
         self._store = make_redis(self.url, max_connections=8, connect_timeout=5.0)
         try:
@@ -116,10 +129,18 @@ class Workload:
 
     async def _job(self, client: AsyncClient, run: JobRun, t0: float) -> None:
         await asyncio.sleep(max(0.0, t0 + run.plan.start_at - time.time()))
+        if run.plan.behaviour == ORPHAN:
+            await run_orphan(self.url, self.schedule.model, run,
+                             job_options(run.plan, self.schedule.model), self.schedule.placement)
+            await self._snapshot(run)
+            return
         stream = await self._start(client, run)
         if stream is None:
             return
         run.live = True
+        race = None
+        if run.plan.behaviour == RACE:
+            race = asyncio.create_task(self._cancel_on_cue(client, run))
         try:
             await self._consume(client, stream, run)
             run.outcome = "completed"
@@ -129,7 +150,16 @@ class Workload:
         finally:
             run.live = False
             run.ended_at = time.time()
+            if race is not None:
+                if self._race[run.plan.index].is_set():
+                    await asyncio.wait([race], timeout=RETRY_FOR_S)
+                race.cancel()
         await self._snapshot(run)
+
+    async def _cancel_on_cue(self, client: AsyncClient, run: JobRun) -> None:
+        """A RACE job's cancel, sent when its fault kills the worker running it."""
+        await self._race[run.plan.index].wait()
+        await self._cancel(client, run)
 
     async def _snapshot(self, run: JobRun) -> None:
         """Read the job's log now, before its short TTL runs out (waiting briefly for its
@@ -144,11 +174,8 @@ class Workload:
                     # connections to a replaced one would read its stale copy.
                     await pool.get_master_address()
                 entries: list[Any] = await self._store.xrange(KEYS.event_log(run.job_id)) or []
-                run.log = [decode_event(bytes(raw)) for _, fields in entries
-                           if (data := entry_events(fields)) is not None
-                           for raw in unpack_events(data)]
-            if (run.log and isinstance(run.log[-1], TERMINAL_EVENTS)) or \
-                    time.monotonic() > give_up:
+                run.log = decode_entries(entries)
+            if run.log.ended or time.monotonic() > give_up:
                 return
             await asyncio.sleep(0.2)
 

@@ -195,11 +195,50 @@ def _check(world: World, op: tuple[Any, ...], before: dict[str, list[Any]],
             assert entries == world.ended_logs[job], f"{job}'s log changed after its end: {op}"
         elif terminals:
             world.ended_logs[job] = entries
+        _check_writers(world, job, entries, op)
     if op[0] in ("batch", "single", "move", "release", "refresh") and world.runs:
         run = world.runs[op[1] % len(world.runs)]
         if run.run_id in superseded_before:
             assert _log(world, run.job) == before[run.job], \
                 f"superseded run {run.run_id} wrote to {run.job}'s log: {op}"
+
+
+def _check_writers(world: World, job: str, entries: list[Any], op: tuple[Any, ...]) -> None:
+    """Each entry names a run of its job (or none: an unowned ending), and once a later
+    run has an entry in the log no entry of an earlier run follows."""
+    claimed = {run.run_id for run in world.runs if run.job == job}
+    writers = [w for _, fields in entries if (w := event_log.entry_run(fields))]
+    assert set(writers) <= claimed, (job, op, writers, claimed)
+    seen: list[str] = []
+    for writer in writers:
+        if seen and writer == seen[-1]:
+            continue
+        assert writer not in seen, f"{job}: run {writer} wrote after {seen[-1]}: {op}"
+        seen.append(writer)
+
+
+def test_each_entry_names_the_run_that_wrote_it(world: World) -> None:
+    """A takeover's log in words: the first run's events (moved by the second run's claim
+    from the first's tail) name the first run, the second's name the second, and an
+    ending no run wrote names none."""
+    first, second = world.stores[0], world.stores[1]
+    assert first.claim("j", "{}", "d", "w0#a").status == "claimed"
+    assert first.append_batch([JobEvents("j", events=[(0, False, _tokens(0))], moved=[_tokens(0)],
+                                         moved_last=0, run="w0#a")]) == [1]
+    assert first.append_batch([JobEvents("j", events=[(1, False, _tokens(1))],
+                                         run="w0#a")]) == [1]  # tail only
+    world.client.delete(KEYS.lease("j"))  # w0 died
+    status, _, lost = second.check_expired("j")
+    assert status == "requeue"
+    second.commit_requeue("j", lost)
+    assert second.claim("j", "{}", "d", "w1#b").status == "claimed"
+    assert second.append_batch([JobEvents("j", events=[(2, False, _tokens(2))], moved=[_tokens(2)],
+                                          moved_last=2, run="w1#b")]) == [1]
+    world.client.set(KEYS.abort_flag("j"), b"1")
+    world.client.delete(KEYS.lease("j"))
+    assert second.append_unowned("j", Failed(seq=3, code=ErrorCode.CANCELLED, message="")) == 3
+    assert [(event_log.seq_of_entry_id(e), event_log.entry_run(f)) for e, f in _log(world, "j")] \
+        == [(0, "w0#a"), (1, "w0#a"), (2, "w1#b"), (3, "")]
 
 
 _index = st.integers(min_value=0, max_value=40)

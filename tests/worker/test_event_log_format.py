@@ -53,7 +53,11 @@ def test_entries_have_the_modules_ids_fields_and_expiries(store: JobStore) -> No
     entries = store.redis.xrange(log_key)
     assert [e[0].decode() for e in entries] == [event_log.entry_id(s) for s in (0, 1, 2)]
     field, marker = event_log.EVENT_FIELD.encode(), event_log.TERMINAL_FIELD.encode()
-    assert [sorted(fields) for _, fields in entries] == [[field], [field], [field, marker]]
+    run = event_log.RUN_FIELD.encode()
+    assert [sorted(fields) for _, fields in entries] == [[field, run], [field, run],
+                                                         [field, run, marker]]
+    # Each entry names the run that wrote it (fenced by the worker's id here).
+    assert [event_log.entry_run(fields) for _, fields in entries] == [store.worker_id] * 3
     assert [[decode_event(bytes(raw)).seq for raw in unpack_events(event_log.entry_events(f) or b"")]
             for _, f in entries] == [[0], [1], [2]]
 

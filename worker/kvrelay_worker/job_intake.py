@@ -183,7 +183,7 @@ class JobIntake:
                 runtime.metrics.queue_time.observe(max(0.0,
                                                        job.claimed_at - request.enqueued_at))
             started = Started(seq=0, worker=self.runtime.settings.worker_name, attempt=attempt,
-                              prompt_tokens=len(prompt_ids))
+                              prompt_tokens=len(prompt_ids), run=run)
             if self.runtime.settings.enable_prefix_caching:
                 self.runtime.prefixes.note(request)
             # Started leaves with the next step's events while steps are short.

@@ -21,7 +21,10 @@ on the process's ``PYTHONPATH``, so Python imports this module before anything e
   published after its terminal one), ``ignore_cancel`` (its cancel is dropped: it runs
   to its end), ``leak_message`` (a copy of its Celery message, body base64-encoded as
   kombu stores it, left in a Redis list after its end), ``skip_terminal`` (its terminal
-  event is never sent: the job hangs, holding its lease).
+  event is never sent: the job hangs, holding its lease), ``write_after_fence`` (its run
+  stops keeping its lease after 20 events, so the job is taken over, and once its
+  successor has written it writes one more entry straight into the log, under its own
+  run id: a fenced run that kept appending).
 
 Nothing here is a stand-in for the code under test: the worker runs as in production,
 with its clock or one of its threads broken, or a message lost on its way.
@@ -206,10 +209,75 @@ def _ignore_cancels(marker: str) -> None:
     _patch_when_imported("kvrelay_worker.jobs.owned_jobs", "OwnedJobs", patch)
 
 
+# How many events the ``write_after_fence`` victim's first run writes before its lease
+# is let go.
+_STALE_AFTER_EVENTS = 20
+
+
+def _write_after_fence(marker: str) -> None:
+    """The victim's first run lets its lease go (its job is taken over) and, fenced,
+    appends one entry after its successor's, naming itself as the writer."""
+    let_go: set[str] = set()
+
+    def patch(keeper: Any) -> None:
+        moving = keeper.LeaseKeeper.moving
+
+        def forgetful(self: Any, held: list[Any], now: float) -> list[Any]:
+            kept = []
+            for job in moving(self, held, now):
+                if _victim(job, marker) and job.attempt == 1 and \
+                        job.next_seq >= _STALE_AFTER_EVENTS:
+                    if job.run_id not in let_go:
+                        let_go.add(job.run_id)
+                        print(f"test fault: run {job.run_id} lets its lease go", flush=True)
+                        threading.Thread(target=_append_as, args=(
+                            self.store.redis, job.job_id, job.run_id),
+                            name="test-fault-stale-run", daemon=True).start()
+                    continue
+                kept.append(job)
+            return kept
+
+        keeper.LeaseKeeper.moving = forgetful
+
+    _patch_when_imported("kvrelay_worker.jobs.lease_keeper", "LeaseKeeper", patch)
+
+
+def _append_as(client: Any, job_id: str, run: str) -> None:
+    """Once another run has an entry in the job's log (and the log has not ended), add
+    one entry after it under ``run``: what a fenced run that kept writing would leave."""
+    from kvrelay import event_log
+    from kvrelay.event_frames import pack_events
+    from kvrelay.keys import Keyspace
+    from kvrelay.protocol import Tokens, encode_event
+
+    log_key = Keyspace(os.environ.get("KVRELAY_NAMESPACE", "")).event_log(job_id)
+    give_up = time.monotonic() + 30
+    while time.monotonic() < give_up:
+        last = client.xrevrange(log_key, count=1)
+        if last:
+            entry, fields = last[0]
+            writer = event_log.entry_run(fields)
+            if event_log.TERMINAL_FIELD.encode() in fields:
+                break
+            if writer and writer != run:
+                seq = event_log.seq_of_entry_id(entry) + 1
+                event = Tokens(seq=seq, token_ids=[7], text="x")
+                event_log.add_entry(client, log_key, seq, pack_events([encode_event(event)]),
+                                    run=run)
+                print(f"test fault: fenced run {run} wrote seq {seq} of {job_id} after "
+                      f"{writer}", flush=True)
+                return
+        time.sleep(0.02)
+    print(f"test fault: found no successor's entry in {job_id}'s log to write after",
+          flush=True)
+
+
 _BROKEN = os.environ.get("TEST_FAULT_BROKEN", "")
 _VICTIM = os.environ.get("TEST_FAULT_VICTIM", "")
 if _BROKEN and _VICTIM:
     if _BROKEN == "ignore_cancel":
         _ignore_cancels(_VICTIM)
+    elif _BROKEN == "write_after_fence":
+        _write_after_fence(_VICTIM)
     else:
         _break_publisher(_BROKEN, _VICTIM)

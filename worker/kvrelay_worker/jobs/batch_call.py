@@ -76,7 +76,7 @@ def batch_call(store: StoreCalls, jobs: Sequence[JobEvents], tail_expiry_s: int,
         if job.moved:
             move_keys.append(keys.event_log(job_id))
             moves += [job.moved_last, pack_events(job.moved), 1 if job.terminal else 0,
-                      job.keep_from, job.expiry_s]
+                      job.keep_from, job.expiry_s, job.run or store.worker_id]
     packed = [(channel, pack_message(pairs)) for channel, pairs in messages.items()]
     deferred: list[Message] = []
     if defer:

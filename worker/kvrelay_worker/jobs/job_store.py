@@ -92,7 +92,8 @@ class JobStore(LeaseOps):
             ["" if defer else reply_to, "" if defer else self.keys.events_channel(job_id),
              _fence_run(fenced, self.worker_id), event.seq, events, message,
              self.settings.log_max_len, 1 if terminal else 0, self.ended_ttl_s,
-             self.live_ttl_s, keep_from, self.tail_prefix, job_id, self.fence_prefix],
+             self.live_ttl_s, keep_from, self.tail_prefix, job_id, self.fence_prefix,
+             *self.per_job_heads],
         )
         return call, [(c, message) for c in channels] if defer else []
 
