@@ -95,7 +95,7 @@ class WorkerSettings:
     max_attempts: int = 3
     # Taken-over jobs' re-prefill one worker holds at once, in seconds of its measured
     # prefill rate: a copy past that goes back to the queue for another survivor.
-    takeover_target_s: float = 2.0
+    takeover_target_s: float = 8.0
     # Celery's redelivery of unacknowledged messages: the last resort, longer than any job.
     visibility_timeout: float = 6 * 3600.0
     # kombu's restore sweep of unacknowledged messages: every interval x throttle seconds.

@@ -231,7 +231,8 @@ def _write_after_fence(marker: str) -> None:
                         let_go.add(job.run_id)
                         print(f"test fault: run {job.run_id} lets its lease go", flush=True)
                         threading.Thread(target=_append_as, args=(
-                            self.store.redis, job.job_id, job.run_id),
+                            self.store.redis, self.store.keys.event_log(job.job_id),
+                            job.run_id),
                             name="test-fault-stale-run", daemon=True).start()
                     continue
                 kept.append(job)
@@ -242,15 +243,13 @@ def _write_after_fence(marker: str) -> None:
     _patch_when_imported("kvrelay_worker.jobs.lease_keeper", "LeaseKeeper", patch)
 
 
-def _append_as(client: Any, job_id: str, run: str) -> None:
+def _append_as(client: Any, log_key: str, run: str) -> None:
     """Once another run has an entry in the job's log (and the log has not ended), add
     one entry after it under ``run``: what a fenced run that kept writing would leave."""
     from kvrelay import event_log
     from kvrelay.event_frames import pack_events
-    from kvrelay.keys import Keyspace
     from kvrelay.protocol import Tokens, encode_event
 
-    log_key = Keyspace(os.environ.get("KVRELAY_NAMESPACE", "")).event_log(job_id)
     give_up = time.monotonic() + 30
     while time.monotonic() < give_up:
         last = client.xrevrange(log_key, count=1)
@@ -264,11 +263,11 @@ def _append_as(client: Any, job_id: str, run: str) -> None:
                 event = Tokens(seq=seq, token_ids=[7], text="x")
                 event_log.add_entry(client, log_key, seq, pack_events([encode_event(event)]),
                                     run=run)
-                print(f"test fault: fenced run {run} wrote seq {seq} of {job_id} after "
+                print(f"test fault: fenced run {run} wrote seq {seq} of {log_key} after "
                       f"{writer}", flush=True)
                 return
         time.sleep(0.02)
-    print(f"test fault: found no successor's entry in {job_id}'s log to write after",
+    print(f"test fault: found no successor's entry in {log_key} to write after",
           flush=True)
 
 
