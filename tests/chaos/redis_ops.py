@@ -112,7 +112,11 @@ def kill_primary(sentinel: SentinelCluster, spawn: Spawn, down_s: float) -> str:
     promoted = seen[-1]
     failover_s = time.monotonic() - began
     time.sleep(max(0.0, down_s - failover_s))
-    server.extra_args = ("--replicaof", "127.0.0.1", str(promoted))
+    # Back empty (it had no persistence), so unpromotable until it holds the primary's
+    # data: a failover that picked it earlier would lose every write, which no Redis
+    # deployment restarting a replica from nothing allows (a loaded machine's sentinels
+    # once did, with one judging the new primary down mid-sync).
+    server.extra_args = ("--replicaof", "127.0.0.1", str(promoted), "--replica-priority", "0")
     spawn(server.start)
     settled: list[int] = []
 
@@ -125,6 +129,8 @@ def kill_primary(sentinel: SentinelCluster, spawn: Spawn, down_s: float) -> str:
     if not wait_until(linked, SETTLE_TIMEOUT_S, 0.2):
         raise TimeoutError(f"{old}, brought back, not a linked replica "
                            f"{SETTLE_TIMEOUT_S:g}s on")
+    with redis.Redis(host="127.0.0.1", port=old, socket_timeout=2) as client:
+        client.config_set("replica-priority", 100)  # synced: a failover may pick it now
     return (f"primary {old} killed, {promoted} promoted after {failover_s:.1f}s; {old} "
             f"back, settled with {settled[-1]} the primary after "
             f"{time.monotonic() - began:.1f}s")

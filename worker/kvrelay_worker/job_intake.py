@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from kvrelay.protocol import ErrorCode, Failed, GenerateRequest, Started, request_digest
 from kvrelay_worker.intake.job_request import (
@@ -29,9 +29,6 @@ from kvrelay_worker.jobs.job_store import PriorProgress, run_id
 from kvrelay_worker.jobs.publisher import EventItem
 from kvrelay_worker.jobs.run_trace import record_run
 
-if TYPE_CHECKING:
-    from kvrelay_worker.runtime import WorkerRuntime
-
 log = logging.getLogger(__name__)
 
 # How often a task thread waiting for its job checks that the engine thread still runs.
@@ -43,7 +40,9 @@ _PUBLISH_GRACE_S = 30.0
 class JobIntake:
     """The per-job path of one worker (any task thread)."""
 
-    def __init__(self, runtime: WorkerRuntime) -> None:
+    def __init__(self, runtime: Any) -> None:
+        # The ``WorkerRuntime`` that owns this intake (typed loosely: importing it here
+        # would make the two modules a circle); every part a job needs hangs off it.
         self.runtime = runtime
 
     def reject(self, job_id: str | None, message: str) -> str:
