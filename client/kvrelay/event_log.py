@@ -49,6 +49,8 @@ __all__ = [
     "ENDED_LAST_ID",
     "EVENT_FIELD",
     "LIVE_LOG_TTL_S",
+    "MESSAGE_CHECKS_FIELD",
+    "MESSAGE_FIELD",
     "OWNER_FIELD",
     "PICKED_FIELD",
     "RUN_FIELD",
@@ -98,6 +100,11 @@ ENQUEUED_FIELD: Final = "enqueued"
 # taken before its queue deadline and never claimed: the job was picked up in time, so its
 # next pickup is not refused for the wait the death added.
 PICKED_FIELD: Final = "picked"
+# The job record's field holding the message admission pushed, until the job is claimed:
+# the copy the watch pushes again when that message was lost on its way to a worker
+# (``Keyspace.fresh_jobs``), and how many times the watch looked for it (its backoff).
+MESSAGE_FIELD: Final = "message"
+MESSAGE_CHECKS_FIELD: Final = "message_checks"
 # How many of a tail's newest entries a reader looks through: a worker moves a job's
 # events into its log within 16 of its batches (``publisher.LOG_MOVE_BATCHES``), so
 # those past the log's last entry are among them (a new owner moves a dead one's first).

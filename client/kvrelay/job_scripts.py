@@ -45,6 +45,8 @@ _CONSTANTS: dict[str, object] = {
     "ENDED_LAST_ID": event_log.ENDED_LAST_ID,
     "TAIL_FIELD": event_log.TAIL_FIELD,
     "RUN_FIELD": event_log.RUN_FIELD,
+    "MESSAGE_FIELD": event_log.MESSAGE_FIELD,
+    "MESSAGE_CHECKS_FIELD": event_log.MESSAGE_CHECKS_FIELD,
     "FENCE_FLAG_TTL_S": FENCE_FLAG_TTL_S,
     "CHECK_EACH_JOB": CHECK_EACH_JOB,
     **{result.name: int(result) for result in AppendResult},
@@ -220,20 +222,22 @@ end
 -- more: its batches are checked job by job and fenced, and its refreshes, moves and
 -- releases find that the record no longer names it. The owner stays (its tail is where
 -- an unowned write finds the events that are in no log yet).
-local function end_unowned(record_key, lease_key, running_key, job_id, fence_prefix, ttl)
+local function end_unowned(record_key, lease_key, running_key, job_id, fence_prefix, ttl,
+                           fresh_key)
   local record = redis.call('HMGET', record_key, '{OWNER_FIELD}', 'run')
   if record[1] and record[2] and record[2] ~= '' then
     redis.call('SET', fence_prefix .. record[1], '1', 'EX', {FENCE_FLAG_TTL_S})
   end
   redis.call('HSET', record_key, 'state', 'done')
-  redis.call('HDEL', record_key, 'payload', 'run')
+  redis.call('HDEL', record_key, 'payload', 'run', '{MESSAGE_FIELD}', '{MESSAGE_CHECKS_FIELD}')
   redis.call('EXPIRE', record_key, ttl)
   redis.call('DEL', lease_key)
   redis.call('ZREM', running_key, job_id)
+  if fresh_key then redis.call('ZREM', fresh_key, job_id) end
 end
 """)
 
-# KEYS: job record, lease, running zset, event log, abort flag
+# KEYS: job record, lease, running zset, event log, abort flag, fresh-jobs zset
 # ARGV: job id, worker id, lease ms, payload json, record ttl s, request digest,
 #       tail key prefix (``Keyspace.worker_tail`` less the worker id), log max length,
 #       fence flag prefix (``Keyspace.worker_fenced`` less the worker id), run id, the
@@ -250,8 +254,14 @@ end
 CLAIM = LuaScript("claim", format_script("""
 local record = redis.call('HMGET', KEYS[1], 'state', '{DIGEST_FIELD}', 'handback',
                           '{OWNER_FIELD}', 'attempts', 'run')
-if record[1] == 'done' then return {'done'} end
+-- A copy of this job reached a worker: the watch over a message lost on its way is over.
+local function reached()
+  redis.call('ZREM', KEYS[6], ARGV[1])
+  redis.call('HDEL', KEYS[1], '{MESSAGE_FIELD}', '{MESSAGE_CHECKS_FIELD}')
+end
+if record[1] == 'done' then reached() return {'done'} end
 if record[2] and record[2] ~= ARGV[6] then return {'reused'} end
+reached()
 local owner = redis.call('GET', KEYS[2])
 if owner == ARGV[10] then
   return {'claimed', tonumber(record[5] or '1'), redis.call('XRANGE', KEYS[4], '-', '+')}
@@ -308,7 +318,7 @@ return 1
 # last owner's tail is settled as a claim settles it (``settle_owner_tail``): a dead
 # owner's tail, whose last running job ends here unclaimed (cancelled at its pickup, or
 # out of attempts), goes as an ended job's log would instead of living on.
-# KEYS: event log, lease, job record, running zset
+# KEYS: event log, lease, job record, running zset, fresh-jobs zset
 # ARGV: reply channel ('' = none), job channel ('' = none: behind sentinels the caller
 #       publishes once a replica holds the event), run id ('' = unfenced), seq, events
 #       array (the one event), message (``pack_message`` of its pair), max log length,
@@ -337,11 +347,12 @@ else
                       ARGV[9])
   end
   if ended then
-    if terminal then
+    if terminal and redis.call('HGET', KEYS[3], 'state') ~= 'done' then
       redis.call('HSET', KEYS[3], 'state', 'done')
-      redis.call('HDEL', KEYS[3], 'payload')
+      redis.call('HDEL', KEYS[3], 'payload', '{MESSAGE_FIELD}', '{MESSAGE_CHECKS_FIELD}')
       redis.call('EXPIRE', KEYS[3], ARGV[9])
       redis.call('ZREM', KEYS[4], ARGV[13])
+      redis.call('ZREM', KEYS[5], ARGV[13])
     end
     return {ENDED}
   end
@@ -350,7 +361,7 @@ end
 local added = add_log_entry(KEYS[1], ARGV[7], seq, ARGV[5], terminal, ARGV[3])
 if type(added) == 'table' and added.err then return added end
 if terminal and ARGV[3] == '' then
-  end_unowned(KEYS[3], KEYS[2], KEYS[4], ARGV[13], ARGV[14], ARGV[9])
+  end_unowned(KEYS[3], KEYS[2], KEYS[4], ARGV[13], ARGV[14], ARGV[9], KEYS[5])
 end
 if terminal then redis.call('EXPIRE', KEYS[1], ARGV[9]) else redis.call('EXPIRE', KEYS[1], ARGV[10]) end
 if tonumber(ARGV[11]) > 0 then redis.call('XTRIM', KEYS[1], 'MINID', ARGV[11]) end
@@ -454,11 +465,13 @@ for k = 1, moves do
   local added = add_log_entry(log_key, ARGV[2], ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1',
                               ARGV[a + 5])
   if type(added) == 'table' and added.err then
+    -- Already there (an earlier try of this batch got through) or past the log's end:
+    -- its expiry stands as that write set it, so an ended log is never given more time.
     if not string.find(added.err, 'equal or smaller', 1, true) then return added end
-  elseif tonumber(ARGV[a + 3]) > 0 then
-    redis.call('XTRIM', log_key, 'MINID', ARGV[a + 3])
+  else
+    if tonumber(ARGV[a + 3]) > 0 then redis.call('XTRIM', log_key, 'MINID', ARGV[a + 3]) end
+    if ARGV[a + 4] ~= '0' then redis.call('EXPIRE', log_key, ARGV[a + 4]) end
   end
-  if ARGV[a + 4] ~= '0' then redis.call('EXPIRE', log_key, ARGV[a + 4]) end
   a = a + 6
 end
 for k = 1, releases do

@@ -181,6 +181,12 @@ class Keyspace:
         """Sorted set of jobs being run for ``model``, scored by lease expiry (ms)."""
         return f"{self.prefix}running:{model}"
 
+    def fresh_jobs(self, model: str) -> str:
+        """Sorted set of ``model``'s jobs admitted and not claimed yet, scored by when the
+        watch next looks for their message (ms): one lost on its way to a worker is
+        pushed again (``kvrelay_worker.jobs.fresh_watch``)."""
+        return f"{self.prefix}fresh:{model}"
+
     # ---------------------------------------------------------------- per tenant
 
     def tenant_jobs(self, tenant: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from kvrelay import job_scripts, lease_scripts, queue_scripts
+from kvrelay import fresh_scripts, job_scripts, lease_scripts, queue_scripts
 from kvrelay.redis_functions import Library
 
 LIBRARY: Final = Library(job_scripts.LUA_HELPERS, [
@@ -14,5 +14,6 @@ LIBRARY: Final = Library(job_scripts.LUA_HELPERS, [
     job_scripts.APPEND_BATCH, job_scripts.MOVE_TO_LOG, lease_scripts.CHECK_EXPIRED,
     lease_scripts.COMMIT_REQUEUE, lease_scripts.REREGISTER, lease_scripts.EXPIRED_JOBS,
     job_scripts.RESERVE, job_scripts.UNWATCH, queue_scripts.ADMIT, queue_scripts.MOVE_ORPHANS,
-    queue_scripts.RESTORE_DELIVERY, lease_scripts.REARM_QUEUED,
+    queue_scripts.RESTORE_DELIVERY, lease_scripts.REARM_QUEUED, fresh_scripts.CHECK_FRESH,
+    fresh_scripts.SETTLE_FRESH, queue_scripts.DROP_ENDED_DELIVERY,
 ])

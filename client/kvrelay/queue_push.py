@@ -91,15 +91,21 @@ class _Push:
     namespace: str = ""
     # The job's record, marked enqueued by the push (``event_log.ENQUEUED_FIELD``).
     record: str = ""
+    # The model's set of jobs not claimed yet (``Keyspace.fresh_jobs``).
+    fresh: str = ""
 
 
 _local = threading.local()
 _install_lock = threading.Lock()
 
 
-def queue_limit_fields(max_queue: int, retry_after: float) -> dict[str, str]:
-    """The queue-limit hash a worker advertises (``max_queue`` <= 0: no server limit)."""
+def queue_limit_fields(max_queue: int, retry_after: float,
+                       claim_due_ms: int | None = None) -> dict[str, str]:
+    """The queue-limit hash a worker advertises (``max_queue`` <= 0: no server limit;
+    ``claim_due_ms``: when the watch looks for the message of a job still unclaimed)."""
     fields = {"retry_after": repr(float(retry_after))}
+    if claim_due_ms is not None:
+        fields["claim_due_ms"] = str(int(claim_due_ms))
     if max_queue > 0:
         fields["max_queue"] = str(int(max_queue))
     return fields
@@ -145,7 +151,7 @@ def publish_task(
         tenant_keys=(keys.tenant_jobs(tenant), keys.tenant_queued(tenant),
                      keys.tenant_rate(tenant)),
         running=keys.running_jobs(model), namespace=keys.namespace,
-        record=keys.job_record(task_id))
+        record=keys.job_record(task_id), fresh=keys.fresh_jobs(model))
     with _pushing(push):
         app.send_task(
             name,
@@ -253,12 +259,12 @@ def _install() -> None:
                         scripts.queue(
                             pipe, ADMIT,
                             [queue_key, push.limit_key, shared, registry,
-                             *push.tenant_keys, push.running, push.record],
+                             *push.tenant_keys, push.running, push.record, push.fresh],
                             [dumps(message), cap, worker_prefix,
                              push.job_id if quota is not None else "",
                              repr(push.counted_until),
                              *(quota.script_args() if quota is not None
-                               else ["", "", "", "1"])])
+                               else ["", "", "", "1"]), push.job_id])
                     replies = replica_wait.execute(pipe, raise_on_error=False)
                     if attempt == 0 and not push.front and is_missing(replies[0]):
                         scripts.load()  # the server lost them (restart): once more

@@ -7,6 +7,10 @@ from __future__ import annotations
 from kvrelay import event_log
 from kvrelay.redis_functions import LuaScript
 
+# When a job's message should have been claimed, where no worker advertised its own
+# (``claim_due_ms`` in the queue-limit hash: its lease period).
+DEFAULT_CLAIM_DUE_MS = 10_000
+
 # The backlog a model's cap bounds is every job waiting for it: its shared queue and the
 # queue of each worker of it that has one (``Keyspace.worker_queues``; a dead worker's
 # counts until live workers move it to the shared queue), the target list included, and
@@ -20,12 +24,17 @@ from kvrelay.redis_functions import LuaScript
 # (its WAIT was judged in doubt, its reply was lost) lands once per server, so a job
 # pushed to a demoted primary is pushed to the new one once, and one that got there
 # first is not pushed twice.
+# A job whose record exists (the SDK reserved its id) keeps its message in the record
+# and an entry in the model's fresh set, due when its workers' advertised claim time has
+# passed (``claim_due_ms``): a message lost on its way to a worker (popped into a reply
+# that never arrived) is pushed again by the watch (``kvrelay_worker.jobs.fresh_watch``).
 # KEYS: target list, admission hash, shared queue, worker-queues set, tenant jobs, tenant
 #   queued, tenant rate (these three any names without a quota), running-jobs set, the
 #   job's record (marked enqueued with the push when it exists:
-#   ``event_log.ENQUEUED_FIELD``)
+#   ``event_log.ENQUEUED_FIELD``), the model's fresh-jobs set
 # ARGV: message, client cap ('' = none), worker queue name prefix, job id ('' = no
-#   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit)
+#   quota), counted until (unix s), max jobs, max queued, rate, burst ('' = no limit),
+#   job id
 # -> {1, length} admitted | {0, backlog, cap, retry} full | {2, jobs, limit, retry} |
 #    {3, queued, limit, retry} tenant over a limit | {4, 0, 0, wait s} tenant's rate
 ADMIT = LuaScript("admit", """
@@ -85,10 +94,16 @@ if ARGV[4] ~= '' then
   end
 end
 if redis.call('EXISTS', KEYS[9]) == 1 then
-  redis.call('HSET', KEYS[9], '@ENQUEUED_FIELD@', '1')
+  redis.call('HSET', KEYS[9], '@ENQUEUED_FIELD@', '1', '@MESSAGE_FIELD@', ARGV[1])
+  local due = tonumber(redis.call('HGET', KEYS[2], 'claim_due_ms')) or @DEFAULT_DUE_MS@
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', KEYS[10], now_ms + due, ARGV[10])
 end
 return {1, redis.call('LPUSH', KEYS[1], ARGV[1])}
-""".replace("@ENQUEUED_FIELD@", event_log.ENQUEUED_FIELD))
+""".replace("@ENQUEUED_FIELD@", event_log.ENQUEUED_FIELD)
+   .replace("@MESSAGE_FIELD@", event_log.MESSAGE_FIELD)
+   .replace("@DEFAULT_DUE_MS@", str(DEFAULT_CLAIM_DUE_MS)))
 
 # KEYS: registry, the worker's heartbeat, then (source, destination) list pairs
 # ARGV: worker id, forget-before (ms) -> jobs moved, or -1 when the worker is alive
@@ -138,3 +153,17 @@ if ARGV[4] == '1' then
 end
 return 1
 """.replace("@PICKED_FIELD@", event_log.PICKED_FIELD))
+
+# A message some worker holds unacknowledged whose job has ended (its record says
+# ``done``): its records go, whoever holds it. A consumer that restored its messages at a
+# reconnect, and lost that restore in a failover, never acknowledges them again; a live
+# worker's copy of an ended job only waits for the claim to drop it.
+# KEYS: unacked hash, unacked index, delivered hash, the job's record -- ARGV: tag
+# -> 1 dropped, 0 its job has not ended
+DROP_ENDED_DELIVERY = LuaScript("drop_ended_delivery", """
+if redis.call('HGET', KEYS[4], 'state') ~= 'done' then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
+""")

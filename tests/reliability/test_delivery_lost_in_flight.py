@@ -9,12 +9,18 @@ in its socket) leaves the message nowhere: not in the queue, not in ``unacked``,
 the running set that the watch rescans. Real Redis, a real worker behind the chaos
 proxy: its blocking pop is caught waiting in Redis, its connection is blackholed (the
 pop stays, its reply is held), a job is enqueued (Redis pops it into the held reply),
-and the connection is cut (the held reply goes with it).
+and the connection is cut (the held reply goes with it). The same loss with a worker
+killed while frozen (chaos seed 9200): its pop is answered while it is SIGSTOPped, and it
+is SIGKILLed with the reply unread, beside jobs that wait their turn in the queue.
+
+Admission keeps each job's message until the job is claimed; the watch pushes it again
+when it waits nowhere a lease after the push (``kvrelay_worker.jobs.fresh_watch``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +31,7 @@ from chaos.proxy import HOST, ProxyGroup, ProxyHub, Route
 from helpers.redis_server import RedisServer
 from helpers.worker_process import WorkerProcess
 
-from kvrelay import Client, Stream, StreamTimeout
+from kvrelay import Client, Stream
 from kvrelay.keys import Keyspace
 
 pytestmark = pytest.mark.integration
@@ -83,8 +89,6 @@ def _popped_into_a_held_reply(client: Client, group: ProxyGroup, direct: redis.R
     raise AssertionError(f"no job popped into a held reply in {TRIES} tries")
 
 
-@pytest.mark.xfail(strict=True, raises=StreamTimeout, reason="known loss: a message popped "
-                   "by BRPOP whose reply is lost never runs (docs/chaos.md, open findings)")
 def test_a_job_popped_as_the_workers_connection_breaks_still_runs(server: RedisServer,
                                                                   tmp_path: Path) -> None:
     hub = ProxyHub()
@@ -111,4 +115,43 @@ def test_a_job_popped_as_the_workers_connection_breaks_still_runs(server: RedisS
     finally:
         worker.stop()
         hub.close()
+        direct.close()
+
+
+def test_jobs_popped_by_a_frozen_worker_that_is_killed_still_run(server: RedisServer,
+                                                                tmp_path: Path) -> None:
+    settings = {"concurrency": 4, "simulated_step_ms": 20, "lease_ttl": 2.0,
+                "lease_refresh": 0.5, "watchdog_interval": 0.5}
+    frozen = WorkerProcess("frozen", server.url, MODEL, tmp_path, **settings)
+    direct = redis.Redis(host=HOST, port=server.port)
+    frozen.start()
+    survivor: WorkerProcess | None = None
+    try:
+        frozen.wait_ready()
+        with Client(server.url, model=MODEL, stream_timeout=RUNS_WITHIN_S) as client, \
+                contextlib.ExitStack() as streams:
+            client.generate(**JOB)  # it serves
+            deadline = time.monotonic() + 5
+            while not _blocked_pops(direct):
+                assert time.monotonic() < deadline, "the consumer never waited in BRPOP"
+                time.sleep(0.01)
+            frozen.signal(signal.SIGSTOP)
+            opened = [streams.enter_context(client.stream(prompt=f"job {i} beside a frozen "
+                                                          "worker", max_tokens=20))
+                      for i in range(6)]
+            time.sleep(0.2)
+            popped = 6 - _queued(direct)
+            assert popped == 1, f"{popped} messages left the queue for the frozen worker"
+            frozen.kill()
+            survivor = WorkerProcess("survivor", server.url, MODEL, tmp_path, **settings)
+            survivor.start().wait_ready()
+            finals = [stream.final() for stream in opened]
+        assert [len(final.token_ids) for final in finals] == [20] * 6
+        assert direct.zcard(KEYS.fresh_jobs(MODEL)) == 0
+        assert not direct.hlen(KEYS.celery_unacked)
+        assert "pushed it again" in survivor.tail(None)
+    finally:
+        frozen.kill()
+        if survivor is not None:
+            survivor.stop()
         direct.close()

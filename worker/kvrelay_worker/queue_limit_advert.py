@@ -17,6 +17,7 @@ from kvrelay_worker.settings import WorkerSettings
 def advertise_queue_limit(pipe: Any, settings: WorkerSettings) -> None:
     """Queue the writes of the queue-limit hash on ``pipe`` (a redis-py pipeline)."""
     key = settings.keys.queue_limit(settings.served_model)
-    pipe.hset(key, mapping=queue_limit_fields(settings.max_queue, settings.queue_retry_after))
+    pipe.hset(key, mapping=queue_limit_fields(settings.max_queue, settings.queue_retry_after,
+                                              claim_due_ms=round(settings.lease_ttl * 1000)))
     if settings.max_queue <= 0:
         pipe.hdel(key, "max_queue")

@@ -94,10 +94,10 @@ class DeadDeliveries:
         if routing_key != self.shared and not str(routing_key).startswith(self.own_head):
             return 0  # another model's: its workers settle it
         message.setdefault("headers", {})["redelivered"] = True
-        picked = taken_at is not None and _taken_in_time(message, float(taken_at),
+        picked = taken_at is not None and taken_in_time(message, float(taken_at),
                                                          self.max_queue_wait)
         settled = self._restore(tag, worker, job_id, json.dumps(message), picked,
-                                self.targets[_priority_step(message)])
+                                self.targets[priority_step(message)])
         if settled == GIVEN_BACK:
             log.warning("worker %s died holding job %s before claiming it; gave its message "
                         "back to the queue", worker, job_id)
@@ -124,7 +124,7 @@ def drop_delivery_records(client: redis.Redis, keys: Keyspace, tag: str) -> None
     pipe.execute()
 
 
-def _priority_step(message: dict[str, Any]) -> int:
+def priority_step(message: dict[str, Any]) -> int:
     """The index, in ``priority_lists``, of the list kombu keeps ``message`` in."""
     try:
         priority = max(min(int(message["properties"]["priority"]), Channel.max_priority),
@@ -135,7 +135,7 @@ def _priority_step(message: dict[str, Any]) -> int:
     return steps.index(steps[bisect(steps, priority) - 1])
 
 
-def _taken_in_time(message: dict[str, Any], taken_at: float, max_queue_wait: float) -> bool:
+def taken_in_time(message: dict[str, Any], taken_at: float, max_queue_wait: float) -> bool:
     """Whether the message was taken before its job's give-up time (False: none, or
     unreadable: the next pickup judges the wait as usual)."""
     try:

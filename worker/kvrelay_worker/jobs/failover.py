@@ -6,8 +6,10 @@ not Celery's visibility timeout. A job that lost too many workers fails ``worker
 The same watch moves the jobs waiting in dead workers' own queues (``orphan_queues``)
 onto the shared queue, gives back the messages dead workers took and never claimed
 (``dead_deliveries``), and pushes again the copy of a job left ``queued`` that nobody
-claimed by its due time and that waits nowhere (``queued_copies``): no job waits on a
-record nobody will touch.
+claimed by its due time and that waits nowhere (``queued_copies``), and the message of a
+job admitted and never claimed that was lost on its way to a worker (``fresh_watch``): no
+job waits on a record nobody will touch. It also drops the unacknowledged records of
+messages whose job ended, whoever holds them (``ended_deliveries``).
 
 A lease is judged on time Redis was reachable: after any failed write of this worker
 (Redis refusing writes or failing over) the watch takes nothing over until its writes have
@@ -24,6 +26,8 @@ from collections.abc import Callable
 from kvrelay.protocol import ErrorCode, Failed
 from kvrelay_worker.intake.job_request import reply_to_of
 from kvrelay_worker.jobs.dead_deliveries import DeadDeliveries
+from kvrelay_worker.jobs.ended_deliveries import EndedDeliveries
+from kvrelay_worker.jobs.fresh_watch import FreshWatch
 from kvrelay_worker.jobs.held_writes import until_written
 from kvrelay_worker.jobs.job_store import JobStore
 from kvrelay_worker.jobs.orphan_queues import OrphanQueues
@@ -49,6 +53,8 @@ class Failover:
         self.lease_ttl = settings.lease_ttl
         self.health = health or RedisHealth()
         self.deliveries = DeadDeliveries(store.redis, settings, store.scripts)
+        self.fresh = FreshWatch(store, settings.served_model, settings.max_queue_wait)
+        self.ended = EndedDeliveries(store.redis, store.keys, store.scripts)
         self.model = settings.served_model
         self._thread = Periodic("kvrelay-failover", settings.watchdog_interval,
                                 self.take_over_expired, self.health)
@@ -78,6 +84,14 @@ class Failover:
             self.deliveries.sweep()
         except Exception as exc:  # the lease takeover below must still run
             log.warning("could not give back dead workers' unclaimed messages (%s)", exc)
+        try:
+            self.ended.sweep()
+        except Exception as exc:  # the lease takeover below must still run
+            log.warning("could not drop the delivery records of ended jobs (%s)", exc)
+        try:
+            self.fresh.sweep()
+        except Exception as exc:  # the lease takeover below must still run
+            log.warning("could not look for the messages of unclaimed jobs (%s)", exc)
         for job_id in self.store.expired_candidates():
             self._take_over(job_id)
 

@@ -52,7 +52,7 @@ class JobStore(LeaseOps):
         result = self._one(
             job_scripts.CLAIM,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
-             self.keys.event_log(job_id), self.keys.abort_flag(job_id)],
+             self.keys.event_log(job_id), self.keys.abort_flag(job_id), self.fresh_key],
             [job_id, self.worker_id, self.lease_ms, payload_json, self.live_ttl_s, digest,
              self.tail_prefix, self.settings.log_max_len, self.fence_prefix,
              run or self.worker_id, *self.per_job_heads, self.ended_ttl_s],
@@ -88,7 +88,7 @@ class JobStore(LeaseOps):
         call = (
             job_scripts.APPEND_EVENT,
             [self.keys.event_log(job_id), self.keys.lease(job_id), self.keys.job_record(job_id),
-             self.running_key],
+             self.running_key, self.fresh_key],
             ["" if defer else reply_to, "" if defer else self.keys.events_channel(job_id),
              _fence_run(fenced, self.worker_id), event.seq, events, message,
              self.settings.log_max_len, 1 if terminal else 0, self.ended_ttl_s,

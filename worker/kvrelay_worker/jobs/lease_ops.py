@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvrelay import event_log, lease_scripts
+from kvrelay import event_log, fresh_scripts, lease_scripts
 from kvrelay_worker.jobs.store_calls import StoreCalls, text
 
 # ``REFRESH_LEASES``'s per-job code bits.
@@ -136,3 +136,30 @@ class LeaseOps(StoreCalls):
         """Whether a dead worker took the job's message before its queue deadline
         (``event_log.PICKED_FIELD``): its next pickup is not refused as late."""
         return self.redis.hget(self.keys.job_record(job_id), event_log.PICKED_FIELD) is not None
+
+    # ------------------------------------------------------------ jobs never claimed
+
+    def due_fresh(self, limit: int) -> list[str]:
+        """Admitted jobs of this model whose message the watch should look for now."""
+        return [text(i) for i in self._one(lease_scripts.EXPIRED_JOBS, [self.fresh_key],
+                                           [limit])]
+
+    def _fresh_keys(self, job_id: str) -> list[str]:
+        return [self.keys.job_record(job_id), self.keys.lease(job_id), self.fresh_key,
+                self.keys.requeue_marker(job_id)]
+
+    def check_fresh(self, job_id: str) -> tuple[str, str, int]:
+        """(``gone``/``busy``/``due``, its message when due, how often it was looked
+        for) (``fresh_scripts.CHECK_FRESH``)."""
+        found = self._one(fresh_scripts.CHECK_FRESH, self._fresh_keys(job_id),
+                          [job_id, max(self.lease_ms * 2, 10_000)])
+        if text(found[0]) != "due":
+            return text(found[0]), "", 0
+        return "due", text(found[1]), int(found[2])
+
+    def settle_fresh(self, job_id: str, copy: str, wait_ms: int, picked: bool,
+                     target: str) -> int:
+        """Due again in ``wait_ms``, with ``copy`` pushed to ``target`` unless '';
+        ``fresh_scripts.SETTLE_FRESH``'s answer."""
+        return int(self._one(fresh_scripts.SETTLE_FRESH, [*self._fresh_keys(job_id), target],
+                             [job_id, copy, wait_ms, 1 if picked else 0]))

@@ -52,6 +52,7 @@ class StoreCalls:
         self.worker_id = settings.worker_id
         self.keys = settings.keys
         self.running_key = self.keys.running_jobs(settings.served_model)
+        self.fresh_key = self.keys.fresh_jobs(settings.served_model)
         # The scripts, as Redis Functions (``functions``: whether the server has them;
         # None: ask it); a worker loads them where they are missing.
         self.scripts = Functions(client, LIBRARY, namespace=self.keys.namespace,
