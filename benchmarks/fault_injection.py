@@ -73,6 +73,7 @@ def main() -> int:
     parser.add_argument("--schedules", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1, help="the first seed")
     parser.add_argument("--replay", type=int, help="run this one seed, verbosely")
+    parser.add_argument("--seeds", help="these seeds (comma-separated) instead of a range")
     parser.add_argument("--scenario", choices=SCENARIOS)
     parser.add_argument("--broken", choices=BROKEN_VARIANTS)
     parser.add_argument("--small", action="store_true",
@@ -82,6 +83,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "fault-injection.json")
     args = parser.parse_args()
     seeds = [args.replay] if args.replay is not None else \
+        [int(seed) for seed in args.seeds.split(",")] if args.seeds else \
         list(range(args.seed, args.seed + args.schedules))
     root = Path(tempfile.mkdtemp(prefix="kvrelay-chaos-"))
     model_path: str | None = None

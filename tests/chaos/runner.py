@@ -24,7 +24,7 @@ from chaos.cluster import ENGINE_COUNTERS, LOG_TTL_S, ChaosCluster, wait_until
 from chaos.faults import FaultInjector, FaultRecord
 from chaos.log_read import LogRead, longer, read_log
 from chaos.reference import reference_tokens
-from chaos.retention import retained
+from chaos.retention import retained_past_last_write
 from chaos.schedule import LOAD_S, LOSE_ENQUEUE, PRESSURE, VICTIM, Schedule, make_schedule
 from chaos.tap import WireTap
 from chaos.workload import Workload
@@ -175,8 +175,8 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
                                                f"exited on its own: {_last_lines(slot.current.tail())}"))
     time.sleep(LOG_TTL_S + 2.0)
     with cluster.admin() as client:
-        left = retained(client, [run.job_id for run in workload.runs],
-                        [job.prompt for job in schedule.jobs])
+        left = retained_past_last_write(client, [run.job_id for run in workload.runs],
+                                        [job.prompt for job in schedule.jobs], LOG_TTL_S)
     result.violations += [Violation(None, "retention", line) for line in left]
     result.seconds["check"] = time.monotonic() - checked
 

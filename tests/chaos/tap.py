@@ -5,7 +5,8 @@ The SDK hides what the checker must see (it drops seqs it already has and never 
 goes to the channel of the client that started it) and keeps each event as published: two different events under one seq, an event after a job's end, or
 a run that starts after its cancel show here. Pub/sub drops what is sent while the tap
 reconnects (a failover), so the checker treats what the tap lacks as unknown, never as
-a violation.
+a violation; once subscribed again, the tap reads the logs of the jobs it saw running, so
+an end it missed is still kept.
 
 Logs expire ``KVRELAY_LOG_TTL`` after their job ends, sooner than a slow caller may be
 done, so the tap also reads a job's log as soon as it sees the job's terminal event
@@ -76,6 +77,7 @@ class WireTap:
                 client = redis_for(self.url)
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.psubscribe(KEYS.reply_channel("*"))
+                self._catch_up(client)
                 self._ready.set()
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.2)
@@ -110,6 +112,19 @@ class WireTap:
                         self.logs[job_id] = LogRead()
                         ended.append(job_id)
         return ended
+
+    def _catch_up(self, client: redis.Redis) -> None:
+        """Once subscribed again after a lost connection: the logs of the jobs seen
+        running, read now, so a terminal event published while the tap was away is not
+        missed for good (an orphan job's log is the only record of its end, and it
+        expires ``KVRELAY_LOG_TTL`` later)."""
+        with self._lock:
+            running = [job_id for job_id in self.events if job_id not in self.logs]
+        for job_id in running:
+            log = read_log(client, job_id)
+            if log.ended:
+                with self._lock:
+                    self.logs.setdefault(job_id, log)
 
     def _read_log(self, client: redis.Redis, job_id: str) -> None:
         """The ended job's log, given up to a second to show its terminal event."""

@@ -9,7 +9,7 @@ import json
 import fakeredis
 
 from chaos.checker import Violation, check_jobs
-from chaos.retention import retained
+from chaos.retention import retained, retained_past_last_write
 from chaos.schedule import CANCEL, ORPHAN, STREAM, JobPlan
 from chaos.tap import Tapped, WireTap
 from chaos.workload import Chunk, JobRun
@@ -251,3 +251,21 @@ def test_retention_reads_base64_message_bodies() -> None:
     store.hset("unacked", "t1", json.dumps([tagged, "", "q"]))
     found = retained(store, ["job-1"], ["secret prompt"])
     assert any("unacked holds the id of an ended job" in line for line in found), found
+
+
+def test_retention_looks_again_at_a_key_written_late() -> None:
+    store = fakeredis.FakeRedis()
+    store.set("kvrelay:log:{job-1}", "x", ex=3)  # written again 1 s before the look
+    store.set("kvrelay:record:{job-2}", "x")  # never expires
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        store.delete("kvrelay:log:{job-1}")  # expired meanwhile, as its TTL said
+
+    found = retained_past_last_write(store, ["job-1", "job-2"], [], 4.0, sleep)
+    assert slept == [4.0]
+    assert found == ["kvrelay:record:{job-2} (ttl -1)"]
+    store.set("kvrelay:log:{job-1}", "x", ex=3)
+    found = retained_past_last_write(store, ["job-1"], [], 4.0, lambda _: None)
+    assert found == ["kvrelay:log:{job-1} (ttl 3)"]  # written again and again: it counts
