@@ -10,6 +10,7 @@ neither delay the takeover of its jobs nor take over another's early.
 
 from __future__ import annotations
 
+from kvrelay import event_log
 from kvrelay.job_scripts import format_script
 from kvrelay.redis_functions import LuaScript
 
@@ -184,3 +185,23 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
 redis.call('ZADD', KEYS[3], server_ms() + tonumber(ARGV[2]), ARGV[1])
 return 1
 """, helpers=True)
+
+# A job this worker's run ended, written done again after an outage that may have lost
+# the release (``kvrelay_worker.jobs.recent_endings``): unless its record already says
+# done, or another run holds its lease now (the job runs again: too late), the record
+# says done, keeps no prompt, names no run and expires as an ended job's; its lease,
+# running and fresh entries go. KEYS: job record, lease, running zset, fresh-jobs zset
+# ARGV: job id, run id, record ttl s -> 1 written again, 0 already done, -1 another run's
+REASSERT_END = LuaScript("reassert_end", """
+if redis.call('HGET', KEYS[1], 'state') == 'done' then return 0 end
+local lease = redis.call('GET', KEYS[2])
+if lease and lease ~= ARGV[2] then return -1 end
+redis.call('HSET', KEYS[1], 'state', 'done')
+redis.call('HDEL', KEYS[1], 'payload', 'run', '@MESSAGE@', '@CHECKS@')
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+return 1
+""".replace("@MESSAGE@", event_log.MESSAGE_FIELD)
+   .replace("@CHECKS@", event_log.MESSAGE_CHECKS_FIELD))

@@ -15,5 +15,5 @@ LIBRARY: Final = Library(job_scripts.LUA_HELPERS, [
     lease_scripts.COMMIT_REQUEUE, lease_scripts.REREGISTER, lease_scripts.EXPIRED_JOBS,
     job_scripts.RESERVE, job_scripts.UNWATCH, queue_scripts.ADMIT, queue_scripts.MOVE_ORPHANS,
     queue_scripts.RESTORE_DELIVERY, lease_scripts.REARM_QUEUED, fresh_scripts.CHECK_FRESH,
-    fresh_scripts.SETTLE_FRESH, queue_scripts.DROP_ENDED_DELIVERY,
+    fresh_scripts.SETTLE_FRESH, queue_scripts.DROP_ENDED_DELIVERY, lease_scripts.REASSERT_END,
 ])

@@ -32,3 +32,8 @@ class RedisHealth:
             if self._last_failure is None:
                 return float("inf")
             return self._clock() - self._last_failure
+
+    def last_failure(self) -> float | None:
+        """When the last write failed (the clock's time); None when none has."""
+        with self._lock:
+            return self._last_failure

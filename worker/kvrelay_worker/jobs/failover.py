@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import redis
+
 from kvrelay.protocol import ErrorCode, Failed
 from kvrelay_worker.intake.job_request import reply_to_of
 from kvrelay_worker.jobs.dead_deliveries import DeadDeliveries
@@ -37,6 +39,10 @@ from kvrelay_worker.redis_health import RedisHealth
 from kvrelay_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+# How long before an outage's first failed write an ending may have been lost: an AOF
+# fsync period, a replica's lag, and what this worker noticed late (beyond a lease).
+REASSERT_MARGIN_S = 5.0
 
 # Puts a copy of a job (id, payload JSON) back on its model's queue.
 Requeue = Callable[[str, str], None]
@@ -55,6 +61,10 @@ class Failover:
         self.deliveries = DeadDeliveries(store.redis, settings, store.scripts)
         self.fresh = FreshWatch(store, settings.served_model, settings.max_queue_wait)
         self.ended = EndedDeliveries(store.redis, store.keys, store.scripts)
+        self._reasserted_for: float | None = None
+        self._outage_began: float | None = None
+        self._server_id: str | None = None
+        self._identity_readable = True
         self.model = settings.served_model
         self._thread = Periodic("kvrelay-failover", settings.watchdog_interval,
                                 self.take_over_expired, self.health)
@@ -73,6 +83,11 @@ class Failover:
     def take_over_expired(self) -> None:
         """Requeue jobs of dead workers (each claimed atomically, so only one requeues it)
         and move the jobs waiting in their own queues to the shared queue."""
+        if self._server_replaced():
+            # As after an outage: owners take their leases back and write again the ends
+            # it lost before any job is taken over.
+            self.health.failed()
+        self._reassert_endings()
         if self.orphans is not None:
             try:
                 self.orphans.sweep()
@@ -94,6 +109,40 @@ class Failover:
             log.warning("could not look for the messages of unclaimed jobs (%s)", exc)
         for job_id in self.store.expired_candidates():
             self._take_over(job_id)
+
+    def _server_replaced(self) -> bool:
+        """Whether Redis is another server, or the same one restarted, since the last
+        look (its ``run_id``): a restart that lost writes can be quick enough that no
+        write of this worker failed, and the leases it brings back have lapsed. A user
+        that may not run ``INFO`` (a tenant's) relies on failed writes alone."""
+        if not self._identity_readable:
+            return False
+        try:
+            run_id = str(self.store.redis.info("server").get("run_id", ""))
+        except redis.exceptions.NoPermissionError:
+            self._identity_readable = False
+            log.info("this Redis user may not run INFO: a restart is noticed by failed "
+                     "writes only")
+            return False
+        replaced = self._server_id is not None and run_id != self._server_id
+        self._server_id = run_id
+        return replaced
+
+    def _reassert_endings(self) -> None:
+        """After a failed write, once writes get through again: the ends of the jobs this
+        worker ended shortly before the failure, written again (``recent_endings``): a
+        restart or failover may have lost them, and a watch would hand the job out again."""
+        failure = self.health.last_failure()
+        if failure is None or failure == self._reasserted_for:
+            return
+        if self._outage_began is None:  # the first failure seen of this outage
+            self._outage_began = failure
+        ended = self.store.endings.since(self._outage_began - self.lease_ttl - REASSERT_MARGIN_S)
+        for job_id, run in ended:  # a failed write raises: tried again next time
+            if self.store.reassert_end(job_id, run) == 1:
+                log.warning("job %s had ended here, but Redis had lost its end (a restart "
+                            "or failover); wrote it again", job_id)
+        self._reasserted_for, self._outage_began = failure, None
 
     def _take_over(self, job_id: str) -> None:
         status, payload, lost_run = self.store.check_expired(job_id)

@@ -20,6 +20,7 @@ from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Failed, decode_event, en
 from kvrelay_worker.jobs.batch_call import TAIL_MAX_LEN, JobEvents, batch_call
 from kvrelay_worker.jobs.lease_ops import LeaseOps, LeaseRefresh
 from kvrelay_worker.jobs.prior_progress import Claim, PriorProgress, progress_from_events
+from kvrelay_worker.jobs.recent_endings import RecentEndings
 from kvrelay_worker.jobs.store_calls import Message, ScriptCall, now_ms, run_id, text, written
 from kvrelay_worker.settings import WorkerSettings
 
@@ -42,6 +43,8 @@ class JobStore(LeaseOps):
         self.per_job_heads = [name("\0").partition("\0")[0] for name in
                               (self.keys.job_record, self.keys.event_log)]
         self._check_each_until = -float("inf")
+        # The jobs this store's runs ended lately (written again after an outage).
+        self.endings = RecentEndings()
 
     # ------------------------------------------------------------------ claiming
 
@@ -68,11 +71,14 @@ class JobStore(LeaseOps):
         return Claim(status)
 
     def release_done(self, job_id: str, run: str = "") -> bool:
-        return bool(self._one(
+        released = bool(self._one(
             job_scripts.RELEASE_DONE,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key],
             [job_id, run or self.worker_id, self.ended_ttl_s],
         ))
+        if released:
+            self.endings.add(job_id, run or self.worker_id)
+        return released
 
     # -------------------------------------------------------------------- events
 
@@ -166,6 +172,9 @@ class JobStore(LeaseOps):
             fenced = {live[int(position) - 1] for position in reply}
             if not fenced:
                 self._publish(messages)
+                for i in live:
+                    if jobs[i].release:
+                        self.endings.add(jobs[i].job_id, jobs[i].run or self.worker_id)
                 break
             for i in fenced:
                 results[i] = AppendResult.FENCED

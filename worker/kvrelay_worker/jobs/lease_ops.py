@@ -163,3 +163,10 @@ class LeaseOps(StoreCalls):
         ``fresh_scripts.SETTLE_FRESH``'s answer."""
         return int(self._one(fresh_scripts.SETTLE_FRESH, [*self._fresh_keys(job_id), target],
                              [job_id, copy, wait_ms, 1 if picked else 0]))
+
+    def reassert_end(self, job_id: str, run: str) -> int:
+        """Write again that ``run`` ended the job (``lease_scripts.REASSERT_END``'s answer)."""
+        return int(self._one(lease_scripts.REASSERT_END,
+                             [self.keys.job_record(job_id), self.keys.lease(job_id),
+                              self.running_key, self.fresh_key],
+                             [job_id, run or self.worker_id, self.ended_ttl_s]))
