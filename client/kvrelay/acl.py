@@ -32,7 +32,7 @@ TENANT_COMMANDS: Final = (
     # job records
     "get", "set", "mget", "del", "exists", "expire", "pexpire", "pttl", "incr", "decr",
     "sadd", "srem", "smembers",
-    "hset", "hsetnx", "hget", "hdel", "hgetall", "hmget", "hvals", "hincrby",
+    "hset", "hsetnx", "hget", "hdel", "hgetall", "hmget", "hvals", "hkeys", "hincrby",
     # Celery's queues and unacknowledged-message bookkeeping
     "lpush", "rpush", "rpop", "brpop", "llen", "lrange",
     "zadd", "zrem", "zrange", "zrangebyscore", "zrevrangebyscore", "zscore",
