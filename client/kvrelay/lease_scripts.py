@@ -3,7 +3,7 @@ finding and taking over the jobs whose lease ran out, handing a job back, and
 registering again a held job whose record Redis lost.
 
 The job record's fields and the shared helpers (``server_ms``, ``end_unowned``,
-``mget_all``) are those of ``kvrelay.job_scripts``. Every expiry is judged on the
+``mget_all``) are those of ``kvrelay.job_script_helpers``. Every expiry is judged on the
 server's clock (``TIME``), never on a worker's: a worker whose clock is skewed must
 neither delay the takeover of its jobs nor take over another's early.
 """
@@ -11,7 +11,7 @@ neither delay the takeover of its jobs nor take over another's early.
 from __future__ import annotations
 
 from kvrelay import event_log
-from kvrelay.job_scripts import format_script
+from kvrelay.job_script_helpers import format_script
 from kvrelay.redis_functions import LuaScript
 
 # The job's running entry is scored 0 from the mark on: the admission script counts

@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 
 from kvrelay.job_lifecycle import WATCH_TTL_S
-from kvrelay.job_scripts import FENCE_FLAG_TTL_S
+from kvrelay.job_script_helpers import FENCE_FLAG_TTL_S
 from kvrelay.keys import Keyspace
 from kvrelay_worker.jobs.job_store import JobStore
 

@@ -87,12 +87,13 @@ def test_the_format_is_spelled_out_in_one_module() -> None:
     writes = re.compile(r"\.xadd\(|'XADD'|\"XADD\"")
     writers = [p for p in _sources("client", "worker", "tests", "benchmarks")
                if writes.search(p.read_text()) and p not in (home, Path(__file__).resolve())]
-    # The Lua script writes too, but with names formatted in from ``event_log``.
-    assert [p.relative_to(ROOT).as_posix() for p in writers] == [
-        "client/kvrelay/job_scripts.py"]
-    script = (ROOT / "client" / "kvrelay" / "job_scripts.py").read_text()
-    for spelled_out in ("86400", "'e'", "-1'"):
-        assert spelled_out not in script
+    # The Lua scripts write too, but with names formatted in from ``event_log``.
+    scripts = ["client/kvrelay/job_script_helpers.py", "client/kvrelay/log_scripts.py"]
+    assert sorted(p.relative_to(ROOT).as_posix() for p in writers) == scripts
+    for name in scripts:
+        script = (ROOT / name).read_text()
+        for spelled_out in ("86400", "'e'", "-1'"):
+            assert spelled_out not in script, (name, spelled_out)
     fakes = [ROOT / "tests" / "helpers" / "fake_worker.py",
              ROOT / "benchmarks" / "client_streams.py"]
     for fake in fakes:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvrelay import event_log, job_scripts
+from kvrelay import event_log, log_scripts
 from kvrelay.event_frames import pack_events, pack_message, pack_pair
 from kvrelay_worker.jobs.store_calls import Message, ScriptCall, StoreCalls
 
@@ -97,4 +97,4 @@ def batch_call(store: StoreCalls, jobs: Sequence[JobEvents], tail_expiry_s: int,
                        tail_expiry_s, len(per_job) // 3, len(packed), len(move_keys),
                        head, tail, b"".join(records), len(released), store.ended_ttl_s,
                        *per_job, *per_message, *moves, *release_args]
-    return (job_scripts.APPEND_BATCH, key_list + move_keys + release_keys, args), deferred
+    return (log_scripts.APPEND_BATCH, key_list + move_keys + release_keys, args), deferred

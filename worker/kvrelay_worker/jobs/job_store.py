@@ -1,8 +1,9 @@
 """A job's state in Redis: claim, event log, release, and the endings of jobs no run holds.
 
-Thin, typed wrappers over the Lua scripts in ``kvrelay.job_scripts`` (lease upkeep and
-failover: ``lease_ops``; how calls go out: ``store_calls``); one instance per thread that
-needs one (each owns its Redis connection pool).
+Thin, typed wrappers over the Lua scripts in ``kvrelay.job_scripts`` and
+``kvrelay.log_scripts`` (lease upkeep and failover: ``lease_ops``; how calls go out:
+``store_calls``); one instance per thread that needs one (each owns its Redis connection
+pool).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 
 import redis
 
-from kvrelay import event_log, job_scripts
+from kvrelay import event_log, job_scripts, log_scripts
 from kvrelay.event_frames import pack_events, pack_message, pack_pair, unpack_events
 from kvrelay.event_log import AppendResult
+from kvrelay.job_script_helpers import CHECK_EACH_JOB
 from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Failed, decode_event, encode_event
 from kvrelay_worker.jobs.batch_call import TAIL_MAX_LEN, JobEvents, batch_call
 from kvrelay_worker.jobs.lease_ops import LeaseOps, LeaseRefresh
@@ -92,7 +94,7 @@ class JobStore(LeaseOps):
         message = pack_message([pack_pair(job_id, events)])
         channels = [c for c in (reply_to, self.keys.events_channel(job_id)) if c]
         call = (
-            job_scripts.APPEND_EVENT,
+            log_scripts.APPEND_EVENT,
             [self.keys.event_log(job_id), self.keys.lease(job_id), self.keys.job_record(job_id),
              self.running_key, self.fresh_key],
             ["" if defer else reply_to, "" if defer else self.keys.events_channel(job_id),
@@ -142,7 +144,7 @@ class JobStore(LeaseOps):
 
     def append_batch(self, jobs: Sequence[JobEvents], *, tail_expiry_s: int = 0) -> list[Any]:
         """Write and publish every job's events in one script call
-        (``job_scripts.APPEND_BATCH``), releasing the jobs marked ``release``: per job
+        (``log_scripts.APPEND_BATCH``), releasing the jobs marked ``release``: per job
         1 (written) or ``AppendResult.FENCED``, in the order given. No job is checked
         while this worker's fence flag is down and no stream watches a job; otherwise
         each job's lease is, and a batch with fenced jobs is sent again without them (the
@@ -163,7 +165,7 @@ class JobStore(LeaseOps):
             reply = self._pipelined([call])[0]
             if isinstance(reply, Exception):
                 return [reply] * len(jobs)
-            if not check_each and [int(r) for r in reply] == [job_scripts.CHECK_EACH_JOB]:
+            if not check_each and [int(r) for r in reply] == [CHECK_EACH_JOB]:
                 # Fenced jobs or watchers somewhere: check each job for a while, rather
                 # than pay a refused fast call per batch.
                 check_each = True
@@ -187,7 +189,7 @@ class JobStore(LeaseOps):
         entry; False when the log already has them or has ended, or another run has
         claimed the job (or another party ended it)."""
         return bool(self._one(
-            job_scripts.MOVE_TO_LOG, [self.keys.event_log(job_id), self.keys.job_record(job_id)],
+            log_scripts.MOVE_TO_LOG, [self.keys.event_log(job_id), self.keys.job_record(job_id)],
             [last_seq, pack_events(events), self.settings.log_max_len, self.live_ttl_s,
              run or self.worker_id]))
 
