@@ -90,8 +90,10 @@ class JobCheck:
 
     def __init__(self, run: JobRun, expected: list[list[int]], log: list[AnyEvent],
                  tapped: list[Tapped], faults: Sequence[FaultRecord],
-                 writers: list[str] | None = None, skew_s: float = 0.0) -> None:
+                 writers: list[str] | None = None, skew_s: float = 0.0,
+                 picked: bool = False) -> None:
         self.run = run
+        self.picked = picked
         self.expected = _as_lists(expected)
         self.log = log
         # Per logged event, the run that wrote its entry ('' : none named).
@@ -336,8 +338,12 @@ class JobCheck:
         """The first pickup came before the queue deadline: the worker's own
         ``timings.queue`` says so for a job never taken over (after a takeover it
         measures the last claim); else the time its first ``Started`` was published
-        bounds it."""
+        bounds it. A job whose record says a worker took it in time (its message given
+        back, or pushed again after it was lost on its way) may start later: it is not
+        refused for the wait a fault added."""
         run = self.run
+        if self.picked:
+            return
         started = [e for e in self.log if isinstance(e, Started)]
         if not started or run.queue_deadline is None or run.enqueued_at is None:
             return
@@ -377,13 +383,15 @@ def _first_difference(got: dict[int, list[int]], want: dict[int, list[int]]) -> 
 
 def check_jobs(runs: Sequence[JobRun], reference: Reference, logs: dict[str, list[AnyEvent]],
                tapped: dict[str, list[Tapped]], faults: Sequence[FaultRecord],
-               writers: dict[str, list[str]] | None = None, *, skew_s: float = 0.0
-               ) -> list[Violation]:
+               writers: dict[str, list[str]] | None = None, *, skew_s: float = 0.0,
+               picked: set[str] | None = None) -> list[Violation]:
     """Every rule for every job; ``writers`` holds, per job, the run that wrote each
-    logged event (``chaos.log_read``); ``skew_s``: how far a worker's clock is off."""
+    logged event (``chaos.log_read``); ``skew_s``: how far a worker's clock is off;
+    ``picked``: the jobs whose record says a worker took them in time."""
     found: list[Violation] = []
     for run in runs:
         found += JobCheck(run, reference[run.plan.index], logs.get(run.job_id, []),
                           tapped.get(run.job_id, []), faults,
-                          (writers or {}).get(run.job_id), skew_s).check()
+                          (writers or {}).get(run.job_id), skew_s,
+                          run.job_id in (picked or set())).check()
     return found

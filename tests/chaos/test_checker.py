@@ -232,6 +232,15 @@ def test_a_skewed_worker_clock_widens_only_the_queue_bounds() -> None:
                       skew_s=2.0) == []
 
 
+def test_a_job_a_worker_took_in_time_may_start_past_its_deadline() -> None:
+    # Its message was lost on its way and pushed again: the record says picked in time.
+    log = _history(REFERENCE[0])
+    log[-1] = Finished(seq=log[-1].seq, finish_reason="length", timings=Timings(queue=7.9))
+    assert "queue-deadline" in _rules(_check(_run(log), log))
+    assert check_jobs([_run(log)], {0: REFERENCE}, {"j": log}, {"j": _tap(log)}, [],
+                      picked={"j"}) == []
+
+
 def test_an_undecodable_tapped_message_is_counted() -> None:
     tap = WireTap("redis://unused")
     assert tap._record(NOW, b"\xff not a message") == []
