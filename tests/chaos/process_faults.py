@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 KEYS = Keyspace()
 # How long the racing job may take to show its first chunk before its worker is killed.
 RACE_WAIT_S = 10.0
+# How long the owner of the racing job is asked for while Redis is out of reach.
+OWNER_WAIT_S = 15.0
 # How long a drained worker may take to hand its jobs back and exit (its shutdown grace
 # is 2 s; Celery's own shutdown follows).
 DRAIN_EXIT_S = 30.0
@@ -49,6 +51,19 @@ def _owner_slot(cluster: ChaosCluster, job_id: str) -> WorkerSlot | None:
                  and str(slot.current.process.pid) == pid), None)
 
 
+def _owner_slot_through_outages(cluster: ChaosCluster, job_id: str) -> WorkerSlot | None:
+    """``_owner_slot``, asked again while Redis is out of reach (another fault restarts
+    or fails it over) for up to ``OWNER_WAIT_S``."""
+    give_up = time.monotonic() + OWNER_WAIT_S
+    while True:
+        try:
+            return _owner_slot(cluster, job_id)
+        except POLL_ERRORS:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.2)
+
+
 def _cancel_race(cluster: ChaosCluster, workload: Workload, fault: FaultPlan) -> str:
     """Once job ``target`` streams, its caller cancels it and, in the same instant, the
     worker running it is SIGKILLed (restarted after ``duration``): the cancel races the
@@ -56,7 +71,7 @@ def _cancel_race(cluster: ChaosCluster, workload: Workload, fault: FaultPlan) ->
     run = workload.runs[fault.target]
     wait_until(lambda: bool(run.chunks) or (run.outcome != "not run" and not run.live),
                RACE_WAIT_S, 0.02)
-    slot = _owner_slot(cluster, run.job_id)
+    slot = _owner_slot_through_outages(cluster, run.job_id)
     note = "" if slot is not None else " (the job was not running: killed slot 0)"
     slot = slot or cluster.slots[0]
     name = slot.current.name

@@ -25,6 +25,8 @@ from helpers.worker_process import WorkerProcess
 from kvrelay import Client
 from kvrelay.event_log import entry_run
 from kvrelay.keys import Keyspace
+from kvrelay_worker.jobs.job_store import JobStore
+from kvrelay_worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +77,22 @@ def test_a_job_whose_end_a_restart_lost_does_not_run_again(server: RedisServer,
         assert worker.alive()
     finally:
         worker.stop()
+
+
+def test_an_end_written_again_never_brings_back_an_expired_record(
+        clean_redis_url: str) -> None:
+    direct = redis.Redis.from_url(clean_redis_url)
+    store = JobStore(direct, WorkerSettings(redis_url=clean_redis_url, model_name="m"))
+    store.scripts.load()
+    assert store.reassert_end("expired", "run-1") == 0  # gone as an ended job's record goes
+    assert not direct.exists(KEYS.job_record("expired"))
+    direct.hset(KEYS.job_record("lost-end"), mapping={"state": "running", "run": "run-1",
+                                                      "payload": "{}"})
+    direct.set(KEYS.lease("other"), "run-2")
+    direct.hset(KEYS.job_record("other"), mapping={"state": "running", "run": "run-2"})
+    assert store.reassert_end("lost-end", "run-1") == 1
+    assert direct.hgetall(KEYS.job_record("lost-end")) == {b"state": b"done"}
+    assert 0 < direct.ttl(KEYS.job_record("lost-end")) <= store.ended_ttl_s
+    assert store.reassert_end("lost-end", "run-1") == 0  # already done
+    assert store.reassert_end("other", "run-1") == -1  # another run holds it: too late
+    assert direct.hget(KEYS.job_record("other"), "state") == b"running"
