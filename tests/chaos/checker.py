@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from chaos.faults import FaultRecord
 from chaos.reference import Reference
-from chaos.schedule import CANCEL, GENERATE, ORPHAN, RACE
+from chaos.schedule import CANCEL, GENERATE, ORPHAN, RACE, RESUME
 from chaos.tap import Tapped
 from chaos.workload import JobRun
 from kvrelay.protocol import (
@@ -63,6 +63,11 @@ class Violation:
         return f"{where}: {self.rule}: {self.detail}"
 
 
+# How much sooner than ``KVRELAY_LOG_TTL`` after the job's end a log may be gone for the
+# checker (the tap hears the end a moment after it is written).
+EXPIRY_SLACK_S = 0.25
+
+
 def allowance(faults: Sequence[FaultRecord], start: float, end: float) -> float:
     """Extra seconds for a bound on ``[start, end]``: each fault that overlaps it adds
     its own length and the time its effects take to settle."""
@@ -91,9 +96,10 @@ class JobCheck:
     def __init__(self, run: JobRun, expected: list[list[int]], log: list[AnyEvent],
                  tapped: list[Tapped], faults: Sequence[FaultRecord],
                  writers: list[str] | None = None, skew_s: float = 0.0,
-                 picked: bool = False) -> None:
+                 picked: bool = False, log_ttl_s: float | None = None) -> None:
         self.run = run
         self.picked = picked
+        self.log_ttl_s = log_ttl_s
         self.expected = _as_lists(expected)
         self.log = log
         # Per logged event, the run that wrote its entry ('' : none named).
@@ -241,7 +247,8 @@ class JobCheck:
     def _completed(self) -> None:
         run = self.run
         if run.outcome != "completed":
-            self.fail("incomplete", f"{run.outcome}: {run.error}"[:300])
+            if not self._resumed_after_the_log_expired():
+                self.fail("incomplete", f"{run.outcome}: {run.error}"[:300])
             return
         assert run.completion is not None
         got = _as_lists(run.completion)
@@ -334,6 +341,17 @@ class JobCheck:
             self.fail("queue-timeout", f"the caller got QueueTimeout, the log ends with "
                       f"{end!r}"[:200])
 
+    def _resumed_after_the_log_expired(self) -> bool:
+        """A resume that reached Redis only once the job's log had expired (refused or
+        paused writes held its watch back past ``KVRELAY_LOG_TTL`` after the job's end,
+        as the tap heard it) is answered ``UnknownJob``: the retention rule, not a loss."""
+        run = self.run
+        if (self.log_ttl_s is None or run.plan.behaviour != RESUME
+                or run.outcome != "UnknownJob" or run.ended_at is None):
+            return False
+        ends = [t.at for t in self.tapped if isinstance(t.event, TERMINAL_EVENTS)]
+        return bool(ends) and run.ended_at - min(ends) >= self.log_ttl_s - EXPIRY_SLACK_S
+
     def _queue_deadline(self) -> None:
         """The first pickup came before the queue deadline: the worker's own
         ``timings.queue`` says so for a job never taken over (after a takeover it
@@ -384,14 +402,16 @@ def _first_difference(got: dict[int, list[int]], want: dict[int, list[int]]) -> 
 def check_jobs(runs: Sequence[JobRun], reference: Reference, logs: dict[str, list[AnyEvent]],
                tapped: dict[str, list[Tapped]], faults: Sequence[FaultRecord],
                writers: dict[str, list[str]] | None = None, *, skew_s: float = 0.0,
-               picked: set[str] | None = None) -> list[Violation]:
+               picked: set[str] | None = None, log_ttl_s: float | None = None
+               ) -> list[Violation]:
     """Every rule for every job; ``writers`` holds, per job, the run that wrote each
     logged event (``chaos.log_read``); ``skew_s``: how far a worker's clock is off;
-    ``picked``: the jobs whose record says a worker took them in time."""
+    ``picked``: the jobs whose record says a worker took them in time; ``log_ttl_s``:
+    how long an ended job's log lives (None: a resume must always find it)."""
     found: list[Violation] = []
     for run in runs:
         found += JobCheck(run, reference[run.plan.index], logs.get(run.job_id, []),
                           tapped.get(run.job_id, []), faults,
                           (writers or {}).get(run.job_id), skew_s,
-                          run.job_id in (picked or set())).check()
+                          run.job_id in (picked or set()), log_ttl_s).check()
     return found

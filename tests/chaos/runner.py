@@ -157,7 +157,8 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
                                    {job_id: log.writers for job_id, log in logs.items()},
                                    skew_s=max((abs(s) for s in schedule.clock_skew.values()),
                                               default=0.0),
-                                   picked={job_id for job_id, log in logs.items() if log.picked})
+                                   picked={job_id for job_id, log in logs.items() if log.picked},
+                                   log_ttl_s=LOG_TTL_S)
     result.violations += [Violation(None, "tap-decode", f"a reply-channel message did not "
                                     f"decode: {line}") for line in tap.undecodable]
     _keep_handled(cluster, workload, tap, result)

@@ -10,7 +10,7 @@ import fakeredis
 
 from chaos.checker import Violation, check_jobs
 from chaos.retention import retained, retained_past_last_write
-from chaos.schedule import CANCEL, ORPHAN, STREAM, JobPlan
+from chaos.schedule import CANCEL, ORPHAN, RESUME, STREAM, JobPlan
 from chaos.tap import Tapped, WireTap
 from chaos.workload import Chunk, JobRun
 from kvrelay.protocol import (
@@ -239,6 +239,18 @@ def test_a_job_a_worker_took_in_time_may_start_past_its_deadline() -> None:
     assert "queue-deadline" in _rules(_check(_run(log), log))
     assert check_jobs([_run(log)], {0: REFERENCE}, {"j": log}, {"j": _tap(log)}, [],
                       picked={"j"}) == []
+
+
+def test_a_resume_answered_unknown_job_is_lawful_only_once_the_log_could_expire() -> None:
+    log = _history(REFERENCE[0])
+    tapped = _tap(log)
+    ended = tapped[-1].at
+    for resumed_after, lawful in ((4.5, True), (1.0, False)):
+        run = _run(log, behaviour=RESUME)
+        run.outcome, run.error, run.ended_at = "UnknownJob", "no such job", ended + resumed_after
+        found = check_jobs([run], {0: REFERENCE}, {"j": log}, {"j": tapped}, [],
+                           log_ttl_s=4.0)
+        assert ("incomplete" not in _rules(found)) is lawful, found
 
 
 def test_an_undecodable_tapped_message_is_counted() -> None:
