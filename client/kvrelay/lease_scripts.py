@@ -188,14 +188,17 @@ return 1
 
 # A job this worker's run ended, written done again after an outage that may have lost
 # the release (``kvrelay_worker.jobs.recent_endings``): unless its record already says
-# done, or is gone (it expired as an ended job's does: it must not come back), or another
-# run holds its lease now (the job runs again: too late), the record
+# done, or is gone while it may have expired as an ended job's does (it must not come
+# back; ``ARGV[4]`` '1': it was still to live when the outage began, so a restart lost
+# it), or another run holds its lease now (the job runs again: too late), the record
 # says done, keeps no prompt, names no run and expires as an ended job's; its lease,
 # running and fresh entries go. KEYS: job record, lease, running zset, fresh-jobs zset
-# ARGV: job id, run id, record ttl s -> 1 written again, 0 already done, -1 another run's
+# ARGV: job id, run id, record ttl s, lost (0/1)
+# -> 1 written again, 0 already done or expired, -1 another run's
 REASSERT_END = LuaScript("reassert_end", """
 local state = redis.call('HGET', KEYS[1], 'state')
-if state == 'done' or redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if state == 'done' then return 0 end
+if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local lease = redis.call('GET', KEYS[2])
 if lease and lease ~= ARGV[2] then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'done')

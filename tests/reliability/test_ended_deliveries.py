@@ -59,3 +59,18 @@ def test_records_of_ended_jobs_go_and_running_ones_stay(clean_redis_url: str) ->
     now[0] += 10.0
     assert watch.sweep() == 1
     assert direct.hkeys(KEYS.celery_unacked) == [b"t-garbled"]
+
+
+def test_the_messages_of_jobs_this_worker_ended_go_with_no_record_left(
+        clean_redis_url: str) -> None:
+    # Seed 10012: a restart brought back a dead worker's record of a job whose ended
+    # record then expired: nothing could tell the job had ended but its last worker.
+    direct = redis.Redis.from_url(clean_redis_url)
+    store = JobStore(direct, WorkerSettings(redis_url=clean_redis_url, model_name="m"))
+    _hold(direct, "t-mine", "ended-here", "dead-worker")
+    _hold(direct, "t-other", "elsewhere", "dead-worker")
+    watch = EndedDeliveries(direct, KEYS, store.scripts)
+    assert watch.drop_jobs({"ended-here"}) == 1
+    assert direct.hkeys(KEYS.celery_unacked) == [b"t-other"]
+    assert direct.zrange(KEYS.celery_unacked_index, 0, -1) == [b"t-other"]
+    assert direct.hkeys(KEYS.celery_delivered) == [b"t-other"]

@@ -86,6 +86,8 @@ def test_an_end_written_again_never_brings_back_an_expired_record(
     store.scripts.load()
     assert store.reassert_end("expired", "run-1") == 0  # gone as an ended job's record goes
     assert not direct.exists(KEYS.job_record("expired"))
+    assert store.reassert_end("lost", "run-1", lost=True) == 1  # still to live: lost
+    assert direct.hgetall(KEYS.job_record("lost")) == {b"state": b"done"}
     direct.hset(KEYS.job_record("lost-end"), mapping={"state": "running", "run": "run-1",
                                                       "payload": "{}"})
     direct.set(KEYS.lease("other"), "run-2")

@@ -67,6 +67,23 @@ class EndedDeliveries:
         return dropped
 
 
+    def drop_jobs(self, job_ids: set[str]) -> int:
+        """Drop every unacknowledged record of these jobs, which this worker ended: after
+        a restart that lost writes, records dropped before it are back, and once the
+        jobs' ended records have expired nothing else could tell they ended."""
+        if not job_ids:
+            return 0
+        tags = [text(tag) for tag, raw in self.redis.hgetall(self.keys.celery_unacked).items()
+                if _job_id(raw) in job_ids]
+        if tags:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hdel(self.keys.celery_unacked, *tags)
+            pipe.zrem(self.keys.celery_unacked_index, *tags)
+            pipe.hdel(self.keys.celery_delivered, *tags)
+            pipe.execute()
+        return len(tags)
+
+
 def _job_id(raw: Any) -> str | None:
     """The job id in an unacknowledged record (kombu's ``[message, exchange, routing
     key]``); None when there is none or it cannot be read."""

@@ -138,10 +138,14 @@ class Failover:
         if self._outage_began is None:  # the first failure seen of this outage
             self._outage_began = failure
         ended = self.store.endings.since(self._outage_began - self.lease_ttl - REASSERT_MARGIN_S)
-        for job_id, run in ended:  # a failed write raises: tried again next time
-            if self.store.reassert_end(job_id, run) == 1:
+        for job_id, run, at in ended:  # a failed write raises: tried again next time
+            lost = at + self.store.ended_ttl_s > self._outage_began
+            if self.store.reassert_end(job_id, run, lost) == 1:
                 log.warning("job %s had ended here, but Redis had lost its end (a restart "
                             "or failover); wrote it again", job_id)
+        if self.ended.drop_jobs({job_id for job_id, _, _ in ended}):
+            log.warning("dropped unacknowledged messages of jobs that had ended here (a "
+                        "restart or failover brought them back)")
         self._reasserted_for, self._outage_began = failure, None
 
     def _take_over(self, job_id: str) -> None:

@@ -164,9 +164,12 @@ class LeaseOps(StoreCalls):
         return int(self._one(fresh_scripts.SETTLE_FRESH, [*self._fresh_keys(job_id), target],
                              [job_id, copy, wait_ms, 1 if picked else 0]))
 
-    def reassert_end(self, job_id: str, run: str) -> int:
-        """Write again that ``run`` ended the job (``lease_scripts.REASSERT_END``'s answer)."""
+    def reassert_end(self, job_id: str, run: str, lost: bool = False) -> int:
+        """Write again that ``run`` ended the job (``lease_scripts.REASSERT_END``'s answer);
+        ``lost``: its record was still to live when the outage began (a missing one was
+        lost, not expired)."""
         return int(self._one(lease_scripts.REASSERT_END,
                              [self.keys.job_record(job_id), self.keys.lease(job_id),
                               self.running_key, self.fresh_key],
-                             [job_id, run or self.worker_id, self.ended_ttl_s]))
+                             [job_id, run or self.worker_id, self.ended_ttl_s,
+                              1 if lost else 0]))

@@ -39,7 +39,8 @@ class RecentEndings:
             while self._ended and self._ended[0][0] < now - KEEP_S:
                 self._ended.popleft()
 
-    def since(self, when: float) -> list[tuple[str, str]]:
-        """The (job id, run id) pairs ended at or after ``when`` (the clock's time)."""
+    def since(self, when: float) -> list[tuple[str, str, float]]:
+        """The (job id, run id, when) of the jobs ended at or after ``when`` (the clock's
+        time)."""
         with self._lock:
-            return [(job_id, run) for at, job_id, run in self._ended if at >= when]
+            return [(job_id, run, at) for at, job_id, run in self._ended if at >= when]
