@@ -90,7 +90,7 @@ def retained_past_last_write(client: redis.Redis, job_ids: Iterable[str],
     more after it should have expired; what is left then, and every key without such an
     expiry, breaks the rule."""
     first = _retained(client, job_ids, prompts)
-    expiring = [ttl for _, ttl in first if 0 < ttl <= ttl_s]
+    expiring = [ttl for _, ttl in first if 0 <= ttl <= ttl_s]
     if not expiring:
         return [line for line, _ in first]
     sleep(max(expiring) + 1.0)
