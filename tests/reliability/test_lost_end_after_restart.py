@@ -14,7 +14,7 @@ watch looks (``kvrelay_worker.jobs.recent_endings``); nothing more is written to
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,16 +39,9 @@ SETTINGS = {"concurrency": 4, "simulated_step_ms": 20, "lease_ttl": 2.0, "lease_
 WATCHED_FOR_S = 8.0
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    redis_server = RedisServer(tmp_path / "redis")
-    redis_server.start()
-    yield redis_server
-    redis_server.stop()
-
-
-def test_a_job_whose_end_a_restart_lost_does_not_run_again(server: RedisServer,
-                                                           tmp_path: Path) -> None:
+def test_a_job_whose_end_a_restart_lost_does_not_run_again(
+        redis_server_factory: Callable[[], RedisServer], tmp_path: Path) -> None:
+    server = redis_server_factory()
     worker = WorkerProcess("ender", server.url, MODEL, tmp_path, **SETTINGS)
     worker.start()
     try:
