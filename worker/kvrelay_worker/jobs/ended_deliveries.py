@@ -44,7 +44,8 @@ class EndedDeliveries:
         """Drop the records of messages whose job ended; how many went."""
         now = self.clock()
         tags = [text(tag) for tag in self.redis.hkeys(self.keys.celery_unacked)]
-        self._next_look = {tag: at for tag, at in self._next_look.items() if tag in set(tags)}
+        held = set(tags)
+        self._next_look = {tag: at for tag, at in self._next_look.items() if tag in held}
         due = [tag for tag in tags if self._next_look.get(tag, 0.0) <= now]
         if not due:
             return 0
@@ -65,7 +66,6 @@ class EndedDeliveries:
                     [self.keys.celery_unacked, self.keys.celery_unacked_index,
                      self.keys.celery_delivered, self.keys.job_record(job_id)], [tag]))
         return dropped
-
 
     def drop_jobs(self, job_ids: set[str]) -> int:
         """Drop every unacknowledged record of these jobs, which this worker ended: after

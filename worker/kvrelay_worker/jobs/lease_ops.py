@@ -41,6 +41,12 @@ class LeaseOps(StoreCalls):
         the watch looks for the copy (``lease_scripts.REARM_QUEUED``)."""
         return self.lease_ms
 
+    @property
+    def marker_ms(self) -> int:
+        """How long the marker lets one watch at a time act on a job (its requeue or its
+        lost message): two leases, at least 10 s."""
+        return max(self.lease_ms * 2, 10_000)
+
     def release_handback(self, job_id: str, run: str = "") -> bool:
         return bool(self._one(
             lease_scripts.RELEASE_HANDBACK,
@@ -106,7 +112,7 @@ class LeaseOps(StoreCalls):
             lease_scripts.CHECK_EXPIRED,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
              self.keys.requeue_marker(job_id)],
-            [job_id, self.settings.max_attempts, max(self.lease_ms * 2, 10_000),
+            [job_id, self.settings.max_attempts, self.marker_ms,
              self.ended_ttl_s, self.fence_prefix],
         )
         status = text(result[0])
@@ -152,7 +158,7 @@ class LeaseOps(StoreCalls):
         """(``gone``/``busy``/``due``, its message when due, how often it was looked
         for) (``fresh_scripts.CHECK_FRESH``)."""
         found = self._one(fresh_scripts.CHECK_FRESH, self._fresh_keys(job_id),
-                          [job_id, max(self.lease_ms * 2, 10_000)])
+                          [job_id, self.marker_ms])
         if text(found[0]) != "due":
             return text(found[0]), "", 0
         return "due", text(found[1]), int(found[2])
