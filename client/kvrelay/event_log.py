@@ -42,6 +42,7 @@ from typing import Any, Final
 import msgspec
 
 from kvrelay.event_frames import unpack_events
+from kvrelay.judged_read import PipelineRun, plain_run
 from kvrelay.keys import Keyspace
 
 __all__ = [
@@ -238,18 +239,21 @@ async def read_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *
 
 async def read_some_after(client: Any, keys: Keyspace, job_id: str, after_seq: int, *,
                           page: int, max_pages: int | None = None,
+                          run: PipelineRun = plain_run,
                           ) -> tuple[list[msgspec.Raw], bool]:
     """``read_after``, reading at most ``max_pages`` pages of the log (None: all of it):
     the events, and whether the log holds more past them (then the tail was not read:
     read again after the last seq returned). A reader that takes the events a page at a
-    time holds one page of a long log, never the whole of it."""
+    time holds one page of a long log, never the whole of it. Each read is a pipeline
+    that ``run`` executes (a stream's judges it by its server, ``kvrelay.judged_read``)."""
     found: list[msgspec.Raw] = []
     job_log = keys.event_log(job_id)
     start = first_id_after(after_seq)
     newest = after_seq
     pages = 0
     while True:
-        entries: list[Any] = await client.xrange(job_log, min=start, max="+", count=page) or []
+        entries: list[Any] = (await _read(client, run, "xrange", job_log, min=start,
+                                          max="+", count=page)) or []
         pages += 1
         for entry, fields in entries:
             data = entry_events(fields)
@@ -263,11 +267,12 @@ async def read_some_after(client: Any, keys: Keyspace, job_id: str, after_seq: i
         if max_pages is not None and pages >= max_pages:
             return found, True
         start = first_id_after(seq_of_entry_id(entries[-1][0]))
-    owner = await client.hget(keys.job_record(job_id), OWNER_FIELD)
+    owner = await _read(client, run, "hget", keys.job_record(job_id), OWNER_FIELD)
     if not owner:
         return found, False
-    newest_first: list[Any] = await client.xrevrange(
-        keys.worker_tail(owner.decode()), count=TAIL_READ_ENTRIES) or []
+    newest_first: list[Any] = (await _read(client, run, "xrevrange",
+                                           keys.worker_tail(owner.decode()),
+                                           count=TAIL_READ_ENTRIES)) or []
     for _entry, fields in reversed(newest_first):
         blob = fields.get(TAIL_FIELD.encode())
         if not blob:
@@ -280,3 +285,11 @@ async def read_some_after(client: Any, keys: Keyspace, job_id: str, after_seq: i
         except ValueError:
             continue  # a damaged entry: what it held is read as missing (a gap)
     return found, False
+
+
+async def _read(client: Any, run: PipelineRun, command: str, *args: Any, **kwargs: Any) -> Any:
+    """One read command's reply, sent as a pipeline that ``run`` executes."""
+    pipe = client.pipeline(transaction=False)
+    getattr(pipe, command)(*args, **kwargs)
+    (reply,) = await run(pipe)
+    return reply

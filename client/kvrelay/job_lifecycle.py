@@ -30,6 +30,7 @@ from kvrelay.errors import (
     QueueFull,
 )
 from kvrelay.job_scripts import RESERVE, UNWATCH
+from kvrelay.judged_read import judged_run
 from kvrelay.keys import Keyspace
 from kvrelay.lua_library import LIBRARY
 from kvrelay.patience import passing, patiently
@@ -383,6 +384,12 @@ class JobLifecycle:
         sentinels (its reply left out, judged by the server that carried the writes);
         raises the first error reply."""
         return await self._replica_wait.aexecute(pipe)
+
+    async def judged_read(self, pipe: Any) -> list[Any]:
+        """Execute a pipeline of reads, closed by the ``WAIT`` its primary wants and
+        judged by the server that answered (``kvrelay.judged_read``): raises
+        ``PrimaryInDoubt`` for a read a replaced primary answered."""
+        return await judged_run(self._replica_wait, pipe)
 
     def connection_error(self, exc: BaseException, doing: str) -> KvrelayError:
         """``kvrelay.BrokerUnavailable`` naming this client's server and what it did."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 from redis.asyncio import Redis
 
+from kvrelay.judged_read import PipelineRun, plain_run
 from kvrelay.keys import Keyspace
 
 if TYPE_CHECKING:
@@ -88,15 +89,16 @@ def _as_bytes(value: object) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-async def presence(redis: Redis, keys: Keyspace, job_id: str) -> str:
-    """The job's log and record read together (one transaction): ``LIVE``, ``ENDED`` (a
-    done record outlived the log) or ``GONE`` (no record, no log: it may still wait in a
-    queue, unrecorded, which ``job_exists`` looks for)."""
+async def presence(redis: Redis, keys: Keyspace, job_id: str, *,
+                   run: PipelineRun = plain_run) -> str:
+    """The job's log and record read together (one transaction, executed by ``run``):
+    ``LIVE``, ``ENDED`` (a done record outlived the log) or ``GONE`` (no record, no log:
+    it may still wait in a queue, unrecorded, which ``job_exists`` looks for)."""
     pipe = redis.pipeline(transaction=True)
     pipe.exists(keys.event_log(job_id))
     pipe.exists(keys.job_record(job_id))
     pipe.hget(keys.job_record(job_id), "state")
-    has_log, has_record, state = await pipe.execute()
+    has_log, has_record, state = await run(pipe)
     if has_log:
         return LIVE
     if not has_record:

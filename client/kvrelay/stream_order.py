@@ -8,6 +8,10 @@ deliver (``job_lookup.presence``): a job found a moment ago whose log has expire
 (the watch before the read retried its write for up to the reconnect timeout, chaos seed
 333) is answered ``UnknownJob`` (its record says it ended, or nothing of it is left),
 never a ``StreamTimeout`` after waiting for events that cannot come.
+
+Every read of the log or record is judged by the server that answered it
+(``kvrelay.judged_read``): a primary the sentinels replaced still answers, with events
+the job's real log never gets, and such a read is made again on the new primary.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from kvrelay.errors import (
 )
 from kvrelay.event_filter import ImpossibleEvents
 from kvrelay.job_lookup import ENDED, GONE, presence
+from kvrelay.judged_read import reread_in_doubt
 from kvrelay.patience import patiently
 from kvrelay.protocol import TERMINAL_EVENTS, GenerateRequest
 from kvrelay.stream_events import DONE as _DONE
@@ -219,7 +224,9 @@ class EventOrder:
     async def _fill_gap(self, *, check: bool = False) -> None:
         """Read the log from ``next_seq`` into the buffer (gap, resync or timeout check)."""
         try:
-            events = await self._read_log(after_seq=self._next_seq - 1)
+            events = await reread_in_doubt(
+                functools.partial(self._read_log, after_seq=self._next_seq - 1),
+                self._jobs.reconnect_timeout)
         except REDIS_ERRORS as exc:
             if self._jobs.dispatcher.connected:
                 raise self._fail(
@@ -253,7 +260,7 @@ class EventOrder:
         try:
             found, self._log_more = await event_log.read_some_after(
                 self._jobs.redis, self._jobs.keys, self._job_id, after_seq, page=_LOG_PAGE,
-                max_pages=1,
+                max_pages=1, run=self._jobs.judged_read,
             )
         except redis_exceptions.ResponseError as exc:  # e.g. WRONGTYPE, NOPERM
             raise InternalError(
@@ -269,7 +276,8 @@ class EventOrder:
         it is left: then ``UnknownJob``, at once."""
         try:
             found = await patiently(
-                lambda: presence(self._jobs.redis, self._jobs.keys, self._job_id),
+                lambda: presence(self._jobs.redis, self._jobs.keys, self._job_id,
+                                 run=self._jobs.judged_read),
                 self._jobs.reconnect_timeout)
             known = found != GONE or (self._still_known is not None
                                       and await self._still_known())
