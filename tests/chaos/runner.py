@@ -161,7 +161,7 @@ def _run_loaded(cluster: ChaosCluster, schedule: Schedule, reference: dict[int, 
                                    log_ttl_s=LOG_TTL_S)
     result.violations += [Violation(None, "tap-decode", f"a reply-channel message did not "
                                     f"decode: {line}") for line in tap.undecodable]
-    _keep_handled(cluster, workload, tap, result)
+    _keep_handled(cluster, workload, tap, result, logs)
     for run in workload.runs:
         result.outcomes[run.outcome] = result.outcomes.get(run.outcome, 0) + 1
     for slot in cluster.slots:
@@ -230,19 +230,20 @@ def _final_logs(cluster: ChaosCluster, seen: dict[str, LogRead], enqueued: set[s
 
 
 def _keep_handled(cluster: ChaosCluster, workload: Workload, tap: WireTap,
-                  result: RunResult) -> None:
+                  result: RunResult, logs: dict[str, LogRead]) -> None:
     """Write, beside the workers' logs, which jobs each worker started (from the tapped
-    ``Started`` events) and the run's report: a failure that does not replay can still
-    be read from the run's folder."""
+    ``Started`` events), each job's log as the checker read it (seq runs per writing
+    run) and the run's report: a failure that does not replay can still be read from
+    the run's folder."""
     # A worker names itself host:pid; its log file is named after its slot's process.
-    logs = {str(w.process.pid): f"{w.name}.log" for slot in cluster.slots
-            for w in slot.processes if w.process is not None}
+    log_files = {str(w.process.pid): f"{w.name}.log" for slot in cluster.slots
+                 for w in slot.processes if w.process is not None}
     handled: dict[str, list[str]] = {}
     for run in workload.runs:
         for tapped in tap.of(run.job_id):
             if isinstance(tapped.event, Started):
                 name = tapped.event.worker
-                log_file = logs.get(name.rsplit(":", 1)[-1])
+                log_file = log_files.get(name.rsplit(":", 1)[-1])
                 handled.setdefault(f"{name} ({log_file})" if log_file else name, []).append(
                     f"job {run.plan.index} {run.job_id} attempt {tapped.event.attempt} "
                     f"run {tapped.event.run} at {tapped.at:.3f}")
@@ -250,8 +251,36 @@ def _keep_handled(cluster: ChaosCluster, workload: Workload, tap: WireTap,
         (cluster.workdir / "handled.json").write_text(json.dumps({
             "seed": result.schedule.seed, "workers": handled,
             "jobs": {run.job_id: {"index": run.plan.index, "outcome": run.outcome,
-                                  "error": run.error[:300]} for run in workload.runs},
+                                  "error": run.error[:300],
+                                  "log": _log_summary(logs.get(run.job_id, LogRead())),
+                                  "chunks": _seq_runs([c.seq for c in run.chunks])}
+                     for run in workload.runs},
         }, indent=1))
+
+
+def _seq_runs(seqs: list[int]) -> str:
+    """``0-41,49``: consecutive seqs as ranges."""
+    ranges: list[list[int]] = []
+    for seq in seqs:
+        if ranges and seq == ranges[-1][1] + 1:
+            ranges[-1][1] = seq
+        else:
+            ranges.append([seq, seq])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _log_summary(log: LogRead) -> list[str]:
+    """A log's events as seq ranges, one line per writing run in turn, the ending's type
+    on the last."""
+    lines: list[tuple[str, list[int]]] = []
+    for event, writer in zip(log.events, log.writers, strict=False):
+        if not lines or lines[-1][0] != writer:
+            lines.append((writer, []))
+        lines[-1][1].append(event.seq)
+    summary = [f"{_seq_runs(seqs)} by {writer or '-'}" for writer, seqs in lines]
+    if log.ended:
+        summary.append(type(log.events[-1]).__name__)
+    return summary
 
 
 def _last_lines(text: str, count: int = 3) -> str:

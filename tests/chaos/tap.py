@@ -8,6 +8,13 @@ reconnects (a failover), so the checker treats what the tap lacks as unknown, ne
 a violation; once subscribed again, the tap reads the logs of the jobs it saw running, so
 an end it missed is still kept.
 
+Behind sentinels the tap leaves a primary they replaced, as the SDK's reader does
+(``kvrelay.primary_watch``): a primary replaced while paused stays one for many seconds
+and hears none of what workers publish on the new one, and its logs hold writes that
+vanish. So every ``PRIMARY_CHECK_S`` the tap asks the sentinels, reconnects when they
+name another server, and reads a log only after asking them (an idle connection to the
+old primary is dropped then).
+
 Logs expire ``KVRELAY_LOG_TTL`` after their job ends, sooner than a slow caller may be
 done, so the tap also reads a job's log as soon as it sees the job's terminal event
 (``logs``): the store as it was when the job ended.
@@ -20,6 +27,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import redis
@@ -31,6 +39,8 @@ from kvrelay.keys import Keyspace
 from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, decode_event
 
 KEYS = Keyspace()
+# How often the tap asks the sentinels which primary they name.
+PRIMARY_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,11 @@ class WireTap:
                 pubsub.psubscribe(KEYS.reply_channel("*"))
                 self._catch_up(client)
                 self._ready.set()
+                next_check = time.monotonic() + PRIMARY_CHECK_S
                 while not self._stop.is_set():
+                    if time.monotonic() >= next_check:
+                        _leave_a_replaced_primary(client, pubsub)
+                        next_check = time.monotonic() + PRIMARY_CHECK_S
                     message = pubsub.get_message(timeout=0.2)
                     if message is not None:
                         for job_id in self._record(time.time(), message["data"]):
@@ -120,6 +134,7 @@ class WireTap:
         expires ``KVRELAY_LOG_TTL`` later)."""
         with self._lock:
             running = [job_id for job_id in self.events if job_id not in self.logs]
+        _follow_the_sentinels(client)
         for job_id in running:
             log = read_log(client, job_id)
             if log.ended:
@@ -130,9 +145,34 @@ class WireTap:
         """The ended job's log, given up to a second to show its terminal event."""
         give_up = time.monotonic() + 1.0
         while True:
+            _follow_the_sentinels(client)
             log = read_log(client, job_id)
             with self._lock:
                 self.logs[job_id] = log
             if log.ended or time.monotonic() > give_up:
                 return
             time.sleep(0.1)
+
+
+def _follow_the_sentinels(client: redis.Redis) -> None:
+    """Ask the sentinels for the primary (a Sentinel-managed pool drops its idle
+    connections to another one then); nothing for a plain client."""
+    pool = client.connection_pool
+    if hasattr(pool, "get_master_address"):
+        pool.get_master_address()
+
+
+def _leave_a_replaced_primary(client: redis.Redis, pubsub: Any) -> None:
+    """Raise ``redis.ConnectionError`` (the tap reconnects and catches up) when the
+    sentinels name a primary other than the one the pub/sub connection is on."""
+    pool = client.connection_pool
+    connection = pubsub.connection
+    if not hasattr(pool, "get_master_address") or connection is None:
+        return
+    try:
+        named = pool.get_master_address()
+    except redis.RedisError:  # no sentinel answered: no evidence the primary moved
+        return
+    if (str(named[0]), int(named[1])) != (str(connection.host), int(connection.port)):
+        raise redis.ConnectionError(f"the sentinels name {named[0]}:{named[1]} as the "
+                                    f"primary, not {connection.host}:{connection.port}")
