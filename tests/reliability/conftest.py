@@ -75,6 +75,17 @@ def module_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Senti
 
 
 @pytest.fixture
+def own_sentinels(tmp_path: Path) -> Iterator[SentinelCluster]:
+    """A primary, its replica and three sentinels of one test's own: for a test that
+    fails the primary over, or leaves it paused or demoted."""
+    cluster = SentinelCluster(tmp_path).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
 def primary(tmp_path: Path) -> Iterator[ReplicatedPrimary]:
     """A primary under ``min-replicas-to-write 1`` with its replica, refusing on demand."""
     server = ReplicatedPrimary(tmp_path / "redis").start()

@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,12 +51,8 @@ WRITES_AFTER_SWITCH = 20
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
-    cluster = SentinelCluster(tmp_path).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def cluster(own_sentinels: SentinelCluster) -> SentinelCluster:
+    return own_sentinels
 
 
 def _logged_seqs(cluster: SentinelCluster) -> set[int]:

@@ -21,8 +21,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -46,12 +44,8 @@ PAUSE_MS = 25_000
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[SentinelCluster]:
-    cluster = SentinelCluster(tmp_path).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def cluster(own_sentinels: SentinelCluster) -> SentinelCluster:
+    return own_sentinels
 
 
 def _server(port: int) -> redis.Redis:
