@@ -39,8 +39,9 @@ TENANT_COMMANDS: Final = (
     # event logs
     "xadd", "xrange", "xrevrange", "xtrim", "xsetid",
     # kvrelay's functions (``kvrelay.redis_functions``; they read the server's clock),
-    # and transactions
-    "fcall", "time",
+    # behind sentinels the replica acknowledgement of writes and of reads
+    # (``kvrelay.replica_wait``), and transactions
+    "fcall", "time", "wait",
     "multi", "exec", "discard", "watch", "unwatch",
 )
 

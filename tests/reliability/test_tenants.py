@@ -167,3 +167,14 @@ async def test_a_still_cancels_its_own_job(acl_redis: tuple[str, dict[str, str]]
             await alice.cancel(stream.job_id)
             with pytest.raises(Cancelled):
                 await stream.final()
+
+
+def test_a_tenant_may_wait_for_its_replicas(acl_redis: tuple[str, dict[str, str]]) -> None:
+    """Behind sentinels each job-state write and each stream read of a log ends with
+    ``WAIT`` (``kvrelay.replica_wait``): refused it, a tenant could write nothing."""
+    _, urls = acl_redis
+    client = redis.Redis.from_url(urls["alpha"])
+    try:
+        assert client.execute_command("WAIT", 0, 0) == 0
+    finally:
+        client.close()
