@@ -160,9 +160,13 @@ return {'requeue', record[1], record[2] or ''}
 # been claimed: a copy lost on its way (pushed to a primary that was then demoted, or
 # taken by a worker killed while it held the message only in memory) is noticed by the
 # watch (``CHECK_EXPIRED``'s ``queued``) and pushed again; a claim scores it as usual.
+# Its owner's fence flag goes up as a claim's would: a run that only stalled (cut off,
+# blackholed) and wakes up before the copy is claimed must have its batches checked job
+# by job, or its fast path would move events past the ones a checked batch refused
+# into the log (a gap: seed 10017).
 # KEYS: job record, lease, running zset, requeue marker
-# ARGV: job id, the lost run id, claim due in ms
-COMMIT_REQUEUE = LuaScript("commit_requeue", """
+# ARGV: job id, the lost run id, claim due in ms, fence flag prefix
+COMMIT_REQUEUE = LuaScript("commit_requeue", format_script("""
 redis.call('DEL', KEYS[4])
 local lease = redis.call('GET', KEYS[2])
 if lease and lease == ARGV[2] then return 0 end
@@ -170,9 +174,11 @@ redis.call('HINCRBY', KEYS[1], 'lost', 1)
 if not lease and redis.call('HGET', KEYS[1], 'state') == 'running' then
   redis.call('HSET', KEYS[1], 'state', 'queued')
   redis.call('ZADD', KEYS[3], server_ms() + tonumber(ARGV[3]), ARGV[1])
+  local owner = redis.call('HGET', KEYS[1], '{OWNER_FIELD}')
+  if owner then redis.call('SET', ARGV[4] .. owner, '1', 'EX', {FENCE_FLAG_TTL_S}) end
 end
 return 1
-""", helpers=True)
+"""), helpers=True)
 
 # After the watch looked for the copy of a job left ``queued`` (and pushed one where there
 # was none): due again later, unless it was claimed or ended meanwhile. The marker goes.

@@ -293,3 +293,25 @@ def test_a_cancelled_pickup_fences_the_stalled_run(world: World) -> None:
     assert [type(decode_event(bytes(raw))) for _, fields in _log(world, "j")
             for raw in unpack_events(event_log.entry_events(fields) or b"")] == [Tokens, Failed]
     assert world.client.hget(KEYS.job_record("j"), "run") is None
+
+
+def test_a_requeue_fences_the_stalled_runs_fast_path(world: World) -> None:
+    """A run stalls past its lease (cut off, blackholed), another worker's watch requeues
+    its job, and the run wakes before the copy is claimed. Its batches are checked job by
+    job from then on: the one that wakes it is refused, and so is the next, which went
+    unchecked before (no claim had raised its fence flag, no stream watched) and moved
+    events past the refused ones into the log: a gap (chaos seed 10017)."""
+    owner, other = world.stores[0], world.stores[1]
+    assert owner.claim("j", "{}", "d", "w0#a").status == "claimed"
+    assert owner.append_batch([JobEvents("j", events=[(0, False, _tokens(0))], moved=[_tokens(0)],
+                                         moved_last=0, run="w0#a")]) == [1]
+    world.client.delete(KEYS.lease("j"))  # w0 stalled past its lease
+    status, _, lost = other.check_expired("j")
+    assert status == "requeue"
+    other.commit_requeue("j", lost)
+    later = JobEvents("j", events=[(2, True, encode_event(Finished(seq=2, finish_reason="length")))],
+                      moved=[encode_event(Finished(seq=2, finish_reason="length"))], moved_last=2,
+                      release=True, run="w0#a")
+    assert owner.append_batch([later]) == [AppendResult.FENCED]
+    assert [event_log.seq_of_entry_id(e) for e, _ in _log(world, "j")] == [0]
+    assert world.client.hget(KEYS.job_record("j"), "state") == b"queued"

@@ -221,6 +221,39 @@ def test_a_stale_owners_job_writes_nothing_while_the_batchs_other_jobs_are_writt
     assert [job_id for job_id, _ in unpack_message(message["data"])] == ["a"]
 
 
+def test_a_fenced_jobs_later_events_are_never_sent(store: JobStore) -> None:
+    """Once a batch finds a job another's, the run's later events (already made by the
+    engine before it heard) go nowhere: sent, they could land where the refused ones
+    did not (seed 10017: a batch past the fence went unchecked and left a gap)."""
+    stale = _job("stale", "reply-1")
+    taken_over(store, stale.job_id, "the-new-owner")
+    fenced: list[str] = []
+    publisher = _publisher(store, fenced)
+    publisher._process([EventItem(stale, _tokens([5]))])
+    assert fenced == ["stale"]
+    before = _calls(store.redis)
+    publisher._process([EventItem(stale, _tokens([6])),
+                        EventItem(stale, _finished(), outcome=Outcome.FINISHED)])
+    assert _delta(before, _calls(store.redis), "fcall") == 0
+    assert stale.outcome == Outcome.FENCED
+    assert fenced == ["stale"]
+
+
+def test_a_tail_left_with_a_running_jobs_expiry_is_shortened(store: JobStore) -> None:
+    """A batch whose fenced job had tail-only events gave the tail a running job's
+    expiry; with those jobs dropped and the last one ended, nothing running is left in
+    it, and its expiry is an ended job's log's (chaos seed 10017: the tail of a worker
+    cut off while its jobs were taken over kept events of ended jobs for 97 s)."""
+    own, stale = _job("own", "reply-1"), _job("stale", "reply-1")
+    _running(store, own)
+    taken_over(store, stale.job_id, "the-new-owner")
+    publisher = _publisher(store, [])
+    publisher._process([EventItem(stale, _tokens([5])), EventItem(own, _tokens([1])),
+                        EventItem(own, _finished(), Outcome.FINISHED)])
+    assert own.outcome == Outcome.FINISHED
+    assert 0 < store.redis.ttl(store.tail_key) <= store.ended_ttl_s
+
+
 def _finished() -> Finished:
     return Finished(seq=0, finish_reason="length", finish_reasons=["length"],
                     usage=Usage(prompt_tokens=2, completion_tokens=1, cached_tokens=0))

@@ -63,6 +63,10 @@ class ActiveJob:
     # Set by the publisher when the batch that wrote the job's terminal event also
     # released it (``JobEvents.release``): nothing is left to release.
     released: bool = False
+    # Set by the publisher when a batch found the job another's (``AppendResult.FENCED``):
+    # none of this run's later events is sent (the refused ones are gone, so a later
+    # one written would leave a gap in the log).
+    fenced: bool = False
     # When (monotonic clock) the job last moved: claimed, held by an engine loop that
     # went round (running, queued in the engine or preempted), or its events sent to
     # Redis. The lease keeper keeps the lease of a job that moved recently, no other.

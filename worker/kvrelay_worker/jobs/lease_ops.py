@@ -125,7 +125,7 @@ class LeaseOps(StoreCalls):
             lease_scripts.COMMIT_REQUEUE,
             [self.keys.job_record(job_id), self.keys.lease(job_id), self.running_key,
              self.keys.requeue_marker(job_id)],
-            [job_id, lost_run, self.claim_due_ms],
+            [job_id, lost_run, self.claim_due_ms, self.fence_prefix],
         )
 
     def rearm_queued(self, job_id: str) -> bool:

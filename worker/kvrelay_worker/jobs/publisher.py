@@ -27,44 +27,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvrelay.event_log import TAIL_READ_ENTRIES, AppendResult
-from kvrelay.protocol import TERMINAL_EVENTS, AnyEvent, Tokens, ToolCallDelta, encode_event
+from kvrelay.protocol import TERMINAL_EVENTS, Tokens, encode_event
 from kvrelay_worker.jobs.active_job import ENDED_HERE, ActiveJob, Outcome
 from kvrelay_worker.jobs.held_writes import until_written
 from kvrelay_worker.jobs.job_store import TAIL_MAX_LEN, JobEvents, JobStore
 from kvrelay_worker.jobs.log_window import LogWindow
+from kvrelay_worker.jobs.publish_items import DoneItem, EventItem, HandbackItem, Item, coalesce
 from kvrelay_worker.metrics import WorkerMetrics
 from kvrelay_worker.redis_health import RedisHealth
 
+__all__ = ["DoneItem", "EventItem", "HandbackItem", "Item", "Publisher", "coalesce"]
+
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class EventItem:
-    job: ActiveJob
-    event: AnyEvent
-    # For a terminal event: the outcome to record once it is written.
-    outcome: str | None = None
-
-
-@dataclass
-class HandbackItem:
-    """Give the job back to the queue after its earlier events are written."""
-
-    job: ActiveJob
-
-
-@dataclass
-class DoneItem:
-    """End a job without an event (fenced: another worker owns it now)."""
-
-    job: ActiveJob
-    outcome: str
-
-
-Item = EventItem | HandbackItem | DoneItem
 
 _STOP = object()
 # A job's events stay only in this worker's tail for at most this many batches before
@@ -88,6 +65,9 @@ class Publisher:
         self._queue: queue.SimpleQueue[list[Item] | object] = queue.SimpleQueue()
         # Entries written to this worker's tail so far (retries counted: an upper bound).
         self._tail_entries = 0
+        # The tail's expiry as last written is a running job's (longer than an ended
+        # job's log lives): shortened once the tail holds no running job's events.
+        self._tail_long = False
         # Since when (monotonic) a round is in hand (None: waiting for one), and when this
         # thread last went round or tried a write: a round that stops trying is stuck.
         self._busy_since: float | None = None
@@ -144,7 +124,7 @@ class Publisher:
                 self._busy_since = None
 
     def _process(self, items: list[Item]) -> None:
-        events = [i for i in items if isinstance(i, EventItem)]
+        events = [i for i in items if isinstance(i, EventItem) and not self._after_fence(i)]
         per_job = self._batch(events)
         tail_before = self._tail_entries
         results = self._send(per_job)
@@ -162,6 +142,26 @@ class Publisher:
             elif isinstance(other, DoneItem):
                 self._move_unlogged(other.job)
                 other.job.finish(other.outcome)
+        if self._tail_long and not self._unlogged:
+            self._shorten_tail()
+
+    def _shorten_tail(self) -> None:
+        """The tail holds no running job's events any more, but the last batch gave it a
+        running job's expiry (its jobs were fenced, or ended without a batch of their
+        own): an ended job's log's expiry now, as the retention rule says."""
+        until_written(lambda: self.store.shorten_tail(self.store.ended_ttl_s),
+                      "the tail's expiry", self.health)
+        self._tail_long = False
+
+    @staticmethod
+    def _after_fence(item: EventItem) -> bool:
+        """An event of a run that a batch found fenced: never sent (its job ends
+        ``FENCED`` with its end)."""
+        if not item.job.fenced:
+            return False
+        if item.outcome is not None:
+            item.job.finish(Outcome.FENCED)
+        return True
 
     def _batch(self, events: list[EventItem]) -> dict[ActiveJob, tuple[list[EventItem],
                                                                         JobEvents]]:
@@ -260,8 +260,11 @@ class Publisher:
                     raise result
             return results
 
-        return until_written(attempt, f"the events of {len(batch)} jobs", self.health,
-                             any_error=True)
+        results = until_written(attempt, f"the events of {len(batch)} jobs", self.health,
+                                any_error=True)
+        if entries:
+            self._tail_long = tail_expiry > self.store.ended_ttl_s
+        return results
 
     def _track_unlogged(self, job: ActiveJob, job_events: JobEvents, result: object,
                         tail_before: int) -> None:
@@ -305,6 +308,7 @@ class Publisher:
         elif result == AppendResult.FENCED:
             log.warning("publisher: job %s is owned by another worker now; dropping it",
                         job.job_id)
+            job.fenced = True
             if item.outcome is not None:
                 job.finish(Outcome.FENCED)  # the engine has already let go of the job
             else:
@@ -341,71 +345,3 @@ class Publisher:
             log.exception("publisher: hand-back of job %s failed; its lease will expire and "
                           "another worker will take it over", job.job_id)
         job.finish(Outcome.HANDBACK)
-
-
-def coalesce(items: list[Item]) -> list[Item]:
-    """Merge each job's token events of one choice into one event, while no other item
-    of that job comes between them.
-
-    Whatever queued up while the previous batch was in flight arrives here together, so
-    a job that got several steps' tokens meanwhile sends one event per choice, not one
-    per step. Each choice's order is kept, and nothing moves across a job's other
-    events (Started, the terminal one) or items; only the interleaving of one job's
-    choices may change, which no reader depends on. One dict lookup per item.
-    """
-    out: list[Item] = []
-    # Per (job, choice): its open token event, until another item of the job comes.
-    open_tokens: dict[tuple[ActiveJob, int], Tokens] = {}
-    # Per job: the choices it has open (to close them all at once).
-    open_choices: dict[ActiveJob, list[int]] = {}
-    for item in items:
-        event = item.event if isinstance(item, EventItem) else None
-        if isinstance(event, Tokens):
-            key = (item.job, event.index)
-            prev = open_tokens.get(key)
-            if prev is not None and prev.finish_reason is None:
-                _merge_tokens(prev, event)
-                continue
-            open_tokens[key] = event
-            if prev is None:
-                open_choices.setdefault(item.job, []).append(event.index)
-        else:
-            for index in open_choices.pop(item.job, ()):
-                del open_tokens[(item.job, index)]
-        out.append(item)
-    return out
-
-
-def _merge_tokens(into: Tokens, extra: Tokens) -> None:
-    """Append ``extra`` to ``into`` in place (both are this batch's own events)."""
-    into.token_ids.extend(extra.token_ids)
-    into.text += extra.text
-    if extra.reasoning:
-        into.reasoning = (into.reasoning or "") + extra.reasoning
-    if extra.tool_calls:
-        into.tool_calls = _merge_call_pieces(into.tool_calls or [], extra.tool_calls)
-    if into.prompt_logprobs is None:
-        into.prompt_logprobs = extra.prompt_logprobs
-    if extra.logprobs is not None:
-        if into.logprobs is None:
-            into.logprobs = []
-        into.logprobs.extend(extra.logprobs)
-    into.finish_reason = extra.finish_reason
-    into.cumulative_logprob = extra.cumulative_logprob
-    into.beam_score = extra.beam_score
-
-
-def _merge_call_pieces(into: list[ToolCallDelta], extra: list[ToolCallDelta]
-                       ) -> list[ToolCallDelta]:
-    """``into`` then ``extra``, a piece that only continues the previous piece's call
-    (same index, no id or name) folded into it: the same arguments, fewer pieces."""
-    merged = list(into)
-    for piece in extra:
-        last = merged[-1] if merged else None
-        if last is not None and last.index == piece.index and piece.id is None \
-                and piece.name is None:
-            merged[-1] = ToolCallDelta(index=last.index, id=last.id, name=last.name,
-                                       arguments=last.arguments + piece.arguments)
-        else:
-            merged.append(piece)
-    return merged

@@ -82,6 +82,10 @@ class StoreCalls:
         """How long a running job's log and record outlive its latest write."""
         return max(1, int(self.settings.log_live_ttl))
 
+    def shorten_tail(self, ttl_s: int) -> None:
+        """This worker's tail expires within ``ttl_s`` (never later than it did)."""
+        self.redis.expire(self.tail_key, ttl_s, lt=True)
+
     def _pipelined(self, calls: list[ScriptCall]) -> list[Any]:
         """Run script calls in one pipelined round trip, by name (``FCALL``; ``EVALSHA``
         without functions) alone.
