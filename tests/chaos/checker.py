@@ -191,15 +191,18 @@ class JobCheck:
     # ---------------------------------------------------------------- the wire
 
     def _wire(self) -> None:
-        by_seq: dict[int, bytes] = {}
-        conflicts = set()
+        by_seq: dict[int, Tapped] = {}
+        conflicts: dict[int, tuple[Tapped, Tapped]] = {}
         for tapped in self.tapped:
-            seen = by_seq.setdefault(tapped.event.seq, tapped.raw)
-            if seen != tapped.raw:
-                conflicts.add(tapped.event.seq)
+            seen = by_seq.setdefault(tapped.event.seq, tapped)
+            if seen.raw != tapped.raw:
+                conflicts.setdefault(tapped.event.seq, (seen, tapped))
         if conflicts:
+            first = min(conflicts)
+            a, b = conflicts[first]
             self.fail("wire-conflict", f"two different events published under seqs "
-                      f"{sorted(conflicts)[:10]}")
+                      f"{sorted(conflicts)[:10]} (seq {first}: {_described(a)}, then "
+                      f"{_described(b)} {b.at - a.at:.2f}s later)")
         self._no_run_after_end()
         end = self.terminal
         if end is not None:
@@ -415,3 +418,14 @@ def check_jobs(runs: Sequence[JobRun], reference: Reference, logs: dict[str, lis
                           (writers or {}).get(run.job_id), skew_s,
                           run.job_id in (picked or set()), log_ttl_s).check()
     return found
+
+
+def _described(tapped: Tapped) -> str:
+    """A tapped event in a few words: its type and what tells two runs apart."""
+    event = tapped.event
+    parts = [type(event).__name__]
+    for name in ("run", "attempt", "index", "token_ids"):
+        value = getattr(event, name, None)
+        if value not in (None, "", []):
+            parts.append(f"{name}={value if name != 'token_ids' else list(value)[:4]}")
+    return " ".join(parts)
