@@ -127,7 +127,10 @@ return moved
 
 # A message a dead worker took (``Keyspace.celery_delivered`` names it as that worker's)
 # and never acknowledged, settled by what the job's record says at this moment: ``done``
-# -> its unacknowledged records are dropped, so no copy ever runs it again; claimed
+# -> its unacknowledged records are dropped, so no copy ever runs it again; ``queued``
+# (claimed once, then requeued or handed back: that step pushed its copy, and the watch
+# pushes another if that one is lost) -> dropped too, or the job would have two copies
+# and the late one end it a second time once its record expired (seed 10038); claimed
 # (``running``, or its lease held) -> left to the lease takeover; otherwise (never claimed,
 # or no record at all: a producer other than the SDK reserves none) given back to the
 # front of the shared queue (the end consumers pop) with its records gone in the same
@@ -145,7 +148,7 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 if not redis.call('HGET', KEYS[1], ARGV[1]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if ARGV[3] == '' or state == 'done' then return 2 end
+if ARGV[3] == '' or state == 'done' or state == 'queued' then return 2 end
 redis.call('RPUSH', KEYS[4], ARGV[3])
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[5], '@PICKED_FIELD@', '1')
