@@ -199,6 +199,11 @@ local function server_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
+-- Raise a worker's fence flag: its batches are checked job by job from now on (a claim
+-- of one of its jobs by another run, a requeue, an unowned ending).
+local function raise_fence(fence_prefix, owner)
+  redis.call('SET', fence_prefix .. owner, '1', 'EX', {FENCE_FLAG_TTL_S})
+end
 -- End a job for good where its own run does not (cancelled or past its deadline at a
 -- pickup, rejected, too many lost workers, any unowned end): the record says done and
 -- names no run any more, the lease and the running entry go, and the fence flag of the
@@ -210,7 +215,7 @@ local function end_unowned(record_key, lease_key, running_key, job_id, fence_pre
                            fresh_key)
   local record = redis.call('HMGET', record_key, '{OWNER_FIELD}', 'run')
   if record[1] and record[2] and record[2] ~= '' then
-    redis.call('SET', fence_prefix .. record[1], '1', 'EX', {FENCE_FLAG_TTL_S})
+    raise_fence(fence_prefix, record[1])
   end
   redis.call('HSET', record_key, 'state', 'done')
   redis.call('HDEL', record_key, 'payload', 'run', '{MESSAGE_FIELD}', '{MESSAGE_CHECKS_FIELD}')

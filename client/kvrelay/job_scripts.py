@@ -75,7 +75,7 @@ if record[4] then
   end
   local handed_back = record[3] and record[3] ~= '' and record[3] == record[6]
   if record[4] ~= ARGV[2] or not handed_back then
-    redis.call('SET', ARGV[9] .. record[4], '1', 'EX', {FENCE_FLAG_TTL_S})
+    raise_fence(ARGV[9], record[4])
   end
 end
 local attempt = tonumber(record[5] or '0') + 1

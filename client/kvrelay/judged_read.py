@@ -18,12 +18,12 @@ too was answered by a server that is not the primary, and is made again.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis
 
+from kvrelay.patience import retried
 from kvrelay.primary_doubt import PrimaryInDoubt, ReplicaLagging
 from kvrelay.replica_wait import ReplicaWait
 
@@ -36,8 +36,6 @@ PipelineRun = Callable[[Any], Awaitable[list[Any]]]
 
 # How Redis refuses a ``WAIT`` on a replica.
 _ON_A_REPLICA = "cannot be used with replica"
-_FIRST_DELAY_S = 0.02
-_MAX_DELAY_S = 0.25
 
 
 async def plain_run(pipe: Any) -> list[Any]:
@@ -65,14 +63,8 @@ async def judged_run(replica_wait: ReplicaWait, pipe: Any) -> list[Any]:
 async def reread_in_doubt(read: Callable[[], Awaitable[T]], within: float) -> T:
     """``await read()``, made again while its server is judged not the primary (or a
     replica lags), for up to ``within`` seconds; other failures are raised at once."""
-    loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + within
-    delay = _FIRST_DELAY_S
-    while True:
-        try:
-            return await read()
-        except (PrimaryInDoubt, ReplicaLagging):
-            if loop.time() + delay > give_up_at:
-                raise
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, _MAX_DELAY_S)
+    return await retried(read, within, _in_doubt)
+
+
+def _in_doubt(exc: Exception) -> bool:
+    return isinstance(exc, (PrimaryInDoubt, ReplicaLagging))

@@ -175,7 +175,7 @@ if not lease and redis.call('HGET', KEYS[1], 'state') == 'running' then
   redis.call('HSET', KEYS[1], 'state', 'queued')
   redis.call('ZADD', KEYS[3], server_ms() + tonumber(ARGV[3]), ARGV[1])
   local owner = redis.call('HGET', KEYS[1], '{OWNER_FIELD}')
-  if owner then redis.call('SET', ARGV[4] .. owner, '1', 'EX', {FENCE_FLAG_TTL_S}) end
+  if owner then raise_fence(ARGV[4], owner) end
 end
 return 1
 """), helpers=True)

@@ -46,6 +46,19 @@ async def patiently(call: Callable[[], Awaitable[T]], within: float) -> T:
     """``await call()``, tried again while it fails in a way that may pass, for up to
     ``within`` seconds; the last failure is raised after that (a refusal as
     ``WritesRefused``, so that callers treat it as Redis out of reach)."""
+    try:
+        return await retried(call, within, passing)
+    except Exception as exc:
+        if passing(exc) and is_refusal(exc):
+            raise WritesRefused(str(exc)) from exc
+        raise
+
+
+async def retried(call: Callable[[], Awaitable[T]], within: float,
+                  again: Callable[[Exception], bool]) -> T:
+    """``await call()``, tried again with a short, capped backoff while it fails in a
+    way ``again`` accepts, for up to ``within`` seconds; any other failure, and the last
+    one, is raised."""
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + within
     delay = FIRST_DELAY_S
@@ -53,11 +66,7 @@ async def patiently(call: Callable[[], Awaitable[T]], within: float) -> T:
         try:
             return await call()
         except Exception as exc:
-            if not passing(exc):
-                raise
-            if loop.time() + delay > give_up_at:
-                if is_refusal(exc):
-                    raise WritesRefused(str(exc)) from exc
+            if not again(exc) or loop.time() + delay > give_up_at:
                 raise
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_DELAY_S)

@@ -75,6 +75,15 @@ class SentinelCluster:
                                              MASTER_NAME)
         return int(port)
 
+    def wait_replaced(self, old: int, timeout: float = 30.0) -> int:
+        """Until the sentinels name a primary other than the one at port ``old`` (a
+        failover the test set off); its port."""
+        deadline = time.monotonic() + timeout
+        while (port := self.primary_port()) == old:
+            assert time.monotonic() < deadline, "the sentinels never failed over"
+            time.sleep(0.1)
+        return port
+
     def _wait_settled(self, timeout: float) -> None:
         """Until the replica is in sync and every sentinel knows the replica and the two
         other sentinels (a failover needs a quorum and an elected leader)."""

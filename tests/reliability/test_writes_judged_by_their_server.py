@@ -61,10 +61,7 @@ def _pause_until_replaced(cluster: SentinelCluster, start_held: threading.Thread
         primary.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
     if start_held is not None:
         start_held.start()
-    deadline = time.monotonic() + 30
-    while cluster.primary_port() == first:
-        assert time.monotonic() < deadline, "the sentinels never failed over"
-        time.sleep(0.1)
+    cluster.wait_replaced(first)
     return first
 
 
