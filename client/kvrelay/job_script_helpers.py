@@ -15,6 +15,10 @@ from kvrelay.event_log import AppendResult
 # last claimed one of its jobs: a process that stalls past its leases and wakes up within
 # this time still finds every batch checked lease by lease.
 FENCE_FLAG_TTL_S = 7 * 86_400
+# How long an ended job's end mark (``Keyspace.end_mark``) lasts: a copy of its message
+# that turns up later than its record (a restore at a reconnect, a copy held by a stalled
+# worker) is dropped, not run as a new job, for this long whatever ``KVRELAY_LOG_TTL`` is.
+END_MARK_TTL_S = 3600
 # ``APPEND_BATCH``'s answer when its fast path may not write: the fence flag is up or some
 # stream watches a job, so the batch must come again with every job's lease and watcher
 # count (no job position is 0).
@@ -32,6 +36,7 @@ _CONSTANTS: dict[str, object] = {
     "MESSAGE_FIELD": event_log.MESSAGE_FIELD,
     "MESSAGE_CHECKS_FIELD": event_log.MESSAGE_CHECKS_FIELD,
     "FENCE_FLAG_TTL_S": FENCE_FLAG_TTL_S,
+    "END_MARK_TTL_S": END_MARK_TTL_S,
     "CHECK_EACH_JOB": CHECK_EACH_JOB,
     **{result.name: int(result) for result in AppendResult},
 }
@@ -204,6 +209,22 @@ end
 local function raise_fence(fence_prefix, owner)
   redis.call('SET', fence_prefix .. owner, '1', 'EX', {FENCE_FLAG_TTL_S})
 end
+-- A job's end mark, named after its record (``Keyspace.end_mark``: the same hash tag).
+local function end_mark_of(record_key)
+  return (string.gsub(record_key, 'job:({[^}]*})$', 'ended:%1'))
+end
+-- Mark a job ended: its record may expire with its log, the mark outlives both.
+local function mark_ended(record_key)
+  redis.call('SET', end_mark_of(record_key), '1', 'EX', {END_MARK_TTL_S})
+end
+-- Is the job's end mark set?
+local function end_marked(record_key)
+  return redis.call('EXISTS', end_mark_of(record_key)) == 1
+end
+-- Has the job ended (its record says done, or only its end mark is left)?
+local function has_ended(record_key)
+  return redis.call('HGET', record_key, 'state') == 'done' or end_marked(record_key)
+end
 -- End a job for good where its own run does not (cancelled or past its deadline at a
 -- pickup, rejected, too many lost workers, any unowned end): the record says done and
 -- names no run any more, the lease and the running entry go, and the fence flag of the
@@ -220,6 +241,7 @@ local function end_unowned(record_key, lease_key, running_key, job_id, fence_pre
   redis.call('HSET', record_key, 'state', 'done')
   redis.call('HDEL', record_key, 'payload', 'run', '{MESSAGE_FIELD}', '{MESSAGE_CHECKS_FIELD}')
   redis.call('EXPIRE', record_key, ttl)
+  mark_ended(record_key)
   redis.call('DEL', lease_key)
   redis.call('ZREM', running_key, job_id)
   if fresh_key then redis.call('ZREM', fresh_key, job_id) end

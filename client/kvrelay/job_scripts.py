@@ -1,7 +1,9 @@
 """Lua scripts that make each job-state transition atomic in Redis (functions of
 ``kvrelay.lua_library``).
 
-Every key a script touches is built by ``kvrelay.keys.Keyspace`` and passed in ``KEYS``; the event
+Every key a script touches is built by ``kvrelay.keys.Keyspace`` and passed in ``KEYS``, or
+named after one that is (a worker's tail and fence flag from a prefix in ``ARGV``, a job's
+end mark from its record: ``end_mark_of``); the event
 log's names and result codes come from ``kvrelay.event_log``. The
 job record is a hash: ``state`` (running | queued | done), ``owner`` (the worker of the
 latest claim), ``run`` (that claim's run id), ``payload``, ``attempts`` (claims so far),
@@ -50,7 +52,13 @@ local function reached()
   redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('HDEL', KEYS[1], '{MESSAGE_FIELD}', '{MESSAGE_CHECKS_FIELD}')
 end
-if record[1] == 'done' then reached() return {'done'} end
+-- No record at all (it expired, or a producer other than the SDK reserved none): a copy
+-- of a job that ended is known by its end mark.
+local unrecorded = not record[1] and not record[2]
+if record[1] == 'done' or (unrecorded and end_marked(KEYS[1])) then
+  reached()
+  return {'done'}
+end
 if record[2] and record[2] ~= ARGV[6] then return {'reused'} end
 reached()
 local owner = redis.call('GET', KEYS[2])
@@ -70,6 +78,7 @@ if record[4] then
   if ended then
     -- Its run wrote the terminal event but its release was lost: the job is done.
     redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
+    mark_ended(KEYS[1])
     redis.call('ZREM', KEYS[3], ARGV[1])
     return {'done'}
   end
@@ -95,6 +104,7 @@ RELEASE_DONE = LuaScript("release_done", """
 if not run_holds(KEYS[2], KEYS[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'payload', '')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+mark_ended(KEYS[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[2])
 return 1
@@ -102,7 +112,8 @@ return 1
 
 # Claim a job id for a request in one round trip: the digest set if the id is new (then
 # the record expires as a live log would: a job that never reaches a worker keeps its id
-# no longer), and the digest the id holds. An id reserved with this digest whose job
+# no longer; an end mark left by an earlier job under the id goes), and the digest the
+# id holds. An id reserved with this digest whose job
 # never got onto a queue (no ``ENQUEUED_FIELD``, no ``state``) answers 2: the caller
 # pushes it (a second copy, should two retries race, is dropped by the claim). A script,
 # not a pipeline: ``EXPIRE NX`` would do it as commands, but Redis 6.2 lacks it.
@@ -110,11 +121,14 @@ return 1
 # -> {created (0/1, 2: reserved but never enqueued), held digest}
 RESERVE = LuaScript("reserve", f"""
 local created = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-if created == 1 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+if created == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('DEL', end_mark_of(KEYS[1]))  -- a new job under an id whose record expired
+end
 local held = redis.call('HMGET', KEYS[1], ARGV[1], '{event_log.ENQUEUED_FIELD}', 'state')
 if created == 0 and held[1] == ARGV[2] and not held[2] and not held[3] then created = 2 end
 return {{created, held[1]}}
-""")
+""", helpers=True)
 
 # One watcher fewer; the count goes with its last watcher (a count at zero would outlive
 # the job's log for the count's whole TTL). KEYS: the job's watcher count, the set of

@@ -209,6 +209,7 @@ class Keyspace:
     watchers = _PerJobKey("watch", "Count of streams watching a job from other clients: while above 0, its events go to ``events_channel`` too.")
     event_log = _PerJobKey("log", "Stream holding every event of a job, for replay after a gap or a reconnect.")
     abort_flag = _PerJobKey("abort", "Set by a client to cancel a job; checked at pickup and on control messages.")
+    end_mark = _PerJobKey("ended", "Set as a job ends; outlives its record so that a late copy of its message is dropped (the job scripts name it after the record: ``end_mark_of``).")
     job_record = _PerJobKey("job", "Hash with the job's payload, state, owner and attempt count (for failover).")
     lease = _PerJobKey("lease", "Short-lived key naming the worker that currently runs the job.")
     requeue_marker = _PerJobKey("requeue", "Short-lived marker: one live worker is requeueing this job after its owner died.")

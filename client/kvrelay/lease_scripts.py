@@ -198,7 +198,8 @@ return 1
 # back; ``ARGV[4]`` '1': it was still to live when the outage began, so a restart lost
 # it), or another run holds its lease now (the job runs again: too late), the record
 # says done, keeps no prompt, names no run and expires as an ended job's; its lease,
-# running and fresh entries go. KEYS: job record, lease, running zset, fresh-jobs zset
+# running and fresh entries go; its end mark is set.
+# KEYS: job record, lease, running zset, fresh-jobs zset
 # ARGV: job id, run id, record ttl s, lost (0/1)
 # -> 1 written again, 0 already done or expired, -1 another run's
 REASSERT_END = LuaScript("reassert_end", """
@@ -210,9 +211,10 @@ if lease and lease ~= ARGV[2] then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'done')
 redis.call('HDEL', KEYS[1], 'payload', 'run', '@MESSAGE@', '@CHECKS@')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+mark_ended(KEYS[1])
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 return 1
 """.replace("@MESSAGE@", event_log.MESSAGE_FIELD)
-   .replace("@CHECKS@", event_log.MESSAGE_CHECKS_FIELD))
+   .replace("@CHECKS@", event_log.MESSAGE_CHECKS_FIELD), helpers=True)

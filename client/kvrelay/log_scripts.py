@@ -52,6 +52,7 @@ else
       redis.call('HSET', KEYS[3], 'state', 'done')
       redis.call('HDEL', KEYS[3], 'payload', '{MESSAGE_FIELD}', '{MESSAGE_CHECKS_FIELD}')
       redis.call('EXPIRE', KEYS[3], ARGV[9])
+      mark_ended(KEYS[3])
       redis.call('ZREM', KEYS[4], ARGV[13])
       redis.call('ZREM', KEYS[5], ARGV[13])
     end
@@ -180,6 +181,7 @@ for k = 1, releases do
   if run_holds(lease, record, ARGV[ra + 2 * k - 1]) then
     redis.call('HSET', record, 'state', 'done', 'payload', '')
     redis.call('EXPIRE', record, ARGV[12])
+    mark_ended(record)
     redis.call('ZREM', KEYS[rk], ARGV[ra + 2 * k - 2])
     redis.call('DEL', lease)
   end

@@ -127,7 +127,7 @@ return moved
 
 # A message a dead worker took (``Keyspace.celery_delivered`` names it as that worker's)
 # and never acknowledged, settled by what the job's record says at this moment: ``done``
-# -> its unacknowledged records are dropped, so no copy ever runs it again; ``queued``
+# (or its record gone and its end mark left) -> its unacknowledged records are dropped, so no copy ever runs it again; ``queued``
 # (claimed once, then requeued or handed back: that step pushed its copy, and the watch
 # pushes another if that one is lost) -> dropped too, or the job would have two copies
 # and the late one end it a second time once its record expired (seed 10038); claimed
@@ -148,25 +148,27 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 if not redis.call('HGET', KEYS[1], ARGV[1]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if ARGV[3] == '' or state == 'done' or state == 'queued' then return 2 end
+if ARGV[3] == '' or state == 'done' or state == 'queued' or has_ended(KEYS[5]) then
+  return 2
+end
 redis.call('RPUSH', KEYS[4], ARGV[3])
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[5], '@PICKED_FIELD@', '1')
   if redis.call('PTTL', KEYS[5]) < 0 then redis.call('EXPIRE', KEYS[5], ARGV[5]) end
 end
 return 1
-""".replace("@PICKED_FIELD@", event_log.PICKED_FIELD))
+""".replace("@PICKED_FIELD@", event_log.PICKED_FIELD), helpers=True)
 
 # A message some worker holds unacknowledged whose job has ended (its record says
-# ``done``): its records go, whoever holds it. A consumer that restored its messages at a
+# ``done``, or only its end mark is left): its records go, whoever holds it. A consumer that restored its messages at a
 # reconnect, and lost that restore in a failover, never acknowledges them again; a live
 # worker's copy of an ended job only waits for the claim to drop it.
 # KEYS: unacked hash, unacked index, delivered hash, the job's record -- ARGV: tag
 # -> 1 dropped, 0 its job has not ended
 DROP_ENDED_DELIVERY = LuaScript("drop_ended_delivery", """
-if redis.call('HGET', KEYS[4], 'state') ~= 'done' then return 0 end
+if not has_ended(KEYS[4]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
-""")
+""", helpers=True)

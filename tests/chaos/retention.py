@@ -1,6 +1,6 @@
 """The retention rule, checked on the keys themselves (docs/chaos.md, the README's
 "Retention"): once every job ended and ``KVRELAY_LOG_TTL`` passed, nothing of those jobs
-is left in Redis except their abort flags (which expire within an hour): no record, log,
+is left in Redis except their abort flags and end marks (which expire within an hour): no record, log,
 lease, watcher count or requeue marker, no record of theirs in any worker's tail, and no
 prompt or job id in any value: every list of queued messages and kombu's ``unacked``
 hash are read with each message body decoded (kombu stores bodies base64-encoded). Each
@@ -20,6 +20,7 @@ import redis
 
 from kvrelay.event_log import TAIL_FIELD, tail_records
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S
+from kvrelay.job_script_helpers import END_MARK_TTL_S
 from kvrelay.keys import Keyspace
 
 KEYS = Keyspace()
@@ -102,13 +103,15 @@ def _retained(client: redis.Redis, job_ids: Iterable[str], prompts: Iterable[str
     ids = {job_id.encode() for job_id in job_ids}
     markers = [p.encode() for p in prompts]
     found: list[tuple[str, int]] = []
-    abort_head = KEYS.abort_flag("").encode()[:-2]  # "kvrelay:abort:"
+    # What an ended job may leave for an hour: its abort flag and its end mark.
+    hour_heads = (KEYS.abort_flag("").encode()[:-2], KEYS.end_mark("").encode()[:-2])
+    hour_s = max(ABORT_FLAG_TTL_S, END_MARK_TTL_S)
     for key in client.scan_iter(count=500):
         name = key.decode(errors="replace")
         named = [job_id for job_id in ids if job_id in key]
         ttl = int(client.ttl(key))
         if named:
-            if not (key.startswith(abort_head) and 0 < ttl <= ABORT_FLAG_TTL_S):
+            if not (key.startswith(hour_heads) and 0 < ttl <= hour_s):
                 found.append((f"{name} (ttl {ttl})", ttl))
             continue
         if client.type(key) == b"stream":

@@ -6,7 +6,8 @@ reconnect and restore every message it held; a failover right behind it lost the
 and the new primary kept a record of a message (prompt and all) that its live worker
 never acknowledged again, after its job had ended. Before: nothing looked at a live
 worker's records, and kombu would have restored the message after 6 h. Now: a record
-whose job is done goes at the next watch; one whose job runs stays.
+whose job is done (or whose end mark is left once its record expired) goes at the next
+watch; one whose job runs stays.
 """
 
 from __future__ import annotations
@@ -44,13 +45,15 @@ def test_records_of_ended_jobs_go_and_running_ones_stay(clean_redis_url: str) ->
     direct.hset(KEYS.job_record("ended"), mapping={"state": "done"})
     direct.hset(KEYS.job_record("ended-unnamed"), mapping={"state": "done"})
     direct.hset(KEYS.job_record("running"), mapping={"state": "running"})
+    direct.set(KEYS.end_mark("expired"), "1", ex=3600)  # ended; its record expired
     _hold(direct, "t-ended", "ended", "alive")
+    _hold(direct, "t-expired", "expired", "alive")
     _hold(direct, "t-unnamed", "ended-unnamed", None)
     _hold(direct, "t-running", "running", "alive")
     direct.hset(KEYS.celery_unacked, "t-garbled", b"\xff not json")
     now = [0.0]
     watch = EndedDeliveries(direct, KEYS, store.scripts, clock=lambda: now[0])
-    assert watch.sweep() == 2
+    assert watch.sweep() == 3
     assert sorted(direct.hkeys(KEYS.celery_unacked)) == [b"t-garbled", b"t-running"]
     assert direct.zrange(KEYS.celery_unacked_index, 0, -1) == [b"t-running"]
     assert direct.hkeys(KEYS.celery_delivered) == [b"t-running"]

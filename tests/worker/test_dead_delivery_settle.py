@@ -6,7 +6,8 @@ Real Redis, no Celery: kombu's unacknowledged records are written as kombu write
 can find it; the script reads the record and the lease itself, so a claim that lands
 between the watch's reads and its verdict is never undone. Before, the watch read the
 state first and gave back a job whose lease a claim had just taken (``j-claiming``), and
-gave back the message of a job already requeued (``j-requeued``): a second copy.
+gave back the message of a job already requeued (``j-requeued``), or of a job that ended
+and whose record expired (``j-expired``): a second copy.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def test_each_record_state_settles_its_message(clean_redis_url: str) -> None:
         "t-done": ("j-done", {"state": "done"}, False),
         "t-running": ("j-running", {"state": "running"}, True),
         "t-claiming": ("j-claiming", {"state": "queued"}, True),
+        "t-expired": ("j-expired", None, False),  # ended; only its end mark is left
     }
     for tag, (job_id, record, leased) in cases.items():
         _deliver(client, me, tag, job_id, DEAD)
@@ -59,6 +61,7 @@ def test_each_record_state_settles_its_message(clean_redis_url: str) -> None:
         if leased:
             client.set(keys.lease(job_id), "some-run")
     _deliver(client, me, "t-alive", "j-alive", ALIVE)
+    client.set(keys.end_mark("j-expired"), "1", ex=3600)
 
     settled = DeadDeliveries(client, me, Functions(client, LIBRARY)).sweep()
 
@@ -69,7 +72,9 @@ def test_each_record_state_settles_its_message(clean_redis_url: str) -> None:
     # one ended the job a second time once its record had expired (chaos seed 10038).
     assert given_back == ["j-raw", "j-reserved"]
     assert all(m["headers"]["redelivered"] is True for m in queued)
-    assert settled == 4  # two given back, two dropped
+    # An ended job whose record expired is known by its end mark: giving its message back
+    # ran the job a second time (chaos seed 10055's late copy).
+    assert settled == 5  # two given back, three dropped
     left = {tag.decode() for tag in client.hkeys(keys.celery_unacked)}
     # Claimed jobs are the lease takeover's; a live worker's messages are its own.
     assert left == {"t-running", "t-claiming", "t-alive"}

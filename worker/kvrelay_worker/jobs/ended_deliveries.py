@@ -8,7 +8,7 @@ the new primary still has the records, which no live consumer will ever acknowle
 would restore them after its visibility timeout (6 h), prompt and all, and once the job's
 done record had expired the copy would run as a new job. Once per watch, each record is
 looked at (at most every ``_LOOK_AGAIN_S``); the record of a job whose state is ``done``
-goes, in a script that reads the state.
+(or whose end mark is left once its record expired) goes, in a script that reads them.
 """
 
 from __future__ import annotations
@@ -57,10 +57,13 @@ class EndedDeliveries:
         pipe = self.redis.pipeline(transaction=False)
         for job_id in jobs.values():
             pipe.hget(self.keys.job_record(job_id), "state")
+            pipe.exists(self.keys.end_mark(job_id))
+        replies = pipe.execute()
         dropped = 0
-        for (tag, job_id), state in zip(jobs.items(), pipe.execute(), strict=True):
+        for (tag, job_id), state, marked in zip(jobs.items(), replies[::2], replies[1::2],
+                                                strict=True):
             self._next_look[tag] = now + _LOOK_AGAIN_S
-            if state == b"done":
+            if state == b"done" or marked:
                 dropped += int(self.scripts.call(
                     DROP_ENDED_DELIVERY,
                     [self.keys.celery_unacked, self.keys.celery_unacked_index,
