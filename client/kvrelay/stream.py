@@ -5,7 +5,9 @@ Delivery rules (the job's log is the source of truth, pub/sub is the fast path):
 - an event ahead of the next expected seq is buffered and the gap is read from the
   log and the owner's tail (``kvrelay.event_log.read_after``): the worker writes there
   before publishing, so whatever was published before it is already there;
-- after the dispatcher reconnects it drops a ``RESYNC`` marker: re-read the log;
+- after the dispatcher reconnects it drops a ``RESYNC`` marker: re-read the log, and
+  read it again a few times over the next seconds while no event comes (writes the
+  workers held through the outage land later, ``ResyncFollowUp``);
 - the log is read a page (``_LOG_PAGE`` entries) at a time, the next page once the
   previous one is delivered: a resumed stream of a long job holds one page, not its log;
 - no event for ``stream_timeout`` seconds: read the log once, then ``StreamTimeout``;
@@ -27,31 +29,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import typing
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
-import msgspec
-
 from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
-from kvrelay.connection import REDIS_ERRORS
 from kvrelay.dispatcher import Mailbox
-from kvrelay.errors import Cancelled, KvrelayError, QueueFull, error_for_code
+from kvrelay.errors import Cancelled, KvrelayError, error_for_code
 from kvrelay.event_filter import ImpossibleEvents
-from kvrelay.patience import patiently
 from kvrelay.protocol import Failed, Finished, GenerateRequest, Started, Tokens
 from kvrelay.stream_events import CLOSED as _CLOSED
 from kvrelay.stream_events import DONE as _DONE
 from kvrelay.stream_events import LIVE as _LIVE
 from kvrelay.stream_events import NEW as _NEW
 from kvrelay.stream_events import STARTING as _STARTING
-from kvrelay.stream_events import Event, GapRetry
-from kvrelay.stream_order import EventOrder
-from kvrelay.tenant_quota import UNBOUNDED_JOB_S, TenantQuota, current_quota
-from kvrelay.tracing.job_trace import JobTrace, begin_job_trace
+from kvrelay.stream_events import Event, GapRetry, ResyncFollowUp
+from kvrelay.stream_start import StreamStart
+from kvrelay.tenant_quota import TenantQuota
+from kvrelay.tracing.job_trace import JobTrace
 
 if typing.TYPE_CHECKING:
     from kvrelay.job_lifecycle import JobLifecycle
@@ -64,7 +61,7 @@ log = logging.getLogger("kvrelay.stream")
 _MAX_BURST: Final = 64
 
 
-class AsyncStream(EventOrder, AsyncResource):
+class AsyncStream(StreamStart, AsyncResource):
     """The events of one job as ``StreamChunk``s; ``final()`` gives the ``Completion``.
 
     Use as ``async with client.stream(...) as stream: async for chunk in stream: ...``.
@@ -109,6 +106,7 @@ class AsyncStream(EventOrder, AsyncResource):
         self._deadline: float | None = None
         self._last_progress = 0.0
         self._gap = GapRetry()
+        self._follow_up = ResyncFollowUp()
         self._completion: Completion | None = None
         self._error: KvrelayError | None = None
         self._abort_on_exit = self._busy = False
@@ -203,77 +201,9 @@ class AsyncStream(EventOrder, AsyncResource):
             self._state = _LIVE
             self._last_progress = asyncio.get_running_loop().time()
 
-    async def _start_job(self, request: GenerateRequest) -> None:
-        self._trace = begin_job_trace(request)  # before the job's clock: it holds the job
-        # The job's clock starts now, not when the stream object was made.
-        now = time.time()
-        deadline = None if self._timeout is None else now + self._timeout
-        queue_wait = self._stream_timeout if self._queue_timeout is None else self._queue_timeout
-        request = msgspec.structs.replace(
-            request, deadline=deadline, enqueued_at=now, queue_deadline=now + queue_wait,
-            reply_to=self._jobs.reply_channel,
-            trace_context=self._trace.carrier() if self._trace is not None else None,
-        )
-        self._request = request
-        if self._timeout is not None:
-            self._deadline = asyncio.get_running_loop().time() + self._timeout
-        await self._jobs.precheck(request)
-        self._mailbox = await self._jobs.dispatcher.subscribe(
-            self._job_id, self._jobs.reply_channel, max_bytes=self._jobs.stream_buffer_bytes
-        )
+    def _track(self) -> None:
+        """Count this stream among its client's live streams (closed with the client)."""
         self._jobs.track(self)
-        # A retry of the same request (same job_id) attaches to the job it started; a
-        # refused id (``JobIdReused``) is another caller's job: never abort it.
-        new = await self._jobs.reserve(request)
-        # From here on the job may exist: leaving early must abort it.
-        self._abort_on_exit = True
-        if not new:
-            # Its events go to the reply channel of whoever started it: watch it.
-            await self._watch()
-            await self._replay_log()
-            return
-        quota = self._quota
-        scope = None
-        if quota is not None:
-            counted_until = request.deadline or (now + UNBOUNDED_JOB_S)
-            scope = current_quota.set((quota, counted_until))
-        try:
-            await self._jobs.enqueue(request)
-        except QueueFull:
-            self._abort_on_exit = False  # refused: nothing was enqueued, nothing to abort
-            raise
-        finally:
-            if scope is not None:
-                current_quota.reset(scope)
-        if quota is not None:
-            self._quota_counted = 2  # in the tenant's jobs and queued counts
-
-    async def _start_resume(self) -> None:
-        self._jobs.track(self)
-        await self._watch()
-        self._abort_on_exit = self._abort_on_exit_wanted
-        if self._timeout is not None:
-            self._deadline = asyncio.get_running_loop().time() + self._timeout
-        await self._replay_log()
-
-    async def _watch(self) -> None:
-        """Listen on the job's own channel and count this stream among its watchers (so
-        its worker publishes there too), before the log is read: nothing is missed."""
-        dispatcher = self._jobs.dispatcher
-        mailbox = await dispatcher.subscribe(
-            self._job_id, self._jobs.keys.events_channel(self._job_id),
-            max_bytes=self._jobs.stream_buffer_bytes,
-        )
-        previous, self._mailbox = self._mailbox, mailbox
-        if previous is not None:
-            dispatcher.unsubscribe(previous)
-        try:
-            await patiently(lambda: self._jobs.watch(self._job_id, self._watch_token),
-                            self._jobs.reconnect_timeout)
-        except REDIS_ERRORS as exc:
-            raise self._jobs.connection_error(exc, f"watching job {self._job_id}") from exc
-        self._watching = True
-
 
     def __del__(self) -> None:
         # Dropped while live (iterated without ``async with``, then abandoned): release

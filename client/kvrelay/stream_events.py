@@ -5,6 +5,7 @@ again for a hole (``GapRetry``). Split from ``kvrelay.stream``."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import ClassVar, Final
 
 import msgspec
@@ -102,3 +103,37 @@ class GapRetry:
         self.tries += 1
         self.at = now + self.delay
         self.delay = min(self.delay * 2, self.MAX)
+
+
+class ResyncFollowUp:
+    """When a stream reads the log again after a resync while no event comes.
+
+    A worker's writes held through the outage that made the pub/sub connection reconnect
+    (a failover, refused writes) land when the worker sends them again, which may be
+    after the resync's own read, and their publish may have reached the server this
+    stream's connection had just left: the stream would hear nothing more, with the end
+    of its job in the log, until its ``stream_timeout`` (chaos seed 10022). So after a
+    resync the log is read again ``FIRST``, then twice as long, ... seconds on, ``READS``
+    times in all, whenever the stream is idle then."""
+
+    FIRST: ClassVar[float] = 0.5
+    READS: ClassVar[int] = 5
+
+    __slots__ = ("at", "delay", "left")
+
+    def __init__(self) -> None:
+        self.at = math.inf
+        self.delay = self.FIRST
+        self.left = 0
+
+    def start(self, now: float) -> None:
+        """A resync was read at ``now``."""
+        self.delay = self.FIRST
+        self.at = now + self.delay
+        self.left = self.READS
+
+    def read(self, now: float) -> None:
+        """A follow-up read was made at ``now``: schedule the next, if any is left."""
+        self.left -= 1
+        self.delay *= 2
+        self.at = now + self.delay if self.left > 0 else math.inf

@@ -1,7 +1,7 @@
 """How an ``AsyncStream`` orders its job's events and reads the job's log (split from
 ``kvrelay.stream``, whose docstring states the delivery rules): the event with the next
 seq from the buffer, the mailbox or the log; a gap read from the log; the replay after
-subscribing; the idle and deadline limits.
+subscribing; the reads that follow a resync; the idle and deadline limits.
 
 A resume reads the job's record and log together when its replay found nothing to
 deliver (``job_lookup.presence``): a job found a moment ago whose log has expired since
@@ -41,7 +41,7 @@ from kvrelay.judged_read import reread_in_doubt
 from kvrelay.patience import patiently
 from kvrelay.protocol import TERMINAL_EVENTS, GenerateRequest
 from kvrelay.stream_events import DONE as _DONE
-from kvrelay.stream_events import Event, GapRetry, decode_all, decode_one
+from kvrelay.stream_events import Event, GapRetry, ResyncFollowUp, decode_all, decode_one
 
 if typing.TYPE_CHECKING:
     from kvrelay.job_lifecycle import JobLifecycle
@@ -65,6 +65,7 @@ class EventOrder:
     _next_seq: int
     _log_more: bool
     _gap: GapRetry
+    _follow_up: ResyncFollowUp
     _filter: ImpossibleEvents
     _deadline: float | None
     _last_progress: float
@@ -135,6 +136,7 @@ class EventOrder:
                 item = mailbox.take()
                 if item is RESYNC:
                     await self._fill_gap()
+                    self._follow_up.start(loop.time())
                     continue
                 for decoded in decode_all(item):
                     # Seqs already delivered are duplicates; the rest wait their turn.
@@ -156,6 +158,8 @@ class EventOrder:
                 wake_at = self._deadline
             if pending and self._gap.at < wake_at:
                 wake_at = self._gap.at
+            if self._follow_up.at < wake_at:
+                wake_at = self._follow_up.at
             self._burst = 0
             if await mailbox.wait(loop, wake_at):
                 continue
@@ -169,6 +173,10 @@ class EventOrder:
                 )
             if pending and now >= self._gap.at:
                 await self._fill_gap()
+                continue
+            if now >= self._follow_up.at:
+                self._follow_up.read(now)
+                await self._fill_gap(check=True)
                 continue
             if now >= self._last_progress + idle_limit:
                 await self._fill_gap(check=True)
