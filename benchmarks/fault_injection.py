@@ -4,7 +4,7 @@ workers, each checked (tests/chaos, docs/chaos.md), with a table and a JSON resu
     PYTHONPATH=tests python benchmarks/fault_injection.py [--schedules 200]
         [--seed 1] [--scenario simulated|sentinel|pressure] [--out FILE]
     PYTHONPATH=tests python benchmarks/fault_injection.py --replay SEED
-        [--broken VARIANT [--small]] [--reruns 3]
+        [--broken VARIANT [--small]] [--reruns 3] [--sdk-debug]
 
 (``tests`` on the path: the harness and its checker live in ``tests/chaos``, which the
 CI test runs a few seeds of.)
@@ -20,6 +20,7 @@ not healed). The exit status is 1 when any seed failed.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
@@ -81,7 +82,15 @@ def main() -> int:
     parser.add_argument("--reruns", type=int, default=3,
                         help="runs of each failing seed again, to say how often it fails")
     parser.add_argument("--out", type=Path, default=RESULTS / "fault-injection.json")
+    parser.add_argument("--sdk-debug", action="store_true",
+                        help="log the callers' stream reads (kvrelay.stream at DEBUG)")
     args = parser.parse_args()
+    # The callers' SDK logs to this process's stderr: timestamped, to be read beside the
+    # workers' logs.
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.sdk_debug:
+        logging.getLogger("kvrelay.stream").setLevel(logging.DEBUG)
     seeds = [args.replay] if args.replay is not None else \
         [int(seed) for seed in args.seeds.split(",")] if args.seeds else \
         list(range(args.seed, args.seed + args.schedules))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -45,6 +46,8 @@ from kvrelay.stream_events import Event, GapRetry, ResyncFollowUp, decode_all, d
 
 if typing.TYPE_CHECKING:
     from kvrelay.job_lifecycle import JobLifecycle
+
+log = logging.getLogger("kvrelay.stream")
 
 # Entries per XRANGE page: bounds the time one reply takes to parse on the loop.
 _LOG_PAGE: Final = 256
@@ -247,6 +250,8 @@ class EventOrder:
         for event in events:
             if event.seq >= self._next_seq and not self._impossible(event, live=False):
                 pending.setdefault(event.seq, event)
+        log.debug("job %s: the log read after seq %d gave %d events", self._job_id,
+                  self._next_seq - 1, len(events))
         if not pending or self._next_seq in pending:
             return
         # Still a hole: retry later; give up if the job is over and the log cannot say.
