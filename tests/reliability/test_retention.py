@@ -1,4 +1,5 @@
-"""Retention: once a job ended, Redis keeps no prompt, and nothing longer than its log.
+"""Retention: once a job ended, Redis keeps no prompt, and nothing longer than its log but
+its end mark (its id alone, an hour).
 
 Fails on the code before the fix: a finished job's record lived 7 days (its log 1 h), and
 a job that lost all its workers kept its whole payload (the prompt) in the record.
@@ -16,6 +17,7 @@ from helpers.celery_send import send_requests
 from helpers.job_log import wait_terminal
 from helpers.worker_process import WorkerProcess
 
+from kvrelay.job_script_helpers import END_MARK_TTL_S
 from kvrelay.keys import Keyspace
 from kvrelay.protocol import Finished, GenerateRequest, SamplingOptions
 from kvrelay_worker.jobs.job_store import JobStore
@@ -70,7 +72,13 @@ def test_ended_jobs_keep_no_prompt_and_nothing_past_the_log_ttl(
             time.sleep(0.1)
         assert _keys_holding_the_prompt(client) == []
         time.sleep(log_ttl + 1.5)
-        assert set(client.keys("*")) - baseline == set()
+        # Past the log's TTL only each job's end mark is left: its id alone, for an hour,
+        # so that a late copy of its message is dropped (``Keyspace.end_mark``).
+        marks = {KEYS.end_mark(r.job_id).encode() for r in requests}
+        assert set(client.keys("*")) - baseline == marks
+        for mark in marks:
+            assert client.get(mark) == b"1"
+            assert 0 < client.ttl(mark) <= END_MARK_TTL_S
     finally:
         client.close()
 
