@@ -225,12 +225,21 @@ async def serve_queue(
     *,
     delay: float = 0.0,
     seen: list[GenerateRequest] | None = None,
+    concurrency: int = 32,
 ) -> None:
     """Consume ``KEYS.queue(model)`` like a worker (BRPOP) and play ``script`` per job.
 
-    Runs until cancelled; each job is played in its own task.
+    Runs until cancelled; each job is played in its own task, at most ``concurrency`` at
+    once (as a worker runs so many): 200 at once on one client outran its pool's 100
+    connections, and a play that met ``MaxConnectionsError`` died, its stream waiting.
     """
     jobs: set[asyncio.Task[None]] = set()
+    slots = asyncio.Semaphore(concurrency)
+
+    async def run(job_id: str, events: list[AnyEvent]) -> None:
+        async with slots:
+            await play(redis, job_id, events, delay=delay)
+
     try:
         while True:
             item = await redis.brpop([KEYS.queue(model)], timeout=1)
@@ -241,7 +250,7 @@ async def serve_queue(
             if seen is not None:
                 seen.append(request)
             events = script(request) if script else completion_events(["Hel", "lo"])
-            task = asyncio.create_task(play(redis, request.job_id, events, delay=delay))
+            task = asyncio.create_task(run(request.job_id, events))
             jobs.add(task)
             task.add_done_callback(jobs.discard)
     finally:
