@@ -127,10 +127,11 @@ return moved
 
 # A message a dead worker took (``Keyspace.celery_delivered`` names it as that worker's)
 # and never acknowledged, settled by what the job's record says at this moment: ``done``
-# (or its record gone and its end mark left) -> its unacknowledged records are dropped, so no copy ever runs it again; ``queued``
-# (claimed once, then requeued or handed back: that step pushed its copy, and the watch
-# pushes another if that one is lost) -> dropped too, or the job would have two copies
-# and the late one end it a second time once its record expired (seed 10038); claimed
+# (or its record gone and its end mark left) -> its unacknowledged records are dropped,
+# so no copy ever runs it again; ``queued`` (claimed once, then requeued or handed back:
+# that step pushed its copy, and the watch pushes another if that one is lost) ->
+# dropped too, or the job would have two copies and the late one end it a second time
+# once its record expired (seed 10038); claimed
 # (``running``, or its lease held) -> left to the lease takeover; otherwise (never claimed,
 # or no record at all: a producer other than the SDK reserves none) given back to the
 # front of the shared queue (the end consumers pop) with its records gone in the same
@@ -148,7 +149,7 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 if not redis.call('HGET', KEYS[1], ARGV[1]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if ARGV[3] == '' or state == 'done' or state == 'queued' or has_ended(KEYS[5]) then
+if ARGV[3] == '' or state == 'done' or state == 'queued' or end_marked(KEYS[5]) then
   return 2
 end
 redis.call('RPUSH', KEYS[4], ARGV[3])
@@ -160,8 +161,9 @@ return 1
 """.replace("@PICKED_FIELD@", event_log.PICKED_FIELD), helpers=True)
 
 # A message some worker holds unacknowledged whose job has ended (its record says
-# ``done``, or only its end mark is left): its records go, whoever holds it. A consumer that restored its messages at a
-# reconnect, and lost that restore in a failover, never acknowledges them again; a live
+# ``done``, or only its end mark is left): its records go, whoever holds it. A consumer
+# that restored its messages at a reconnect, and lost that restore in a failover, never
+# acknowledges them again; a live
 # worker's copy of an ended job only waits for the claim to drop it.
 # KEYS: unacked hash, unacked index, delivered hash, the job's record -- ARGV: tag
 # -> 1 dropped, 0 its job has not ended

@@ -1,5 +1,6 @@
 """Client test fixtures: a fakeredis server, a scripted worker playing the event
-contract, and an ``AsyncClient`` wired to both (no Celery, no real Redis)."""
+contract, and an ``AsyncClient`` wired to both (no Celery, no real Redis); and ``raw``, a
+plain client of the real Redis for tests that need one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis.asyncio as aioredis
 from helpers.fake_worker import completion_events, play, remember
 
 from kvrelay import AsyncClient, event_log
@@ -50,6 +52,14 @@ class ScriptedWorker:
     async def drain(self) -> None:
         if self.tasks:
             await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 5)
+
+
+@pytest.fixture
+async def raw(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A plain client of the real Redis, for the test's own reads and for the fake worker."""
+    client = aioredis.Redis.from_url(clean_redis_url)
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture

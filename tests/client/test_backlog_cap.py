@@ -9,7 +9,6 @@ fills them (a worker of the model registered in ``Keyspace.worker_queues``).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -20,13 +19,6 @@ from kvrelay import AsyncClient, QueueFull
 pytestmark = pytest.mark.timeout(60)
 
 MODEL = "m-backlog"
-
-
-@pytest.fixture
-async def raw(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(clean_redis_url)
-    yield client
-    await client.aclose()
 
 
 async def backlog(raw: aioredis.Redis) -> int:

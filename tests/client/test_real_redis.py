@@ -33,14 +33,6 @@ pytestmark = pytest.mark.timeout(60)
 MODEL = "m-real"
 
 
-@pytest.fixture
-async def raw(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A plain client for the test's own reads and for the fake worker."""
-    client = aioredis.Redis.from_url(clean_redis_url)
-    yield client
-    await client.aclose()
-
-
 @contextlib.asynccontextmanager
 async def running_worker(redis: Any, **kwargs: Any) -> AsyncIterator[list[GenerateRequest]]:
     seen: list[GenerateRequest] = []

@@ -14,7 +14,6 @@ expire: ``StreamTimeout``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -37,13 +36,6 @@ STREAM_TIMEOUT_S = 30.0
 ENDS_WITHIN_S = 6.0
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def raw(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(clean_redis_url)
-    yield client
-    await client.aclose()
 
 
 async def _xrange_calls(raw: aioredis.Redis) -> int:

@@ -9,7 +9,6 @@ published far faster than any reader takes them.
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -31,13 +30,6 @@ from kvrelay.protocol import Started, Tokens
 pytestmark = pytest.mark.timeout(60)
 
 MODEL = "m-bounds"
-
-
-@pytest.fixture
-async def raw(clean_redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(clean_redis_url)
-    yield client
-    await client.aclose()
 
 
 def test_a_mailbox_never_holds_more_than_its_cap() -> None:

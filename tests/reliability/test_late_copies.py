@@ -11,15 +11,13 @@ with the record gone, each copy was claimed as attempt 1 and its job ran a secon
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import redis
 from helpers.celery_send import greedy_request, send_requests
 from helpers.injected_faults import FAST
 from helpers.job_log import read_events, wait_terminal
-from helpers.worker_fixtures import stop_and_show_logs
 from helpers.worker_process import WorkerProcess
 
 from kvrelay.keys import Keyspace
@@ -32,21 +30,11 @@ MODEL = "simulated"
 JOBS = 6
 
 
-@pytest.fixture
-def worker(clean_redis_url: str, tmp_path: Path, request: pytest.FixtureRequest
-           ) -> Iterator[WorkerProcess]:
-    started = WorkerProcess("w", clean_redis_url, MODEL, tmp_path,
-                            **(FAST | {"log_ttl": 1.0})).start()
-    try:
-        yield started.wait_ready()
-    finally:
-        stop_and_show_logs([started], request, 8000)
-
-
 @pytest.mark.timeout(120)
 def test_copies_of_ended_jobs_after_their_records_expired_never_run(
-        worker: WorkerProcess, clean_redis_url: str) -> None:
+        start_worker: Callable[..., WorkerProcess], clean_redis_url: str) -> None:
     url = clean_redis_url
+    worker = start_worker("w", model=MODEL, **(FAST | {"log_ttl": 1.0}))
     admin = redis.Redis.from_url(url)
     requests = [greedy_request(MODEL, [1, 2, 3, i], 8) for i in range(JOBS)]
     send_requests(url, requests)
