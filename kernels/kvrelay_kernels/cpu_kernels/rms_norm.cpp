@@ -11,6 +11,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "rms_norm.h"
+
 #include <cmath>
 #include <cstdint>
 #include <tuple>
@@ -19,15 +21,7 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 16;
 
-inline void normalize_row(const float* x, const float* weight, float eps, int64_t size,
-                          float* out) {
-  float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-  for (int64_t i = 0; i < size; ++i) squares += x[i] * x[i];
-  const float inv = 1.f / std::sqrt(squares / static_cast<float>(size) + eps);
-#pragma omp simd
-  for (int64_t i = 0; i < size; ++i) out[i] = weight[i] * (x[i] * inv);
-}
+using kvrelay_cpu::normalize_row;
 
 void check_args(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,

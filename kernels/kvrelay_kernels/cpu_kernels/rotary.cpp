@@ -11,9 +11,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "rotary.h"
+
 #include <cstdint>
 
 namespace {
+
+using kvrelay_cpu::rotate_heads;
 
 template <typename Index>
 void rotate(const Index* positions, int64_t tokens, float* x, int64_t row_stride, int64_t heads,
@@ -28,24 +32,7 @@ void rotate(const Index* positions, int64_t tokens, float* x, int64_t row_stride
   at::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const float* cos = table + static_cast<int64_t>(positions[t]) * rot_dim;
-      const float* sin = cos + half;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = x + t * row_stride + h * head_size;
-        if (neox) {
-#pragma omp simd
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = v[i], b = v[i + half];
-            v[i] = a * cos[i] - b * sin[i];
-            v[i + half] = b * cos[i] + a * sin[i];
-          }
-        } else {
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = v[2 * i], b = v[2 * i + 1];
-            v[2 * i] = a * cos[i] - b * sin[i];
-            v[2 * i + 1] = b * cos[i] + a * sin[i];
-          }
-        }
-      }
+      rotate_heads(x + t * row_stride, heads, head_size, cos, half, neox);
     }
   });
 }

@@ -19,6 +19,7 @@ import torch
 
 from kvrelay_kernels.kv_quant import kv_row_size
 from kvrelay_worker.engine.errors import EngineConfigError
+from kvrelay_worker.engine.runner.cpu_decode import CpuDecodeRunner
 from kvrelay_worker.engine.runner.cuda_graphs import DecodeRunner
 from kvrelay_worker.engine.runner.host_batch import HostBatch
 from kvrelay_worker.engine.runner.prompt_scoring import PromptScores, score_prompt_spans
@@ -61,7 +62,9 @@ class ModelRunner:
         self.kv_cache_dtype = dtype if kv_cache_dtype is None else kv_cache_dtype
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
-        self.decode_runner: DecodeRunner | None = None
+        # Pure decode steps it takes skip the per-op forward (CUDA graphs, or the native
+        # CPU step); set by ``prepare_decode``.
+        self.decode_runner: DecodeRunner | CpuDecodeRunner | None = None
         # The model's LoRA linears read each step's adapter rows here (None: no LoRA).
         self.lora: LoraBatch | None = None
         if device.type == "cuda":
@@ -199,7 +202,7 @@ class ModelRunner:
         """
         host = self.prepare_host(scheduled, layout)
         if (self.decode_runner is not None and host.lora_slots is None
-                and self.decode_runner.handles(host)):  # graphs hold no adapter rows
+                and self.decode_runner.handles(host)):  # neither holds adapter rows
             return self.decode_runner.run(host, input_ids)
         inputs = self.to_device(host)
         if input_ids is not None:
@@ -255,7 +258,11 @@ class ModelRunner:
             layer.kv_cache = self.kv_caches[i] if self.kv_caches else None
 
     def prepare_decode(self, max_batch: int, max_model_len: int, use_graphs: bool) -> None:
-        """On CUDA, run decode steps at fixed padded shapes (captured as graphs if asked)."""
+        """On CUDA, run decode steps at fixed padded shapes (captured as graphs if asked);
+        on CPU, in one native call where the model allows (``cpu_decode.py``)."""
+        if self.device.type == "cpu":
+            self.decode_runner = CpuDecodeRunner.build(self.model)
+            return
         if self.device.type != "cuda":
             return
         self.decode_runner = DecodeRunner(self.model, max_batch, max_model_len,
