@@ -52,6 +52,9 @@ def weights(kind: str, n: int, k: int) -> QuantizedWeight:
         return quantize_int8(w)
     if kind == "int8-g32":
         return quantize_int8(w, 32)
+    if kind == "int8-g32-fp16":  # GGUF's Q8_0
+        qw = quantize_int8(w, 32)
+        return QuantizedWeight(qw.qweight, qw.scales.half(), None, 8, 32, k)
     if kind == "int8-g64-fp16":
         qw = quantize_int8(w, 64)
         return QuantizedWeight(qw.qweight, qw.scales.half(), None, 8, 64, k)
@@ -65,6 +68,10 @@ def weights(kind: str, n: int, k: int) -> QuantizedWeight:
         return QuantizedWeight(qw.qweight, qw.scales.to(dtype), mins, 8, group, k)
     if kind == "int4-g32":
         return quantize_int4(w, 32)
+    if kind == "int4-g32-fp32":  # GGUF's Q4_K sub-blocks
+        qw = quantize_int4(w, 32)
+        assert qw.mins is not None
+        return QuantizedWeight(qw.qweight, qw.scales.float(), qw.mins.float(), 4, 32, k)
     if kind == "int4-g64-fp32":
         qw = quantize_int4(w, 64)
         assert qw.mins is not None
@@ -78,8 +85,8 @@ def with_mins(qw: QuantizedWeight, dtype: torch.dtype) -> QuantizedWeight:
                            qw.group_size, qw.in_features)
 
 
-KINDS = ("int8-channel", "int8-g32", "int8-g64-fp16", "int8-g16", "int8-g32-mins-fp16",
-         "int8-g64-mins", "int4-g32", "int4-g64-fp32")
+KINDS = ("int8-channel", "int8-g32", "int8-g32-fp16", "int8-g64-fp16", "int8-g16",
+         "int8-g32-mins-fp16", "int8-g64-mins", "int4-g32", "int4-g32-fp32", "int4-g64-fp32")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -89,6 +96,17 @@ def test_matches_the_integer_arithmetic(kind: str, rows: int) -> None:
     qw = weights(kind, 70, 256)
     x = torch.randn(rows, 256)
     bias = torch.randn(70) if rows % 2 else None
+    torch.testing.assert_close(run(x, qw, bias), emulate(x, qw, bias), rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if "-g32" in k])
+@pytest.mark.parametrize("k", [576, 1536])  # 18 blocks (a tail after 8-block runs), 48
+def test_one_row_with_groups_of_32(kind: str, k: int) -> None:
+    """Batch-1 decode's own loop (scales and minimum terms eight blocks at a time)."""
+    torch.manual_seed(k)
+    qw = weights(kind, 37, k)
+    x = torch.randn(1, k)
+    bias = torch.randn(37)
     torch.testing.assert_close(run(x, qw, bias), emulate(x, qw, bias), rtol=1e-5, atol=2e-5)
 
 

@@ -105,6 +105,7 @@ inline Accumulator block_fma_halves(Weights16 w, const int16_t* x, float scale_l
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
 }
 inline float accumulator_sum(Accumulator acc) { return _mm512_reduce_add_ps(acc); }
+inline Accumulator accumulator_add(Accumulator a, Accumulator b) { return _mm512_add_ps(a, b); }
 #elif defined(__AVX2__)
 struct Weights16 {
   __m256i first, second;
@@ -141,6 +142,7 @@ inline Accumulator block_fma_halves(const Weights16& w, const int16_t* x, float 
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(scale_low), acc);
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_set1_ps(scale_high), acc);
 }
+inline Accumulator accumulator_add(Accumulator a, Accumulator b) { return _mm256_add_ps(a, b); }
 inline float accumulator_sum(Accumulator v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -178,6 +180,7 @@ inline Accumulator block_fma_halves(const Weights16& w, const int16_t* x, float 
   return acc + float(low) * scale_low + float(high) * scale_high;
 }
 inline float accumulator_sum(Accumulator acc) { return acc; }
+inline Accumulator accumulator_add(Accumulator a, Accumulator b) { return a + b; }
 #endif
 
 struct Activations {
@@ -282,6 +285,67 @@ void dot_rows(int64_t rows, F&& f) {
   }
 }
 
+// One activation row against weights in blocks of 32 (groups of 32: GGUF's Q4_0/Q4_1/Q8_0
+// and the K-quants' sub-blocks), batch-1 decode's case. The per-block products of weight
+// and activation scales are computed eight at a time before the dot products, and with
+// minimums sum(min * sum(x)) too, so the inner loop does nothing per block but the integer
+// dot product and one multiply-add; the two halves' accumulators share one final sum.
+#if defined(__AVX2__) && defined(__F16C__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// comb[b] = scale[b] * d[b]; returns sum over b of min[b] * sums[b] (0 without minimums).
+template <typename S>
+inline float one_row_scales(const S* scales, const S* mins, const float* d, const float* sums,
+                            int64_t blocks, float* comb) {
+  __m256 terms = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    _mm256_storeu_ps(comb + b, _mm256_mul_ps(load8(scales + b), _mm256_loadu_ps(d + b)));
+    if (mins) terms = _mm256_fmadd_ps(load8(mins + b), _mm256_loadu_ps(sums + b), terms);
+  }
+  float tail = 0.f;
+  for (; b < blocks; ++b) {
+    comb[b] = to_float(scales[b]) * d[b];
+    if (mins) tail = std::fma(to_float(mins[b]), sums[b], tail);
+  }
+  return mins ? sum8(terms) + tail : 0.f;
+}
+
+inline float int4_one_row(const uint8_t* w, const float* comb, const int16_t* x, int64_t blocks) {
+  const int64_t half = blocks / 2;
+  Accumulator acc = zero_accumulator(), acc_high = zero_accumulator();
+  for (int64_t c = 0; c < half; ++c) {
+    Weights16 low, high;
+    widen_nibbles(w + c * kBlock, low, high);
+    acc = block_fma(low, x + c * kBlock, comb[c], acc);
+    acc_high = block_fma(high, x + (c + half) * kBlock, comb[c + half], acc_high);
+  }
+  return accumulator_sum(accumulator_add(acc, acc_high));
+}
+
+inline float int8_one_row(const int8_t* w, const float* comb, const int16_t* x, int64_t blocks) {
+  Accumulator acc = zero_accumulator(), acc_odd = zero_accumulator();
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {  // two chains, so one fma need not wait for the other
+    acc = block_fma(widen_int8(w + b * kBlock), x + b * kBlock, comb[b], acc);
+    acc_odd = block_fma(widen_int8(w + (b + 1) * kBlock), x + (b + 1) * kBlock, comb[b + 1],
+                        acc_odd);
+  }
+  if (b < blocks) acc = block_fma(widen_int8(w + b * kBlock), x + b * kBlock, comb[b], acc);
+  return accumulator_sum(accumulator_add(acc, acc_odd));
+}
+#define KVRELAY_ONE_ROW_BLOCKS 1
+#endif
+
 // One quantized matrix as the loops read it (kvrelay_kernels.quantized_weight's layout).
 template <typename S>
 struct QuantizedMatrix {
@@ -298,6 +362,23 @@ struct QuantizedMatrix {
 template <typename S>
 void dot_channels(const QuantizedMatrix<S>& q, const Activations& a, int64_t m,
                   const float* bias, float* out, int64_t out_stride, int64_t lo, int64_t hi) {
+#ifdef KVRELAY_ONE_ROW_BLOCKS
+  if (m == 1 && q.group == kBlock) {
+    float comb[kMaxBlocks];
+    const int64_t blocks = a.k / kBlock;
+    for (int64_t ch = lo; ch < hi; ++ch) {
+      const float min_term = one_row_scales(q.scales + ch * q.groups,
+                                            q.mins ? q.mins + ch * q.groups : nullptr, a.d,
+                                            a.sums, blocks, comb);
+      const uint8_t* row = q.w + ch * q.packed;
+      const float dot = q.bits == 8
+          ? int8_one_row(reinterpret_cast<const int8_t*>(row), comb, a.q, blocks)
+          : int4_one_row(row, comb, a.q, blocks);
+      out[ch] = dot + min_term + (bias ? bias[ch] : 0.f);
+    }
+    return;
+  }
+#endif
   // Groups of 16 keep one scale per half block: per_group 1 copies them as they are.
   const bool halves = q.group < kBlock;
   const int64_t per_group = halves ? 1 : q.group / kBlock;
