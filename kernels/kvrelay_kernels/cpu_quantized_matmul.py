@@ -27,9 +27,10 @@ from kvrelay_kernels.quantized_weight import QuantizedWeight
 BLOCK = 32  # the integer kernel's activation block
 MAX_BLOCKS = 1024  # its per-row scratch: K up to 32768
 # Rows up to which the integer kernel runs, by weight bits; more rows take the tiles.
-# int8: the integer kernel wins up to 24 rows (tiles from 32); int4, with more work per
-# byte to unpack: only at one row (benchmarks/quant_matmul_rows.py).
-INTEGER_DOT_MAX_ROWS = {8: 24, 4: 1}
+# int8 (per channel): the integer kernel wins up to 24 rows (tiles from 32); int4 in
+# groups of 32 (widened once for up to four rows per pass): up to 12, the tiles from 16
+# (benchmarks/quant_matmul_rows.py, AVX2).
+INTEGER_DOT_MAX_ROWS = {8: 24, 4: 12}
 
 
 def integer_dot_serves(rows: int, weight: QuantizedWeight) -> bool:

@@ -54,25 +54,27 @@ def _outputs(llm: LLM, prompts: list[list[int]], params: Any,
 
 def _smollm2_both_ways(monkeypatch: pytest.MonkeyPatch, quantization: str, seed: int
                        ) -> tuple[list[Any], list[Any], int]:
-    """SmolLM2's outputs on three prompts, one request at a time, op by op and with the
-    step, and the steps the native runner took."""
+    """SmolLM2's outputs on three prompts, one request at a time and then all three at once,
+    op by op and with the step, and the steps the native runner took."""
     prompts = random_prompts([5, 40, 120], seed=seed)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
     options = {"quantization": quantization, "enable_prefix_caching": False}
+    outputs = []
     with one_torch_thread():
-        per_op = _outputs(_llm("smollm2-135m-instruct", False, monkeypatch, **options),
-                          prompts, params, one_by_one=True)
-        llm = _llm("smollm2-135m-instruct", True, monkeypatch, **options)
-        taken = _count_steps(llm)
-        stepped = _outputs(llm, prompts, params, one_by_one=True)
-    return per_op, stepped, taken[0]
+        for step in (False, True):
+            llm = _llm("smollm2-135m-instruct", step, monkeypatch, **options)
+            taken = _count_steps(llm) if step else [0]
+            outputs.append(_outputs(llm, prompts, params, one_by_one=True)
+                           + _outputs(llm, prompts, params))
+            del llm
+    return outputs[0], outputs[1], taken[0]
 
 
 @pytest.mark.slow
 def test_kept_q4_1_smollm2_steps_give_the_per_op_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     per_op, stepped, taken = _smollm2_both_ways(monkeypatch, "gguf", seed=44)
     assert stepped == per_op  # tokens and every sampled logprob, bit for bit
-    assert taken == 3 * 23  # int4 takes batch 1 only: every step after each prefill
+    assert taken == 3 * 23 + 23  # every step after the prefills: 1 row, then 3 rows
 
 
 @pytest.mark.slow
@@ -83,7 +85,7 @@ def test_float32_smollm2_steps_match_the_per_op_path(monkeypatch: pytest.MonkeyP
         assert a is not None
         assert b is not None
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=0)
-    assert taken == 3 * 23
+    assert taken == 3 * 23 + 23
 
 
 def _feature_requests() -> list[tuple[list[list[int]], SamplingParams]]:

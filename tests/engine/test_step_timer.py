@@ -78,6 +78,9 @@ def test_steps_without_a_sampled_row_are_timed_to_the_end_of_device_work(
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(engine.model, "forward", launching_forward)
+    # Every step through model.forward, where the fake device launches its work (the
+    # native CPU decode step would run the decode step without it).
+    engine.runner.decode_runner = None
     observed: list[tuple[bool, float]] = []
     observe = engine.scheduler.observe_step
 

@@ -40,14 +40,15 @@ def make_llm(folder: Path, **options: object) -> LLM:
 
 
 def fake_quantized(float_llm: LLM, quantized_llm: LLM) -> None:
-    """Give the float model the dequantized values of the quantized model's weights."""
+    """Give the float model the dequantized values of the quantized model's weights, written
+    into its tensors (the native CPU decode step holds those tensors, not the modules)."""
     float_modules = dict(float_llm.engine.model.named_modules())
     with torch.no_grad():
         for name, module in quantized_llm.engine.model.named_modules():
             if isinstance(module, QuantizedLinear) and not name.endswith(".table"):
-                float_modules[name].weight.data = dequantize_weight(module.quantized)
+                float_modules[name].weight.copy_(dequantize_weight(module.quantized))
             if isinstance(module, QuantizedEmbedding):
-                float_modules[name].weight.data = dequantize_weight(module.table.quantized)
+                float_modules[name].weight.copy_(dequantize_weight(module.table.quantized))
 
 
 @pytest.fixture

@@ -285,11 +285,12 @@ void dot_rows(int64_t rows, F&& f) {
   }
 }
 
-// One activation row against weights in blocks of 32 (groups of 32: GGUF's Q4_0/Q4_1/Q8_0
-// and the K-quants' sub-blocks), batch-1 decode's case. The per-block products of weight
-// and activation scales are computed eight at a time before the dot products, and with
-// minimums sum(min * sum(x)) too, so the inner loop does nothing per block but the integer
-// dot product and one multiply-add; the two halves' accumulators share one final sum.
+// Few activation rows against weights in blocks of 32 (groups of 32: GGUF's Q4_0, Q4_1,
+// Q8_0 and the K-quants' sub-blocks), decode's case. For each row the per-block products
+// of weight and activation scales are computed eight at a time before the dot products,
+// and with minimums sum(min * sum(x)) too, so the inner loop does nothing per block but
+// the integer dot products (the weights widened once for up to four rows) and one
+// multiply-add per row; each row's two accumulators share one final sum.
 #if defined(__AVX2__) && defined(__F16C__)
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::Half* p) {
@@ -320,28 +321,48 @@ inline float one_row_scales(const S* scales, const S* mins, const float* d, cons
   return mins ? sum8(terms) + tail : 0.f;
 }
 
-inline float int4_one_row(const uint8_t* w, const float* comb, const int16_t* x, int64_t blocks) {
+// R activation rows (row stride k) against one weight row; comb is [R][blocks].
+template <int R>
+inline void int4_block_rows(const uint8_t* w, const float* comb, const int16_t* x, int64_t k,
+                            int64_t blocks, float* out) {
   const int64_t half = blocks / 2;
-  Accumulator acc = zero_accumulator(), acc_high = zero_accumulator();
+  Accumulator acc[R], acc_high[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc_high[r] = zero_accumulator();
   for (int64_t c = 0; c < half; ++c) {
     Weights16 low, high;
     widen_nibbles(w + c * kBlock, low, high);
-    acc = block_fma(low, x + c * kBlock, comb[c], acc);
-    acc_high = block_fma(high, x + (c + half) * kBlock, comb[c + half], acc_high);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* xr = x + r * k;
+      const float* cr = comb + r * blocks;
+      acc[r] = block_fma(low, xr + c * kBlock, cr[c], acc[r]);
+      acc_high[r] = block_fma(high, xr + (c + half) * kBlock, cr[c + half], acc_high[r]);
+    }
   }
-  return accumulator_sum(accumulator_add(acc, acc_high));
+  for (int r = 0; r < R; ++r) out[r] = accumulator_sum(accumulator_add(acc[r], acc_high[r]));
 }
 
-inline float int8_one_row(const int8_t* w, const float* comb, const int16_t* x, int64_t blocks) {
-  Accumulator acc = zero_accumulator(), acc_odd = zero_accumulator();
+template <int R>
+inline void int8_block_rows(const int8_t* w, const float* comb, const int16_t* x, int64_t k,
+                            int64_t blocks, float* out) {
+  Accumulator acc[R], acc_odd[R];  // two chains, so one fma need not wait for the other
+  for (int r = 0; r < R; ++r) acc[r] = acc_odd[r] = zero_accumulator();
   int64_t b = 0;
-  for (; b + 2 <= blocks; b += 2) {  // two chains, so one fma need not wait for the other
-    acc = block_fma(widen_int8(w + b * kBlock), x + b * kBlock, comb[b], acc);
-    acc_odd = block_fma(widen_int8(w + (b + 1) * kBlock), x + (b + 1) * kBlock, comb[b + 1],
-                        acc_odd);
+  for (; b + 2 <= blocks; b += 2) {
+    const Weights16 even = widen_int8(w + b * kBlock), odd = widen_int8(w + (b + 1) * kBlock);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* xr = x + r * k;
+      const float* cr = comb + r * blocks;
+      acc[r] = block_fma(even, xr + b * kBlock, cr[b], acc[r]);
+      acc_odd[r] = block_fma(odd, xr + (b + 1) * kBlock, cr[b + 1], acc_odd[r]);
+    }
   }
-  if (b < blocks) acc = block_fma(widen_int8(w + b * kBlock), x + b * kBlock, comb[b], acc);
-  return accumulator_sum(accumulator_add(acc, acc_odd));
+  if (b < blocks) {
+    const Weights16 last = widen_int8(w + b * kBlock);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = block_fma(last, x + r * k + b * kBlock, comb[r * blocks + b], acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = accumulator_sum(accumulator_add(acc[r], acc_odd[r]));
 }
 #define KVRELAY_ONE_ROW_BLOCKS 1
 #endif
@@ -362,19 +383,36 @@ struct QuantizedMatrix {
 template <typename S>
 void dot_channels(const QuantizedMatrix<S>& q, const Activations& a, int64_t m,
                   const float* bias, float* out, int64_t out_stride, int64_t lo, int64_t hi) {
+  float values[kRowsPerPass];
 #ifdef KVRELAY_ONE_ROW_BLOCKS
-  if (m == 1 && q.group == kBlock) {
-    float comb[kMaxBlocks];
+  if (q.group == kBlock) {
     const int64_t blocks = a.k / kBlock;
+    float comb[kRowsPerPass * kMaxBlocks], min_terms[kRowsPerPass];
     for (int64_t ch = lo; ch < hi; ++ch) {
-      const float min_term = one_row_scales(q.scales + ch * q.groups,
-                                            q.mins ? q.mins + ch * q.groups : nullptr, a.d,
-                                            a.sums, blocks, comb);
       const uint8_t* row = q.w + ch * q.packed;
-      const float dot = q.bits == 8
-          ? int8_one_row(reinterpret_cast<const int8_t*>(row), comb, a.q, blocks)
-          : int4_one_row(row, comb, a.q, blocks);
-      out[ch] = dot + min_term + (bias ? bias[ch] : 0.f);
+      const S* mins = q.mins ? q.mins + ch * q.groups : nullptr;
+      for (int64_t first = 0; first < m; first += kRowsPerPass) {
+        const int64_t rows = std::min(kRowsPerPass, m - first);
+        for (int64_t r = 0; r < rows; ++r) {
+          min_terms[r] = one_row_scales(q.scales + ch * q.groups, mins,
+                                        a.d + (first + r) * blocks,
+                                        a.sums + (first + r) * blocks, blocks,
+                                        comb + r * blocks);
+        }
+        const int16_t* x = a.q + first * a.k;
+        dot_rows(rows, [&](auto r) {
+          if (q.bits == 8) {
+            int8_block_rows<decltype(r)::value>(reinterpret_cast<const int8_t*>(row), comb, x,
+                                                a.k, blocks, values);
+          } else {
+            int4_block_rows<decltype(r)::value>(row, comb, x, a.k, blocks, values);
+          }
+        });
+        const float b = bias ? bias[ch] : 0.f;
+        for (int64_t r = 0; r < rows; ++r) {
+          out[(first + r) * out_stride + ch] = values[r] + min_terms[r] + b;
+        }
+      }
     }
     return;
   }
@@ -382,7 +420,6 @@ void dot_channels(const QuantizedMatrix<S>& q, const Activations& a, int64_t m,
   // Groups of 16 keep one scale per half block: per_group 1 copies them as they are.
   const bool halves = q.group < kBlock;
   const int64_t per_group = halves ? 1 : q.group / kBlock;
-  float values[kRowsPerPass];
   float block_scales[2 * kMaxBlocks], block_mins[kMaxBlocks];
   for (int64_t ch = lo; ch < hi; ++ch) {
     const uint8_t* row = q.w + ch * q.packed;

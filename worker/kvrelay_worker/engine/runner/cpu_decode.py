@@ -7,7 +7,9 @@ head stay here. It takes the batches the per-op path would send to the same inte
 kernels, so a quantized model gives the same bits either way; anything else (prefill
 rows, verification, LoRA rows, a layer shape it does not know) runs op by op.
 
-``KVRELAY_CPU_DECODE_STEP=0`` turns it off (``KVRELAY_KERNELS=reference`` does too).
+``KVRELAY_CPU_DECODE_STEP=0`` turns it off (``KVRELAY_KERNELS=reference`` does too). The
+step holds the weight tensors it was built with: values written into them are seen, a
+parameter given another tensor afterwards is not (``ModelRunner.prepare_decode`` again).
 """
 
 from __future__ import annotations
