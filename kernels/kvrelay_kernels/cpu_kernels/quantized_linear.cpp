@@ -8,8 +8,8 @@
 // float scale per block, and each block of the product is an integer dot product of 32
 // activations with 32 weights widened to 16 bits: AVX-512 VNNI `vpdpwssd` on 32 pairs at a
 // time where the CPU has it, AVX2 `vpmaddwd` on 16 otherwise, scalar code elsewhere. The
-// build uses -march=native and is keyed on this CPU's flags (build.py), so the choice is
-// made for the CPU the library runs on.
+// library is built once per instruction-set level and each process loads its CPU's best
+// (cpu_isa.py), so the choice is made for the CPU the library runs on.
 //
 // The activations are quantized to int16 (scale amax / 32767), not to int8 as llama.cpp's
 // q8_1 does: on SmolLM2 int8 blocks moved a product by 1-3% (its activations have blocks
