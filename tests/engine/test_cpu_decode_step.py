@@ -157,6 +157,27 @@ def test_layer_shapes_through_the_step(tiny_model: Callable[[str], Path],
                 torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=0)
 
 
+def test_rows_spread_over_several_threads(tiny_model: Callable[[str], Path],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads, four rows: each thread runs the SiLU of its own rows (ATen's, whose
+    output views are inference tensors that only a thread in inference mode may write;
+    without that the step's exception terminated the process)."""
+    folder = str(tiny_model("llama-mqa"))
+    prompts = random_prompts([3, 17, 40, 5], seed=31)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        per_op = _outputs(_llm(folder, False, monkeypatch, quantization="int8"), prompts, params)
+        llm = _llm(folder, True, monkeypatch, quantization="int8")
+        taken = _count_steps(llm)
+        stepped = _outputs(llm, prompts, params)
+    finally:
+        torch.set_num_threads(before)
+    assert stepped == per_op
+    assert taken[0] >= 15
+
+
 @pytest.mark.parametrize("model", ["gemma2-softcap-window", "qwen3-qk-norm", "mixtral-moe"])
 def test_layers_it_does_not_know_run_op_by_op(tiny_model: Callable[[str], Path],
                                               monkeypatch: pytest.MonkeyPatch,

@@ -19,6 +19,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -33,6 +34,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 namespace {
@@ -235,8 +237,12 @@ class DecodeStep : public torch::CustomClassHolder {
               kv_caches.empty() ? 0 : kv_caches[0].size(1), kv_caches.empty() ? 0 : kv_caches[0].size(2),
               m, std::move(caches)};
     const int threads = static_cast<int>(std::max<int64_t>(1, at::get_num_threads()));
+    silu_error_ = nullptr;
 #pragma omp parallel num_threads(threads)
     {
+      // The SiLU is ATen's, on views made on the caller's thread: inference tensors when
+      // the caller is in inference mode, which only a thread in that mode may write.
+      const c10::InferenceMode inference;
       const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
       for (size_t l = 0; l < layers_.size(); ++l) run_layer(l, in, tid, nt);
       for (int64_t r = tid; r < m; r += nt) {
@@ -248,6 +254,7 @@ class DecodeStep : public torch::CustomClassHolder {
                       out.data_ptr<float>() + r * hidden_);
       }
     }
+    if (silu_error_) std::rethrow_exception(silu_error_);
     return out;
   }
 
@@ -426,8 +433,13 @@ class DecodeStep : public torch::CustomClassHolder {
     project(layer.proj[2], normed_.data(), hidden_blocks_, m, gate_up_.data(), tid, nt);
 #pragma omp barrier
     for (int64_t r = tid; r < m; r += nt) {
-      at::silu_out(act_rows_[static_cast<size_t>(r)], gate_rows_[static_cast<size_t>(r)]);
-      act_rows_[static_cast<size_t>(r)].mul_(up_rows_[static_cast<size_t>(r)]);
+      try {  // an exception must not leave the parallel region (it would terminate)
+        at::silu_out(act_rows_[static_cast<size_t>(r)], gate_rows_[static_cast<size_t>(r)]);
+        act_rows_[static_cast<size_t>(r)].mul_(up_rows_[static_cast<size_t>(r)]);
+      } catch (...) {
+#pragma omp critical(kvrelay_decode_step_error)
+        if (!silu_error_) silu_error_ = std::current_exception();
+      }
       if (layer.proj[3].quantized) act_blocks_.quantize(act_.data() + r * intermediate_, r);
     }
 #pragma omp barrier
@@ -443,6 +455,7 @@ class DecodeStep : public torch::CustomClassHolder {
   std::vector<float> residual_, normed_, qkv_, attn_, o_out_, gate_up_, act_, mlp_out_;
   Blocks hidden_blocks_, attn_blocks_, act_blocks_;
   std::vector<at::Tensor> act_rows_, gate_rows_, up_rows_;
+  std::exception_ptr silu_error_;  // the first error of a step's SiLU, raised after it
 };
 
 }  // namespace
