@@ -123,8 +123,6 @@ PERFORMANCE = (
      "streams-stall-max", " ms", "client_streams.py"),
     ("CPU decode at batch 1, the Q4_1 GGUF kept, against llama.cpp (AVX2, same file)",
      "cpu-q4-decode-vs-llamacpp-avx2", "", "vs_llamacpp.py"),
-    ("CPU prompt processing, 512 tokens at batch 1, Q4_1 kept, against llama.cpp (AVX2)",
-     "cpu-q4-pp512-vs-llamacpp-avx2", "", "vs_llamacpp.py"),
     ("CPU throughput, 32 sequences x (128 + 128 tokens), Q4_1 kept, against llama.cpp "
      "(AVX2)", "cpu-q4-total32-vs-llamacpp-avx2", "", "vs_llamacpp.py"),
     ("Decode step, Llama-3-8B shape, batch 64, H200", "h200-decode-b64", " tok/s",
