@@ -2,11 +2,13 @@
 
 For SmolLM2's gate/up projection shape (576 -> 3072), int8 (per channel) and int4
 (groups of 32): the integer dot-product kernel (activations quantized to int16 per block,
-``cpu_kernels/quantized_linear.cpp``), the dequantized-tiles kernel (a tile of channels
-dequantized into cache, then the float GEMM: ``cpu_kernels/dequantized_linear.cpp``), and
-the float32 ``F.linear`` baseline, for 1..256 rows. The crossing sets
-``INTEGER_DOT_MAX_ROWS`` in ``kvrelay_kernels/cpu_quantized_matmul.py``. Weights rotate
-through more buffers than the caches hold, as in a decode step.
+``cpu_kernels/quantized_linear.cpp``), the integer GEMM (the same int16 blocks against a
+repacked copy of the weights, ``cpu_kernels/int16_gemm.cpp``), the dequantized-tiles
+kernel (a tile of channels dequantized into cache, then the float GEMM:
+``cpu_kernels/dequantized_linear.cpp``), and the float32 ``F.linear`` baseline, for 1..256
+rows. The crossing sets ``INTEGER_DOT_MAX_ROWS`` in
+``kvrelay_kernels/cpu_quantized_matmul.py``. Weights rotate through more buffers than the
+caches hold, as in a decode step.
 
     .venv/bin/python benchmarks/quant_matmul_rows.py
 """
@@ -14,6 +16,7 @@ through more buffers than the caches hold, as in a decode step.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,19 +29,25 @@ from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
 
 OUT, IN, BUFFERS = 3072, 576, 24
+GEMM_SWITCH = "KVRELAY_CPU_INT16_GEMM"
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
-PATHS = ("integer", "tiles")
+PATHS = ("integer", "gemm", "tiles")
 
 
 def through(path: str, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     """The product through one kernel, whatever ``INTEGER_DOT_MAX_ROWS`` says."""
     limit = 1 << 30 if path == "integer" else 0
-    saved = cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS
+    saved = cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS, os.environ.get(GEMM_SWITCH)
     cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = {8: limit, 4: limit}
+    os.environ[GEMM_SWITCH] = "1" if path == "gemm" else "0"
     try:
         out = cpu_quantized_matmul.quantized_matmul_cpu(x, weight, None)
     finally:
-        cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = saved
+        cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = saved[0]
+        if saved[1] is None:
+            os.environ.pop(GEMM_SWITCH)
+        else:
+            os.environ[GEMM_SWITCH] = saved[1]
     assert out is not None
     return out
 
@@ -66,6 +75,10 @@ def main() -> None:
     results = []
     columns = [f"{kind} {path}" for kind in kinds for path in PATHS]
     print(f"{'rows':>4} {'float32':>9} " + " ".join(f"{c:>13}" for c in columns) + "  (us)")
+    assert cpu_quantized_matmul.load_cpu_kernels(), "the C++ kernels do not build here"
+    for weights in kinds.values():  # the GEMM's packed copies made once, before timing
+        for w in weights:
+            cpu_quantized_matmul.int16_gemm_pack(w)
     for rows in ROWS:
         x = torch.randn(rows, IN)
 

@@ -15,7 +15,9 @@ Someone serving SmolLM2 on a CPU would run llama.cpp, so it is the baseline. Bot
   first and last token (the same request, timed at each engine step); totals = sequences
   x 256 / wall time. Rows: float32 (the GGUF dequantised), the Q4_1 blocks kept
   (``quantization="gguf"``), the same with the native decode step off
-  (``KVRELAY_CPU_DECODE_STEP=0``, op by op), and int8 weights.
+  (``KVRELAY_CPU_DECODE_STEP=0``, op by op), the same with the integer GEMM off
+  (``KVRELAY_CPU_INT16_GEMM=0``: prompts through dequantized tiles and the float GEMM), and
+  int8 weights.
 
 Each repeat (``--repeats``) runs every system once, in an order shuffled per repeat, after
 a warm-up of every batch size; the result holds the medians (``rows``), the min-max
@@ -37,6 +39,7 @@ such, not hidden. On a CPU without AVX-512, ``--variants native`` is the best bu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -44,6 +47,7 @@ import re
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +60,12 @@ PROMPT_TOKENS = 128
 GEN_TOKENS = 128
 PP_TOKENS = 512
 COLUMNS = ("pp_512", "decode_1", "total_1", "total_8", "total_32")
-# Each kvrelay row: LLM options, and environment set while the engine is built.
+# Each kvrelay row: LLM options, and environment set while the row is built and measured.
 CONFIGS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "float32": ({"quantization": "none"}, {}),
     "gguf-kept (Q4_1)": ({"quantization": "gguf"}, {}),
     "gguf-kept (Q4_1) op by op": ({"quantization": "gguf"}, {"KVRELAY_CPU_DECODE_STEP": "0"}),
+    "gguf-kept (Q4_1) float GEMM": ({"quantization": "gguf"}, {"KVRELAY_CPU_INT16_GEMM": "0"}),
     "int8": ({"quantization": "int8"}, {}),
 }
 PROGRAMS = ("llama-bench", "llama-batched-bench")
@@ -109,21 +114,33 @@ def run_kvrelay(config: tuple[dict[str, Any], dict[str, str]], threads: int,
     import torch
 
     from kvrelay_worker.engine.llm import LLM
-    from kvrelay_worker.engine.sampling_params import SamplingParams
 
     options, env = config
     torch.set_num_threads(threads)
+    with environment(env):
+        llm = LLM(model, device="cpu", dtype="float32", enable_prefix_caching=False,
+                  max_num_seqs=max(SIZES), **options)
+        return _kvrelay_figures(llm)
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set in this process while the row is built and measured, then restored."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        llm = LLM(model, device="cpu", dtype="float32", enable_prefix_caching=False,
-                  max_num_seqs=max(SIZES), **options)
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _kvrelay_figures(llm: Any) -> dict[str, Any]:
+    from kvrelay_worker.engine.sampling_params import SamplingParams
+
     vocab = llm.engine.vocab_size
     prompt_ids = iter(range(10**9))
 

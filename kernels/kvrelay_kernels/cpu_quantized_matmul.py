@@ -1,13 +1,16 @@
-"""Weight-only quantized matmul on CPU: two C++ kernels, chosen by the number of rows.
+"""Weight-only quantized matmul on CPU: three C++ kernels, chosen by the number of rows.
 
 Batch-1 decode streams every weight byte once per token, so its speed is the bytes read
 and the work done per byte. Few rows take ``cpu_kernels/quantized_linear.cpp``: the
 activations are quantized to int16 per block of 32 and each block is an integer dot
 product with the packed weights (AVX-512 VNNI or AVX2), never writing a float weight.
 Its work grows with every row, while the weights are read once whatever the batch; so
-from a few rows on, ``cpu_kernels/dequantized_linear.cpp`` wins: it dequantizes a tile of
-output channels into cache and multiplies the whole batch by it with the float GEMM.
-``INTEGER_DOT_MAX_ROWS`` holds the crossing per weight width, measured by
+from a few rows on the product is compute-bound and a GEMM wins. ``cpu_kernels/
+int16_gemm.cpp`` is that GEMM on int16 (twice a float GEMM's multiply-adds per
+instruction), with the weights repacked at first use; where its level has no integer GEMM
+or the groups are not whole blocks of 32 (Q6_K), ``cpu_kernels/dequantized_linear.cpp``
+dequantizes a tile of output channels into cache and multiplies the batch by it with the
+float GEMM. ``INTEGER_DOT_MAX_ROWS`` holds the crossing per weight width, measured by
 ``benchmarks/quant_matmul_rows.py`` with weights that do not stay in cache.
 
 Both are part of the C++ extension built on first use (``cpu_kernels/build.py``); where
@@ -18,6 +21,9 @@ takes the reference path. int8 weights may have minimums (GGUF's Q5_1, Q5_K) and
 """
 
 from __future__ import annotations
+
+import os
+import weakref
 
 import torch
 
@@ -48,6 +54,34 @@ def dequantized_tiles_serve(weight: QuantizedWeight) -> bool:
     return weight.bits == 8 or (weight.in_features // 2) % weight.group_size == 0
 
 
+# The integer GEMM's packed copy of each weight it served, keyed by the qweight tensor's id
+# and dropped with that tensor.
+_GEMM_PACKS: dict[int, tuple[weakref.ref[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+
+
+def int16_gemm_serves(weight: QuantizedWeight) -> bool:
+    """Whether the integer GEMM takes ``weight`` (groups of whole 32-input blocks) here."""
+    k, g = weight.in_features, weight.group_size
+    return (os.environ.get("KVRELAY_CPU_INT16_GEMM", "1") != "0" and load_cpu_kernels()
+            and torch.ops.kvrelay_cpu.int16_gemm_lanes() > 0 and g % BLOCK == 0
+            and k % BLOCK == 0 and (weight.bits == 8 or (k // 2) % BLOCK == 0))
+
+
+def int16_gemm_pack(weight: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+    """The weight repacked for the integer GEMM, made at its first use and kept with it."""
+    key = id(weight.qweight)
+    hit = _GEMM_PACKS.get(key)
+    if hit is not None and hit[0]() is weight.qweight:
+        return hit[1]
+    packed = tuple(torch.ops.kvrelay_cpu.pack_int16_gemm(
+        weight.qweight, weight.scales.contiguous(),
+        None if weight.mins is None else weight.mins.contiguous(), weight.bits,
+        weight.group_size, weight.in_features))
+    _GEMM_PACKS[key] = (weakref.ref(weight.qweight, lambda _: _GEMM_PACKS.pop(key, None)),
+                        packed)
+    return packed
+
+
 def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,
                          bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x @ dequantize(weight).T + bias`` (2-D ``x``), or None where no kernel serves it."""
@@ -55,6 +89,12 @@ def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,
         return None
     if integer_dot_serves(x.shape[0], weight):
         op = torch.ops.kvrelay_cpu.quantized_linear
+    elif int16_gemm_serves(weight):
+        values, scales, mins = int16_gemm_pack(weight)
+        out = torch.ops.kvrelay_cpu.int16_gemm(
+            x.float().contiguous(), values, scales, mins, weight.out_features,
+            None if bias is None else bias.float().contiguous())
+        return out.to(x.dtype)
     elif dequantized_tiles_serve(weight):
         op = torch.ops.kvrelay_cpu.dequantized_linear
     else:
@@ -70,4 +110,6 @@ def cpu_kernel_names() -> str:
     if not load_cpu_kernels():
         return "reference (no C++ extension)"
     isa = torch.ops.kvrelay_cpu.quantized_linear_isa()
-    return f"integer dot ({isa}) for few rows, dequantized tiles + GEMM for more"
+    many = ("int16 GEMM" if torch.ops.kvrelay_cpu.int16_gemm_lanes() > 0
+            else "dequantized tiles + GEMM")
+    return f"integer dot ({isa}) for few rows, {many} for more"

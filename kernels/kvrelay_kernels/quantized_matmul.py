@@ -2,8 +2,9 @@
 
 CUDA tensors take the Triton W8A16/W4A16 kernel (dequantization fused into its tile
 loop); CPU tensors take the C++ kernels of ``cpu_quantized_matmul`` (integer dot products
-for few rows, dequantized tiles and the float GEMM for more) unless ``KVRELAY_KERNELS``
-forces the reference, which is also where a machine without a C++ compiler ends up.
+for few rows, an int16 GEMM or dequantized tiles and the float GEMM for more) unless
+``KVRELAY_KERNELS`` forces the reference, which is also where a machine without a C++
+compiler ends up.
 """
 
 from __future__ import annotations

@@ -74,9 +74,10 @@ def compressed(smollm2_folder: Path) -> Callable[[str], Path]:
 def _assert_logits_match(llm: LLM, reference: nn.Module, prompts: list[list[int]], label: str,
                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Every position's logits within 1e-3 (relative to the largest) of the reference
-    model's, on the weight-only kernels (the integer kernel also rounds activations); the
+    model's, on the weight-only kernels (the integer kernels also round activations); the
     kernels a worker serves with are back afterwards, for the greedy runs that follow."""
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    monkeypatch.setenv("KVRELAY_CPU_INT16_GEMM", "0")
     with torch.no_grad():
         for prompt in prompts:
             got = sequence_logits(llm.engine, prompt)
@@ -109,8 +110,10 @@ def test_repacked_layers_dequantize_as_compressed_tensors_does(
 
 @pytest.fixture
 def weight_only_products(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The integer dot-product kernel also rounds activations: off for the logits check."""
+    """The integer dot-product and GEMM kernels also round activations: off for the logits
+    check."""
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    monkeypatch.setenv("KVRELAY_CPU_INT16_GEMM", "0")
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -67,9 +67,10 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 
 @pytest.fixture
 def weight_only_products(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The integer dot-product kernel also rounds activations (its own tests bound that);
-    off here, so that logits can be compared to float rounding."""
+    """The integer dot-product and GEMM kernels also round activations (their own tests
+    bound that); off here, so that logits can be compared to float rounding."""
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    monkeypatch.setenv("KVRELAY_CPU_INT16_GEMM", "0")
 
 
 @pytest.mark.usefixtures("weight_only_products")
@@ -117,6 +118,7 @@ def test_kept_quantized_engine_with_the_integer_kernel(
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 1 << 20, 4: 1 << 20})
     got = sequence_logits(kept.engine, PROMPT)
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    monkeypatch.setenv("KVRELAY_CPU_INT16_GEMM", "0")
     weight_only = sequence_logits(kept.engine, PROMPT)
     difference = (got - weight_only).abs()
     assert difference.max() > 1e-4  # the kernel ran: 5e-3 when measured

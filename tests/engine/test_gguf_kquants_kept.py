@@ -175,7 +175,8 @@ def test_cpu_dequantized_tiles_kernel(qtype: gguf.GGMLQuantizationType, rows: in
 @cpu_kernels
 @pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda t: t.name)
 def test_public_entry_point_takes_the_cpu_kernels(qtype: gguf.GGMLQuantizationType) -> None:
-    """Batch-1 decode takes the integer kernel (group 16 included), more rows the tiles."""
+    """Batch-1 decode takes the integer kernel (group 16 included); more rows the integer
+    GEMM where this level has one, except Q6_K's groups of 16, which take the tiles."""
     weight = repacked(stored_blocks(qtype, 7), qtype)
     one, many = torch.randn(1, K), torch.randn(40, K)
     assert cpu_quantized_matmul.integer_dot_serves(1, weight)
@@ -184,10 +185,17 @@ def test_public_entry_point_takes_the_cpu_kernels(qtype: gguf.GGMLQuantizationTy
                                                     weight.group_size, None)
     assert torch.equal(quantized_matmul(one, weight), direct)
     assert not cpu_quantized_matmul.integer_dot_serves(40, weight)
-    tiles = torch.ops.kvrelay_cpu.dequantized_linear(many, weight.qweight, weight.scales,
-                                                     weight.mins, weight.bits,
-                                                     weight.group_size, None)
-    assert torch.equal(quantized_matmul(many, weight), tiles)
+    gemm = torch.ops.kvrelay_cpu.int16_gemm_lanes() > 0 and weight.group_size % 32 == 0
+    assert cpu_quantized_matmul.int16_gemm_serves(weight) == gemm
+    if gemm:
+        values, scales, mins = cpu_quantized_matmul.int16_gemm_pack(weight)
+        expected = torch.ops.kvrelay_cpu.int16_gemm(many, values, scales, mins,
+                                                    weight.out_features, None)
+    else:
+        expected = torch.ops.kvrelay_cpu.dequantized_linear(many, weight.qweight, weight.scales,
+                                                            weight.mins, weight.bits,
+                                                            weight.group_size, None)
+    assert torch.equal(quantized_matmul(many, weight), expected)
 
 
 # One type per fused layer (mixed fused layers: further down); both layers differ.

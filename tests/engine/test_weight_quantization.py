@@ -53,9 +53,10 @@ def fake_quantized(float_llm: LLM, quantized_llm: LLM) -> None:
 
 @pytest.fixture
 def weight_only_products(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The integer dot-product kernel also rounds activations (its own tests bound that);
-    off here, so that logits can be compared to float rounding."""
+    """The integer dot-product and GEMM kernels also round activations (their own tests
+    bound that); off here, so that logits can be compared to float rounding."""
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    monkeypatch.setenv("KVRELAY_CPU_INT16_GEMM", "0")
 
 
 @pytest.mark.usefixtures("weight_only_products")

@@ -1,8 +1,8 @@
 """Weight-only quantized matmul (CPU dequantized tiles and reference) against dequantize+linear.
 
-The integer dot-product kernel, which also rounds the activations, has its own tests
-(``test_cpu_quantized_linear.py``); here it is turned off so that every product takes the
-weight-only paths.
+The integer dot-product and GEMM kernels, which also round the activations, have their own
+tests (``test_cpu_quantized_linear.py``, ``test_cpu_int16_gemm.py``); here they are turned
+off so that every product takes the weight-only paths.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from kvrelay_kernels.reference.quantized_matmul import (
 @pytest.fixture(autouse=True)
 def weight_only_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_quantized_matmul, "INTEGER_DOT_MAX_ROWS", {8: 0, 4: 0})
+    monkeypatch.setenv("KVRELAY_CPU_INT16_GEMM", "0")
 
 
 def test_int4_packing_round_trips() -> None:

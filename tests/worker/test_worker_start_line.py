@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.worker_process import WorkerProcess
 
+from kvrelay_kernels.cpu_quantized_matmul import cpu_kernel_names
 from kvrelay_worker.cpu_threads import (
     THREAD_ENV_VARS,
     ThreadChoice,
@@ -90,7 +91,7 @@ def test_a_quantized_cpu_workers_start_line_names_its_kernels(
         start_worker: Callable[..., WorkerProcess]) -> None:
     line = _ready_line(start_worker("int8", quantization="int8"))
     assert "(quantization int8 on integer dot (" in line, line
-    assert "dequantized tiles + GEMM for more)" in line, line
+    assert f"(quantization int8 on {cpu_kernel_names()})" in line, line
 
 
 @pytest.mark.integration

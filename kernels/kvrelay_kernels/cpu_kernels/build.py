@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("paged_attention.cpp", "tiled_attention.cpp", "quantized_linear.cpp",
            "dequantized_linear.cpp", "rms_norm.cpp", "rotary.cpp", "kv_store.cpp",
-           "fp8_linear.cpp", "decode_step.cpp")
+           "fp8_linear.cpp", "decode_step.cpp", "int16_gemm.cpp")
 # Included by the sources: part of the build folder's key, so editing one rebuilds.
 HEADERS = ("quantized_args.h", "int16_dot_isa.h", "quantized_dot.h", "rms_norm.h", "rotary.h",
            "attend.h", "decode_step_parts.h")
