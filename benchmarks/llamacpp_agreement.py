@@ -35,9 +35,8 @@ from typing import Any
 
 import torch
 from harness import write_result
-from harness.llamacpp import cache_root, llamacpp_bin, work_file
+from harness.llamacpp import add_bos, cache_root, convert, llamacpp_bin, work_file
 from harness.seeds_text import english_text
-from llamacpp_kquants import add_bos, convert
 
 from kvrelay_kernels import cpu_quantized_matmul
 

@@ -33,29 +33,18 @@ import logging
 import math
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
 from harness import write_result
-from harness.llamacpp import cache_root, llamacpp_bin, llamacpp_source, work_file
+from harness.llamacpp import add_bos, cache_root, convert, llamacpp_bin, work_file
 from harness.seeds_text import PROMPTS, english_text
 
 TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 TOOLS = ("llama-quantize", "llama-perplexity")
 SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
-
-
-def convert(folder: Path, out: Path) -> Path:
-    """``folder`` (a Hugging Face model) as an F32 GGUF, by llama.cpp's converter."""
-    if not out.exists():
-        _, source = llamacpp_source()
-        subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder),
-                        "--outtype", "f32", "--outfile", str(out)], check=True,
-                       capture_output=True)
-    return out
 
 
 def random_llama(folder: Path, tokenizer_folder: Path) -> Path:
@@ -94,13 +83,6 @@ def tensor_types(path: Path) -> dict[str, int]:
 
     reader = GGUFReader(path)
     return dict(Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) == 2))
-
-
-def add_bos(path: Path) -> bool:
-    from gguf import GGUFReader
-
-    field = GGUFReader(path).fields.get("tokenizer.ggml.add_bos_token")
-    return bool(field is not None and field.parts[field.data[0]][0])
 
 
 def load(path: Path, quantization: str) -> Any:

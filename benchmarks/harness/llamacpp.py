@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tarfile
 import urllib.parse
 import urllib.request
@@ -73,3 +74,20 @@ def work_file(name: str, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def convert(folder: Path, out: Path) -> Path:
+    """``folder`` (a Hugging Face model) as an F32 GGUF, by llama.cpp's converter."""
+    if not out.exists():
+        _, source = llamacpp_source()
+        subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder),
+                        "--outtype", "f32", "--outfile", str(out)], check=True,
+                       capture_output=True)
+    return out
+
+
+def add_bos(path: Path) -> bool:
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field is not None and field.parts[field.data[0]][0])
