@@ -13,7 +13,7 @@ dequantizes a tile of output channels into cache and multiplies the batch by it 
 float GEMM. ``INTEGER_DOT_MAX_ROWS`` holds the crossing per weight width, measured by
 ``benchmarks/quant_matmul_rows.py`` with weights that do not stay in cache.
 
-Both are part of the C++ extension built on first use (``cpu_kernels/build.py``); where
+All three are part of the C++ extension built on first use (``cpu_kernels/build.py``); where
 it cannot be built (no compiler), or for a layout they refuse (groups that are not
 whole 32-input blocks, int4 groups that straddle the two halves of a row), the caller
 takes the reference path. int8 weights may have minimums (GGUF's Q5_1, Q5_K) and groups of
@@ -22,6 +22,7 @@ takes the reference path. int8 weights may have minimums (GGUF's Q5_1, Q5_K) and
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 
@@ -55,31 +56,43 @@ def dequantized_tiles_serve(weight: QuantizedWeight) -> bool:
 
 
 # The integer GEMM's packed copy of each weight it served, keyed by the qweight tensor's id
-# and dropped with that tensor.
-_GEMM_PACKS: dict[int, tuple[weakref.ref[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+# and dropped with that tensor; a hit must hold the very same qweight, scales and mins.
+Pack = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+_GEMM_PACKS: dict[int, tuple[list[weakref.ref[torch.Tensor]], Pack]] = {}
+
+
+@functools.cache
+def gemm_lanes() -> int:
+    """Output channels per register of the integer GEMM at this process's level (0: none,
+    or no C++ extension); constant for the process, so asked once."""
+    return int(torch.ops.kvrelay_cpu.int16_gemm_lanes()) if load_cpu_kernels() else 0
 
 
 def int16_gemm_serves(weight: QuantizedWeight) -> bool:
     """Whether the integer GEMM takes ``weight`` (groups of whole 32-input blocks) here."""
     k, g = weight.in_features, weight.group_size
-    return (os.environ.get("KVRELAY_CPU_INT16_GEMM", "1") != "0" and load_cpu_kernels()
-            and torch.ops.kvrelay_cpu.int16_gemm_lanes() > 0 and g % BLOCK == 0
-            and k % BLOCK == 0 and (weight.bits == 8 or (k // 2) % BLOCK == 0))
+    return (os.environ.get("KVRELAY_CPU_INT16_GEMM", "1") != "0" and gemm_lanes() > 0
+            and g % BLOCK == 0 and k % BLOCK == 0
+            and (weight.bits == 8 or (k // 2) % BLOCK == 0))
 
 
-def int16_gemm_pack(weight: QuantizedWeight) -> tuple[torch.Tensor, ...]:
+def int16_gemm_pack(weight: QuantizedWeight) -> Pack:
     """The weight repacked for the integer GEMM, made at its first use and kept with it."""
+    tensors = [t for t in (weight.qweight, weight.scales, weight.mins) if t is not None]
     key = id(weight.qweight)
     hit = _GEMM_PACKS.get(key)
-    if hit is not None and hit[0]() is weight.qweight:
+    if hit is not None and len(hit[0]) == len(tensors) and all(
+            ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
         return hit[1]
-    packed = tuple(torch.ops.kvrelay_cpu.pack_int16_gemm(
+    values, scales, mins = torch.ops.kvrelay_cpu.pack_int16_gemm(
         weight.qweight, weight.scales.contiguous(),
         None if weight.mins is None else weight.mins.contiguous(), weight.bits,
-        weight.group_size, weight.in_features))
-    _GEMM_PACKS[key] = (weakref.ref(weight.qweight, lambda _: _GEMM_PACKS.pop(key, None)),
-                        packed)
-    return packed
+        weight.group_size, weight.in_features)
+    pack = (values, scales, mins)
+    refs = [weakref.ref(weight.qweight, lambda _: _GEMM_PACKS.pop(key, None)),
+            *(weakref.ref(t) for t in tensors[1:])]
+    _GEMM_PACKS[key] = (refs, pack)
+    return pack
 
 
 def quantized_matmul_cpu(x: torch.Tensor, weight: QuantizedWeight,
@@ -110,6 +123,5 @@ def cpu_kernel_names() -> str:
     if not load_cpu_kernels():
         return "reference (no C++ extension)"
     isa = torch.ops.kvrelay_cpu.quantized_linear_isa()
-    many = ("int16 GEMM" if torch.ops.kvrelay_cpu.int16_gemm_lanes() > 0
-            else "dequantized tiles + GEMM")
+    many = "int16 GEMM" if gemm_lanes() > 0 else "dequantized tiles + GEMM"
     return f"integer dot ({isa}) for few rows, {many} for more"

@@ -158,11 +158,16 @@ def test_quantized_matmul_gives_it_the_rows_above_the_dot_product(
 
 
 def test_a_weight_is_packed_once_and_its_copy_dropped_with_it() -> None:
+    """Kept per qweight; new scales on the same values are packed again, not served stale."""
     qw = weights("int8-g32", 64, 128)
     first = cpu_quantized_matmul.int16_gemm_pack(qw)
     assert cpu_quantized_matmul.int16_gemm_pack(qw) is first
+    rescaled = QuantizedWeight(qw.qweight, qw.scales * 2, None, 8, 32, 128)  # same values
+    again = cpu_quantized_matmul.int16_gemm_pack(rescaled)
+    assert again is not first
+    assert torch.equal(again[1], first[1] * 2)
     key = id(qw.qweight)
     assert key in cpu_quantized_matmul._GEMM_PACKS
-    del qw
+    del qw, rescaled
     gc.collect()
     assert key not in cpu_quantized_matmul._GEMM_PACKS

@@ -1,7 +1,6 @@
 // The decode step's weights and the projection that reads them (decode_step.cpp): a layer's
 // four projections (q|k|v, o, gate|up, down), each a list of parts, every part a run of
-// output columns kept as float32 or in quantized_weight's layout; the int16 activation
-// blocks a quantized part reads; and `project`, which computes this thread's share of a
+// output columns kept as float32 or in quantized_weight's layout; and `project`, which computes this thread's share of a
 // projection's output channels, each channel whole, so any split gives the same bits.
 #pragma once
 
@@ -40,24 +39,8 @@ struct Layer {
   float softcap = 0.f;
 };
 
-// The int16 blocks of one projection input (quantized_dot.h's Activations), per row.
-struct Blocks {
-  std::vector<int16_t> q;
-  std::vector<float> d, sums;
-  int64_t k = 0;
-  void resize(int64_t rows, int64_t width) {
-    k = width;
-    q.resize(static_cast<size_t>(rows * width));
-    d.resize(static_cast<size_t>(rows * width / qdot::kBlock));
-    sums.resize(static_cast<size_t>(rows * width / qdot::kBlock));
-  }
-  void quantize(const float* x, int64_t row) {
-    const int64_t blocks = k / qdot::kBlock;
-    qdot::quantize_row(x, k, q.data() + row * k, d.data() + row * blocks,
-                       sums.data() + row * blocks);
-  }
-  qdot::Activations view() const { return {q.data(), d.data(), sums.data(), k}; }
-};
+// The int16 blocks of one projection input, per row (int16_dot_isa.h).
+using Blocks = qdot::RowBlocks;
 
 // Output channels [lo, hi) of a float32 [n, k] matrix for m rows of x (k floats each).
 inline void float_channels(const float* w, const float* x, int64_t k, int64_t m, const float* bias,

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -188,6 +189,26 @@ struct Activations {
   const float* d;     // [M, K/32]
   const float* sums;  // [M, K/32]
   int64_t k;
+};
+
+// The int16 blocks of up to `rows` rows of `width` floats, owned: what every kernel that
+// reads Activations quantizes its input into (the dot products, the GEMM, the decode step).
+struct RowBlocks {
+  std::vector<int16_t> q;
+  std::vector<float> d, sums;
+  int64_t k = 0;
+  void resize(int64_t rows, int64_t width) {
+    k = width;
+    q.resize(static_cast<size_t>(rows * width));
+    d.resize(static_cast<size_t>(rows * width / kBlock));
+    sums.resize(static_cast<size_t>(rows * width / kBlock));
+  }
+  // Row `row` from its k floats at x.
+  void quantize(const float* x, int64_t row) {
+    const int64_t blocks = k / kBlock;
+    quantize_row(x, k, q.data() + row * k, d.data() + row * blocks, sums.data() + row * blocks);
+  }
+  Activations view() const { return {q.data(), d.data(), sums.data(), k}; }
 };
 
 }  // namespace kvrelay_cpu::qdot

@@ -32,7 +32,6 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
-#include <vector>
 
 namespace {
 
@@ -258,16 +257,13 @@ at::Tensor int16_gemm(const at::Tensor& x, const at::Tensor& values,
 #ifdef KVRELAY_INT16_GEMM
   if (m == 0) return out;
   // int16 blocks of every row, as the integer dot-product kernel quantizes them
-  std::vector<int16_t> q(static_cast<size_t>(m * k));
-  std::vector<float> d(static_cast<size_t>(m * blocks)), sums(static_cast<size_t>(m * blocks));
+  qdot::RowBlocks rows_in;
+  rows_in.resize(m, k);
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, m, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      qdot::quantize_row(xp + r * k, k, q.data() + r * k, d.data() + r * blocks,
-                         sums.data() + r * blocks);
-    }
+    for (int64_t r = lo; r < hi; ++r) rows_in.quantize(xp + r * k, r);
   });
-  const qdot::Activations a{q.data(), d.data(), sums.data(), k};
+  const qdot::Activations a = rows_in.view();
   const Packed w{values.data_ptr<int8_t>(), block_scales.data_ptr<float>(),
                  has_mins ? block_mins.data_ptr<float>() : nullptr, k, blocks};
   const float* bias_p = bias ? bias->data_ptr<float>() : nullptr;

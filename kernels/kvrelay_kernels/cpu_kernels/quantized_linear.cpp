@@ -40,7 +40,6 @@
 #include "quantized_dot.h"
 
 #include <string>
-#include <vector>
 
 namespace {
 
@@ -73,15 +72,11 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& qweight,
   TORCH_CHECK(bits == 8 || (k / 2) % kBlock == 0, "int4 needs K/2 a multiple of 32");
   TORCH_CHECK(k / kBlock <= kMaxBlocks, "K must be at most ", kMaxBlocks * kBlock);
 
-  const int64_t blocks = k / kBlock;
-  std::vector<int16_t> xq(static_cast<size_t>(m * k));
-  std::vector<float> xd(static_cast<size_t>(m * blocks)), xs(static_cast<size_t>(m * blocks));
+  RowBlocks blocks;
+  blocks.resize(m, k);
   const float* xp = x.data_ptr<float>();
-  for (int64_t r = 0; r < m; ++r) {
-    quantize_row(xp + r * k, k, xq.data() + r * k, xd.data() + r * blocks,
-                 xs.data() + r * blocks);
-  }
-  const Activations a{xq.data(), xd.data(), xs.data(), k};
+  for (int64_t r = 0; r < m; ++r) blocks.quantize(xp + r * k, r);
+  const Activations a = blocks.view();
   at::Tensor out = at::empty({m, n}, x.options());
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   if (scales.scalar_type() == at::kHalf) {
