@@ -16,14 +16,13 @@ caches hold, as in a decode step.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from harness import write_result
+from harness import environment, write_result
 
 from kvrelay_kernels import cpu_quantized_matmul
 from kvrelay_kernels.quantized_weight import QuantizedWeight, quantize_int4, quantize_int8
@@ -37,17 +36,13 @@ PATHS = ("integer", "gemm", "tiles")
 def through(path: str, x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     """The product through one kernel, whatever ``INTEGER_DOT_MAX_ROWS`` says."""
     limit = 1 << 30 if path == "integer" else 0
-    saved = cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS, os.environ.get(GEMM_SWITCH)
+    saved = cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS
     cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = {8: limit, 4: limit}
-    os.environ[GEMM_SWITCH] = "1" if path == "gemm" else "0"
     try:
-        out = cpu_quantized_matmul.quantized_matmul_cpu(x, weight, None)
+        with environment({GEMM_SWITCH: "1" if path == "gemm" else "0"}):
+            out = cpu_quantized_matmul.quantized_matmul_cpu(x, weight, None)
     finally:
-        cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = saved[0]
-        if saved[1] is None:
-            os.environ.pop(GEMM_SWITCH)
-        else:
-            os.environ[GEMM_SWITCH] = saved[1]
+        cpu_quantized_matmul.INTEGER_DOT_MAX_ROWS = saved
     assert out is not None
     return out
 

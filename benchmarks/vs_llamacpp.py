@@ -39,7 +39,6 @@ such, not hidden. On a CPU without AVX-512, ``--variants native`` is the best bu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -47,11 +46,10 @@ import re
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import write_result
+from harness import environment, write_result
 from harness.llamacpp import VARIANT_FLAGS, llamacpp_bin
 
 MODEL = "smollm2-135m-instruct"
@@ -121,21 +119,6 @@ def run_kvrelay(config: tuple[dict[str, Any], dict[str, str]], threads: int,
         llm = LLM(model, device="cpu", dtype="float32", enable_prefix_caching=False,
                   max_num_seqs=max(SIZES), **options)
         return _kvrelay_figures(llm)
-
-
-@contextlib.contextmanager
-def environment(env: dict[str, str]) -> Iterator[None]:
-    """``env`` set in this process while the row is built and measured, then restored."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _kvrelay_figures(llm: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 worker stack, timing and percentiles. Scripts in ``benchmarks/`` import it as
 ``harness`` (Python puts a script's own folder first on its path)."""
 
+from harness.environment import environment
 from harness.latency import (
     RequestTrace,
     flush_db,
@@ -16,6 +17,7 @@ from harness.stack import private_redis, tiny_worker_stack, worker_stack
 
 __all__ = [
     "RequestTrace",
+    "environment",
     "flush_db",
     "git_commit",
     "machine_info",
