@@ -28,6 +28,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "softmax_exp.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -46,23 +48,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline float load(float x) { return x; }
 inline float load(c10::Half x) { return static_cast<float>(x); }
 inline float load(c10::BFloat16 x) { return static_cast<float>(x); }
-
-// exp(x) for x <= 0, vectorisable (std::exp is not without -ffast-math): x = n ln2 + r
-// with |r| <= ln2 / 2, exp(r) by the classic Cephes expf polynomial (about 1 ulp), 2^n built in
-// the exponent bits. Below -87 the result is 0 (exp(-inf) included).
-inline float exp_nonpositive(float x) {
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(std::max(n, -126.f)) + 127) << 23;
-  return x < -87.f ? 0.f : p * __builtin_bit_cast(float, bits);
-}
 
 // The Fortran BLAS sgemm that torch's CPU build links (MKL on x86-64), found at load time;
 // ATen's own cpublas::gemm wraps it but is not exported to extensions. Declared weak so
@@ -209,20 +194,13 @@ inline float softmax_row(float* s, int64_t n, int64_t t0, int64_t lo, int64_t hi
   const int64_t vis_end = std::clamp<int64_t>(hi + 1 - t0, 0, n);
   for (int64_t t = 0; t < vis_begin; ++t) s[t] = kNegInf;
   for (int64_t t = vis_end; t < n; ++t) s[t] = kNegInf;
-  float tile_max = kNegInf;
-  for (int64_t t = vis_begin; t < vis_end; ++t) tile_max = std::max(tile_max, s[t]);
-  const float new_max = std::max(running_max, tile_max);
+  const float new_max = kvrelay_cpu::row_max(s, vis_begin, vis_end, running_max);
   if (new_max == kNegInf) {  // nothing visible yet: the row contributes nothing
     std::fill(s, s + n, 0.f);
     return 1.f;
   }
-  const float correction = exp_nonpositive(running_max - new_max);
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t t = 0; t < n; ++t) {
-    s[t] = exp_nonpositive(s[t] - new_max);
-    sum += s[t];
-  }
+  const float correction = kvrelay_cpu::exp_nonpositive(running_max - new_max);
+  const float sum = kvrelay_cpu::exp_shifted_sum(s, n, new_max);
   running_max = new_max;
   running_sum = running_sum * correction + sum;
   return correction;
