@@ -3,7 +3,7 @@
 //
 // GCC left this loop scalar even under `omp simd`, and with SmolLM2's shapes it and the
 // row maximum took most of a prompt's tiled attention beside the two sgemm products per
-// tile (perf, one thread); by hand, a 512-token chunk's attention takes 4.7 ms, not 8.2
+// tile (perf, one thread); by hand, a 512-token chunk's attention takes 4.7-5.8 ms, not 8.2
 // (benchmarks/cpu_attention.py, AVX-512).
 // The vector code is the scalar polynomial lane for lane, with the same fused
 // multiply-adds; only the order of the row sum differs.
