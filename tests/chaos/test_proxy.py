@@ -6,8 +6,9 @@ Every fault the harness draws through the proxy is only as real as these."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ from chaos.proxy import HOST, ProxyGroup, ProxyHub, Route
 from chaos.sentinel_view import ReplyRewriter
 
 pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -58,12 +60,25 @@ def test_a_cut_resets_connections_and_refuses_new_ones(server: RedisServer,
         assert client.get("k") == b"after"
 
 
+def _within(seconds: float, call: Callable[[], T]) -> T:
+    """``call`` retried on a timeout for up to ``seconds``: the short-timeout client's
+    calls through a healthy proxy can stall past 0.5 s on a loaded 2-core machine, and
+    such a stall is not the fault under test."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return call()
+        except redis.TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+
+
 def test_a_blackhole_times_calls_out_and_delivers_what_it_held(server: RedisServer,
                                                                hub: ProxyHub) -> None:
     group = hub.group("w0", [Route("redis", server.port)])
     direct = redis.Redis(host=HOST, port=server.port)
     with _client(group, timeout=0.5) as client:
-        client.ping()
+        _within(5, client.ping)  # an open connection for the blackhole to hold
         group.blackhole()
         with pytest.raises(redis.TimeoutError):
             client.set("held", "1")  # held in the proxy: no reply within the timeout
@@ -74,8 +89,8 @@ def test_a_blackhole_times_calls_out_and_delivers_what_it_held(server: RedisServ
         while direct.get("held") is None:  # delivered late, as TCP retransmission would
             assert time.monotonic() < deadline, "the held write never reached Redis"
             time.sleep(0.05)
-        client.set("k", "v")  # the client's next connection works
-        assert client.get("k") == b"v"
+        _within(5, lambda: client.set("k", "v"))  # the client's next connection works
+        assert _within(5, lambda: client.get("k")) == b"v"
     direct.close()
 
 
