@@ -41,7 +41,7 @@ SOURCES = ("paged_attention.cpp", "tiled_attention.cpp", "quantized_linear.cpp",
            "fp8_linear.cpp", "decode_step.cpp", "int16_gemm.cpp")
 # Included by the sources: part of the build folder's key, so editing one rebuilds.
 HEADERS = ("quantized_args.h", "int16_dot_isa.h", "quantized_dot.h", "rms_norm.h", "rotary.h",
-           "attend.h", "decode_step_parts.h", "softmax_exp.h")
+           "attend.h", "decode_step_parts.h", "softmax_exp.h", "float_vec.h")
 LIBRARY = "kvrelay_cpu"
 # Written into the build folder once a build has finished there.
 STAMP = f"{LIBRARY}.built"

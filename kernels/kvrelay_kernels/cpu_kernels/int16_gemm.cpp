@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "float_vec.h"
 #include "int16_dot_isa.h"
 #include "quantized_args.h"
 
@@ -43,7 +44,6 @@ using qdot::kBlock;
 constexpr int64_t kLanes = 16;
 constexpr int kRowTile = 4, kGroupTile = 2;  // 8 int32 + 8 float accumulators of 32
 using VecI = __m512i;
-using VecF = __m512;
 inline VecI widen(const int8_t* p) {
   return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -54,19 +54,11 @@ inline VecI broadcast_pair(const int16_t* x) {
 }
 inline VecI dot_pairs(VecI acc, VecI w, VecI x) { return _mm512_dpwssd_epi32(acc, w, x); }
 inline VecI zero_int() { return _mm512_setzero_si512(); }
-inline VecF zero_float() { return _mm512_setzero_ps(); }
-inline VecF to_float(VecI v) { return _mm512_cvtepi32_ps(v); }
-inline VecF load(const float* p) { return _mm512_loadu_ps(p); }
-inline VecF splat(float v) { return _mm512_set1_ps(v); }
-inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
-inline VecF fmadd(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
-inline void store(float* p, VecF v) { _mm512_storeu_ps(p, v); }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define KVRELAY_INT16_GEMM 1
 constexpr int64_t kLanes = 8;
 constexpr int kRowTile = 3, kGroupTile = 2;  // 6 + 6 accumulators of AVX2's 16 registers
 using VecI = __m256i;
-using VecF = __m256;
 inline VecI widen(const int8_t* p) {
   return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -79,13 +71,6 @@ inline VecI dot_pairs(VecI acc, VecI w, VecI x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
 }
 inline VecI zero_int() { return _mm256_setzero_si256(); }
-inline VecF zero_float() { return _mm256_setzero_ps(); }
-inline VecF to_float(VecI v) { return _mm256_cvtepi32_ps(v); }
-inline VecF load(const float* p) { return _mm256_loadu_ps(p); }
-inline VecF splat(float v) { return _mm256_set1_ps(v); }
-inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
-inline VecF fmadd(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
-inline void store(float* p, VecF v) { _mm256_storeu_ps(p, v); }
 #else
 constexpr int64_t kLanes = 0;  // no integer GEMM at this level: the dequantizing tiles serve
 #endif
@@ -156,6 +141,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int16_gemm(
 }
 
 #ifdef KVRELAY_INT16_GEMM
+static_assert(kvrelay_cpu::fvec::kWidth == kLanes, "float lanes must match the channel lanes");
+
 struct Packed {
   const int8_t* values;
   const float* scales;
@@ -169,9 +156,10 @@ template <int R, int G, bool Mins>
 void tile(const Packed& w, const qdot::Activations& a, int64_t row, int64_t group, float* out,
           int64_t ldo) {
   const int64_t k = w.k, blocks = w.blocks;
-  VecF acc[R][G];
+  using namespace kvrelay_cpu::fvec;
+  Vec acc[R][G];
   for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) acc[r][g] = zero_float();
+    for (int g = 0; g < G; ++g) acc[r][g] = zero();
   const int8_t* values = w.values + group * k * kLanes;
   for (int64_t b = 0; b < blocks; ++b) {
     VecI dots[R][G];
@@ -189,13 +177,13 @@ void tile(const Packed& w, const qdot::Activations& a, int64_t row, int64_t grou
     }
     for (int g = 0; g < G; ++g) {
       const int64_t at_block = ((group + g) * blocks + b) * kLanes;
-      const VecF scale = load(w.scales + at_block);
+      const Vec scale = load(w.scales + at_block);
       for (int r = 0; r < R; ++r) {
-        const VecF combined = mul(scale, splat(a.d[(row + r) * blocks + b]));
-        acc[r][g] = fmadd(to_float(dots[r][g]), combined, acc[r][g]);
+        const Vec combined = mul(scale, splat(a.d[(row + r) * blocks + b]));
+        acc[r][g] = fmadd(from_int32(dots[r][g]), combined, acc[r][g]);
       }
       if constexpr (Mins) {
-        const VecF minimum = load(w.mins + at_block);
+        const Vec minimum = load(w.mins + at_block);
         for (int r = 0; r < R; ++r) {
           acc[r][g] = fmadd(minimum, splat(a.sums[(row + r) * blocks + b]), acc[r][g]);
         }

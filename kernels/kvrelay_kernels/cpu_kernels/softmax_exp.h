@@ -10,9 +10,7 @@
 
 #pragma once
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "float_vec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,71 +35,10 @@ inline float exp_nonpositive(float x) {
   return x < -87.f ? 0.f : p * __builtin_bit_cast(float, bits);
 }
 
-// The few vector operations the polynomial needs, per instruction-set level.
-#if defined(__AVX512F__)
-#define KVRELAY_SOFTMAX_VECTOR 1
-namespace softmax_vec {
-using Vec = __m512;
-constexpr int64_t kWidth = 16;
-inline Vec splat(float v) { return _mm512_set1_ps(v); }
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
-inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
-inline Vec floor(Vec v) {
-  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-}
-inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-// 2^n for whole n in [-126, 127]
-inline Vec exp2_whole(Vec n) {
-  const __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
-}
-// v where x >= limit, else 0
-inline Vec zero_below(Vec x, float limit, Vec v) {
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, splat(limit), _CMP_NLT_UQ), v);
-}
-inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
-}  // namespace softmax_vec
-#elif defined(__AVX2__) && defined(__FMA__)
-#define KVRELAY_SOFTMAX_VECTOR 1
-namespace softmax_vec {
-using Vec = __m256;
-constexpr int64_t kWidth = 8;
-inline Vec splat(float v) { return _mm256_set1_ps(v); }
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
-inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
-inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
-inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-inline Vec exp2_whole(Vec n) {
-  const __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
-}
-inline Vec zero_below(Vec x, float limit, Vec v) {
-  return _mm256_and_ps(_mm256_cmp_ps(x, splat(limit), _CMP_NLT_UQ), v);
-}
-inline float sum(Vec v) {
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, v);
-  float total = 0.f;
-  for (float lane : lanes) total += lane;
-  return total;
-}
-}  // namespace softmax_vec
-#endif
-
-#ifdef KVRELAY_SOFTMAX_VECTOR
+#ifdef KVRELAY_FLOAT_VEC
 // exp_nonpositive, a vector of lanes at a time.
-inline softmax_vec::Vec exp_nonpositive(softmax_vec::Vec x) {
-  using namespace softmax_vec;
+inline fvec::Vec exp_nonpositive(fvec::Vec x) {
+  using namespace fvec;
   const Vec n = floor(fmadd(x, splat(1.44269504088896341f), splat(0.5f)));
   const Vec r = fmadd(n, splat(2.12194440e-4f), fnmadd(n, splat(0.693359375f), x));
   Vec p = splat(1.9875691500e-4f);
@@ -119,16 +56,14 @@ inline softmax_vec::Vec exp_nonpositive(softmax_vec::Vec x) {
 inline float exp_shifted_sum(float* s, int64_t n, float shift) {
   int64_t t = 0;
   float sum = 0.f;
-#ifdef KVRELAY_SOFTMAX_VECTOR
-  using softmax_vec::kWidth;
-  softmax_vec::Vec total = softmax_vec::splat(0.f);
-  for (; t + kWidth <= n; t += kWidth) {
-    const softmax_vec::Vec e = exp_nonpositive(
-        softmax_vec::sub(softmax_vec::load(s + t), softmax_vec::splat(shift)));
-    softmax_vec::store(s + t, e);
-    total = softmax_vec::add(total, e);
+#ifdef KVRELAY_FLOAT_VEC
+  fvec::Vec total = fvec::zero();
+  for (; t + fvec::kWidth <= n; t += fvec::kWidth) {
+    const fvec::Vec e = exp_nonpositive(fvec::sub(fvec::load(s + t), fvec::splat(shift)));
+    fvec::store(s + t, e);
+    total = fvec::add(total, e);
   }
-  sum = softmax_vec::sum(total);
+  sum = fvec::sum(total);
 #endif
   for (; t < n; ++t) {
     s[t] = exp_nonpositive(s[t] - shift);
