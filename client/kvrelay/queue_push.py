@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+import redis
+
 from kvrelay.keys import Keyspace
 from kvrelay.lua_library import LIBRARY
 from kvrelay.queue_scripts import ADMIT
@@ -40,6 +42,7 @@ __all__ = [
     "DEFAULT_RETRY_AFTER_S",
     "MAX_QUEUE_TIMEOUT_S",
     "AdmissionRefused",
+    "ChannelClosed",
     "at_front",
     "publish_task",
     "queue_limit_fields",
@@ -71,6 +74,14 @@ class AdmissionRefused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+
+
+class ChannelClosed(redis.ConnectionError):
+    """kombu closed the channel a push was handed (its connection was collected, as a
+    failover's reconnect does): nothing was sent. A connection error of kombu's Redis
+    transport (``Transport.connection_errors``), so the publish's ``ensure`` (Celery's
+    publish retry) reconnects and pushes again on a new channel; past its retries the SDK
+    reports it as any broken broker connection (``BrokerUnavailable``)."""
 
 
 @dataclass(slots=True)
@@ -222,6 +233,37 @@ def _replica_wait(transport_options: dict[str, Any]) -> ReplicaWait:
                                          ReplicaWait(replicas, timeout_ms))
 
 
+def _closed(queue: str) -> ChannelClosed:
+    return ChannelClosed(
+        f"the broker channel was closed (its connection was reset) before the push to "
+        f"{queue!r}; nothing was sent (a publish retry reconnects and pushes again)")
+
+
+def _transport_options(channel: Any, queue: str) -> dict[str, Any]:
+    """The broker's transport options, through the channel's transport to its kombu
+    connection. A closed channel has neither (kombu sets ``channel.connection`` to None,
+    a collected connection its transport's ``client``); nothing of it survives the close
+    that a push could use (its Redis pool is gone too): ``ChannelClosed``."""
+    transport = getattr(channel, "connection", None)
+    conninfo = getattr(transport, "client", None)
+    if conninfo is None:
+        raise _closed(queue)
+    options: dict[str, Any] = conninfo.transport_options
+    return options
+
+
+def _redis_client(stack: contextlib.ExitStack, channel: Any, queue: str) -> Any:
+    """The channel's Redis client for one push, held by ``stack``; ``ChannelClosed``
+    when kombu closes the channel meanwhile (its pool rebuilt from a missing connection
+    fails with an ``AttributeError``)."""
+    try:
+        return stack.enter_context(channel.conn_or_acquire())
+    except AttributeError as exc:
+        if getattr(getattr(channel, "connection", None), "client", None) is not None:
+            raise
+        raise _closed(queue) from exc
+
+
 def _install() -> None:
     """Wrap kombu's Redis ``Channel._put`` (once per process)."""
     from kombu.transport import redis as kombu_redis
@@ -238,8 +280,9 @@ def _install() -> None:
             if push is None or "_publish_batch" in kwargs:
                 return original(channel, queue, message, **kwargs)
             key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
-            replica_wait = _replica_wait(channel.connection.client.transport_options)
-            with channel.conn_or_acquire() as client:
+            replica_wait = _replica_wait(_transport_options(channel, queue))
+            with contextlib.ExitStack() as stack:
+                client = _redis_client(stack, channel, queue)
                 # One connection for the push and the WAIT that follows it (sentinel mode):
                 # the job is taken as enqueued only once a replica holds it too, and a
                 # short WAIT is judged by the server that took the push.
