@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -107,10 +109,48 @@ def test_gateway(sentinel_worker: tuple[SentinelCluster, WorkerProcess],
         gateway.stop()
 
 
+def _waits_after_pushes_to(primary: redis.Redis, queue: str, run: Callable[[], None]) -> int:
+    """The ``WAIT``s the primary took while ``run`` ran, each right after a push to
+    ``queue`` on the same connection: the SDK's enqueue sends its push and the ``WAIT``
+    that follows it as one pipeline, on one connection (``kvrelay.queue_push``). An idle
+    worker's own writes (its heartbeat, its queue-limit hash) and the SDK's other writes
+    send ``WAIT``s too, on other connections or after other commands: not counted."""
+    marker = f"kvrelay-test-monitor-end-{uuid.uuid4().hex}"
+    waits, ended = 0, False
+    with primary.monitor() as monitor:  # MONITOR is on before ``run`` starts
+
+        def read() -> None:
+            nonlocal waits, ended
+            last: dict[tuple[str, str], list[str]] = {}  # each connection's last command
+            while True:
+                seen = monitor.next_command()
+                words = seen["command"].split()
+                if marker in words:
+                    ended = True
+                    return
+                sender = (seen["client_address"], seen["client_port"])
+                if seen["client_type"] == "lua":  # a script's own calls: not its caller's
+                    continue
+                if words and words[0].upper() == "WAIT" and queue in last.get(sender, []):
+                    waits += 1
+                last[sender] = words
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            run()
+        finally:
+            primary.get(marker)  # seen by the reader last: it stops there
+            reader.join(timeout=30)
+        assert ended, "MONITOR never showed the end marker"
+    return waits
+
+
 def test_an_enqueued_job_is_on_the_replica(
         sentinel_worker: tuple[SentinelCluster, WorkerProcess]) -> None:
     """``stream.start()`` returns once the job message is on the replica too: the SDK's
-    push is followed by ``WAIT`` (a model no worker serves, so only the SDK writes)."""
+    push is followed by ``WAIT`` on its connection (a model no worker serves, so only the
+    SDK pushes to its queue)."""
     cluster, _ = sentinel_worker
     unserved = "nobody-serves-this"
     queue = Keyspace().celery_queue(unserved)
@@ -119,7 +159,6 @@ def test_an_enqueued_job_is_on_the_replica(
 
         def waits_sent_by_enqueue(url: str) -> int:
             primary.delete(queue)
-            primary.config_resetstat()
 
             async def enqueue() -> None:
                 async with AsyncClient(url, model=unserved, require_worker=False) as client:
@@ -129,11 +168,10 @@ def test_an_enqueued_job_is_on_the_replica(
                     assert replica.llen(queue) == 1
                     await stream.aclose()
 
-            asyncio.run(enqueue())
-            stats = primary.info("commandstats").get("cmdstat_wait", {})
-            return int(stats.get("calls", 0))
+            return _waits_after_pushes_to(primary, queue, lambda: asyncio.run(enqueue()))
 
         assert waits_sent_by_enqueue(cluster.url) >= 1
-        # The contrast: with the wait turned off none is sent (the worker is idle).
+        # The contrast: with the wait turned off the push sends none (the worker's own
+        # writes may still send theirs: they are not counted).
         assert waits_sent_by_enqueue(cluster.url + "?wait_replicas=0") == 0
         primary.delete(queue)
