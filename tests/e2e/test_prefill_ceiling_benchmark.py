@@ -22,13 +22,17 @@ def test_the_peak_loop_times_each_multiply_add_the_kernels_use() -> None:
     ceiling = load_benchmark("cpu_prefill_ceiling")
     peaks = ceiling.instruction_peaks()
     wide = best_isa(cpu_flags()) == "avx512-vnni"
-    expected = ({"vpdpwssd-zmm": 32, "vpdpbusd-zmm": 64, "vfmadd231ps-zmm": 16} if wide else
+    expected = ({"vpdpwssd-zmm": 32, "vpdpbusd-zmm": 64, "vfmadd231ps-zmm": 16,
+                 "int16-gemm-block-zmm": 32} if wide else
                 {"vpmaddwd+vpaddd-ymm": 16, "vpmaddubsw+vpmaddwd+vpaddd-ymm": 32,
-                 "vfmadd231ps-ymm": 8})
+                 "vfmadd231ps-ymm": 8, "int16-gemm-block-ymm": 16})
     assert {name: p["macs_per_instruction"] for name, p in peaks.items()} == expected
     assert all(p["instructions_per_s"] > 1e8 for p in peaks.values())
-    for kind, name in zip(("int16", "int8", "float32"), expected, strict=True):
+    for kind, name in zip(("int16", "int8", "float32", "block"), expected, strict=True):
         assert ceiling.peak_of(peaks, kind) == peaks[name]["gmacs"]
+    # the tile does its pair products and a float epilogue on the same pipes: never faster
+    int16 = ceiling.peak_of(peaks, "int16")
+    assert ceiling.peak_of(peaks, "block") < 1.05 * int16
 
 
 def test_a_small_run_accounts_its_time_and_work(tmp_path: Path) -> None:
@@ -50,3 +54,7 @@ def test_a_small_run_accounts_its_time_and_work(tmp_path: Path) -> None:
     # Q K^T and P V: 9 heads of 64 over the 1 + ... + 24 positions of each of 2 prompts
     assert families["attention"]["gmac"] == pytest.approx(2 * 9 * 64 * 30 * 2 * 300 / 1e9)
     assert record["ceiling_tok_s"] > record["prefill"]["tok_s"] > 0
+    assert record["ceiling_tok_s"] > 0.95 * record["ceiling_block_tok_s"]
+    assert record["ceiling_block_tok_s"] > record["prefill"]["tok_s"]
+    assert families["matmul"]["of_block_peak"] == pytest.approx(
+        families["matmul"]["gmacs"] / families["matmul"]["block_peak_gmacs"])
