@@ -19,13 +19,7 @@ from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion
 from kvrelay.config_values import count, seconds
 from kvrelay.connection import REDIS_ERRORS, make_redis, redact_url, resolve_url
-from kvrelay.dispatcher import (
-    DEFAULT_STREAM_BUFFER_BYTES,
-    Dispatcher,
-    RedisPyTransport,
-    Transport,
-    TransportFactory,
-)
+from kvrelay.dispatcher import Dispatcher
 from kvrelay.enqueue import CeleryEnqueuer, Enqueuer
 from kvrelay.errors import InvalidRequest, KvrelayError, UnknownJob
 from kvrelay.job_lifecycle import ABORT_FLAG_TTL_S, JobLifecycle
@@ -34,6 +28,7 @@ from kvrelay.keys import Keyspace, NamespaceError
 from kvrelay.prefix_placement import PrefixPlacement, placement_enabled
 from kvrelay.primary_watch import PrimaryWatchedTransport
 from kvrelay.protocol import DEFAULT_MAX_PAYLOAD_BYTES, WorkerInfo
+from kvrelay.pubsub_transport import RedisPyTransport, Transport, TransportFactory
 from kvrelay.queue_depth import ModelQueue, QueueDepthReader
 from kvrelay.replica_wait import ReplicaWait
 from kvrelay.request_builder import (
@@ -50,6 +45,7 @@ from kvrelay.sentinel_url import (
     parse_sentinel_url,
 )
 from kvrelay.stream import AsyncStream
+from kvrelay.stream_mailbox import DEFAULT_STREAM_BUFFER_BYTES
 from kvrelay.tls import TlsConfigError, celery_ssl_options
 
 __all__ = ["ABORT_FLAG_TTL_S", "AsyncClient"]

@@ -1,12 +1,13 @@
 """One pub/sub connection for all of a client's streams.
 
-A single reader task owns the subscriber connection. A message packs the events of one
-or more jobs (``kvrelay.event_frames``): the reader splits it by job and drops each job's
-events, still encoded, into the ``Mailbox`` of every stream of that job: no event
-decoding, no Redis round trip. Streams of jobs this client started listen on its reply
-channel (``Keyspace.reply_channel``), subscribed once; a stream watching another client's
-job listens on the job's own channel. A stream is ready once Redis has confirmed its
-channel; subscribes and unsubscribes made in the same loop iteration go out as one
+A single reader task owns the subscriber connection (a ``Transport``,
+``kvrelay.pubsub_transport``). A message packs the events of one or more jobs
+(``kvrelay.event_frames``): the reader splits it by job and drops each job's events, still
+encoded, into the ``Mailbox`` (``kvrelay.stream_mailbox``) of every stream of that job: no
+event decoding, no Redis round trip. Streams of jobs this client started listen on its
+reply channel (``Keyspace.reply_channel``), subscribed once; a stream watching another
+client's job listens on the job's own channel. A stream is ready once Redis has confirmed
+its channel; subscribes and unsubscribes made in the same loop iteration go out as one
 command.
 
 If the connection drops, the reader reconnects with backoff, resubscribes every live
@@ -22,19 +23,16 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, Protocol
 
 import msgspec
-import redis.exceptions
-from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 
-from kvrelay.connection import REDIS_ERRORS
-from kvrelay.errors import BrokerUnavailable, KvrelayError, SlowReader
+from kvrelay.errors import BrokerUnavailable, KvrelayError
 from kvrelay.event_frames import unpack_message
+from kvrelay.pubsub_transport import RedisPyTransport, Transport, TransportFactory
 from kvrelay.resp import Frame, RespError, TransportLost
+from kvrelay.stream_mailbox import DEFAULT_STREAM_BUFFER_BYTES, RESYNC, Mailbox
 
+# The transport and mailbox names are re-exported: callers and tests import them from here.
 __all__ = [
     "DEFAULT_STREAM_BUFFER_BYTES",
     "RESYNC",
@@ -46,210 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("kvrelay.dispatcher")
-
-
-class _Marker:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<{self.name}>"
-
-
-# What one stream may hold of events its reader has not taken yet, by default.
-DEFAULT_STREAM_BUFFER_BYTES: Final = 16 << 20
-
-# Put in a mailbox after a reconnect: "events may have been missed, re-read the log".
-RESYNC: Final = _Marker("RESYNC")
-
-# A job's events array as published (``kvrelay.event_frames``), or a marker.
-MailItem = msgspec.Raw | bytes | _Marker
-
-
-class Transport(Protocol):
-    """A subscriber connection as the dispatcher needs it (one per connection attempt)."""
-
-    async def subscribe(self, channels: Sequence[bytes]) -> None: ...
-
-    async def unsubscribe(self, channels: Sequence[bytes]) -> None: ...
-
-    async def ping(self) -> None: ...
-
-    async def read(self, idle: float) -> list[Frame] | None:
-        """Frames received (maybe none), or None after ``idle`` s without any data."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
-TransportFactory = Callable[[], Awaitable[Transport]]
-
-class RedisPyTransport:
-    """A ``Transport`` over redis-py's ``PubSub`` (used for injected clients, e.g. fakeredis).
-
-    Slower per message than ``RespConnection`` but works with any redis-py compatible
-    client. redis-py may silently reconnect inside a call; that is reported as a lost
-    connection so the dispatcher resubscribes and re-reads the logs itself.
-    """
-
-    def __init__(self, pubsub: PubSub) -> None:
-        self._pubsub = pubsub
-        self._reconnected = False
-
-    @classmethod
-    async def open(cls, client: Redis) -> RedisPyTransport:
-        pubsub = client.pubsub()
-        await pubsub.connect()
-        transport = cls(pubsub)
-        conn = pubsub.connection
-        if conn is not None:
-            conn.register_connect_callback(transport._on_connect)
-        return transport
-
-    async def _on_connect(self, _connection: object) -> None:
-        self._reconnected = True
-
-    async def _command(self, *args: bytes | str) -> None:
-        try:
-            await self._pubsub.execute_command(*args)
-        except REDIS_ERRORS as exc:
-            raise TransportLost(str(exc)) from exc
-
-    async def subscribe(self, channels: Sequence[bytes]) -> None:
-        await self._command("SUBSCRIBE", *channels)
-
-    async def unsubscribe(self, channels: Sequence[bytes]) -> None:
-        await self._command("UNSUBSCRIBE", *channels)
-
-    async def ping(self) -> None:
-        await self._command("PING")
-
-    @staticmethod
-    def _frame(message: dict[str, object]) -> Frame:
-        kind = str(message["type"]).encode()
-        channel = message.get("channel")
-        if isinstance(channel, str):
-            channel = channel.encode()
-        data = message.get("data")
-        if isinstance(data, str):
-            data = data.encode()
-        if not isinstance(data, (bytes, int)):
-            data = b""
-        return (kind, channel if isinstance(channel, bytes) else b"", data)
-
-    async def read(self, idle: float) -> list[Frame] | None:
-        if self._reconnected:
-            raise TransportLost("the pub/sub connection was re-established underneath us")
-        try:
-            message = await self._pubsub.get_message(timeout=idle)
-            if message is None:
-                return None
-            frames = [self._frame(message)]
-            for _ in range(255):
-                message = await self._pubsub.get_message(timeout=0)
-                if message is None:
-                    break
-                frames.append(self._frame(message))
-        except REDIS_ERRORS as exc:
-            raise TransportLost(str(exc)) from exc
-        except redis.exceptions.ResponseError as exc:
-            raise RespError(str(exc)) from exc
-        return frames
-
-    async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._pubsub.aclose()
-
-
-class Mailbox:
-    """One stream's inbox: its job's events arrays and markers in arrival order.
-
-    Its timer is lazy: armed for the earliest deadline asked for and left alone while
-    later deadlines come and go, so the per-event path schedules no timer at all. A
-    wake-up for an older, earlier deadline is spurious; ``wait`` callers re-check.
-
-    It holds at most ``max_bytes`` of events: a reader that falls further behind is
-    failed with ``SlowReader`` (what was waiting is dropped at once, and whatever comes
-    after), so one stalled reader cannot grow the process without bound. Its job is
-    aborted when the stream ends on that error, as for any stream left early.
-    """
-
-    __slots__ = ("buffered", "channel", "error", "items", "job_id", "max_bytes", "timer",
-                 "timer_at", "waiter")
-
-    def __init__(self, job_id: str, channel: bytes, max_bytes: int | None = None) -> None:
-        self.job_id = job_id
-        self.channel = channel
-        self.items: deque[MailItem] = deque()
-        self.waiter: asyncio.Future[bool] | None = None
-        self.error: BaseException | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = 0.0
-        self.max_bytes = max_bytes
-        self.buffered = 0
-
-    def put(self, item: MailItem) -> None:
-        if self.max_bytes is not None and not isinstance(item, _Marker):
-            if isinstance(self.error, SlowReader):
-                return
-            self.buffered += len(item)
-            if self.buffered > self.max_bytes:
-                self.items.clear()
-                self.buffered = 0
-                self.error = None
-                self.fail(SlowReader(
-                    f"the reader fell more than {self.max_bytes} bytes of events behind",
-                    job_id=self.job_id))
-                return
-        self.items.append(item)
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(True)
-
-    def take(self) -> MailItem:
-        """The oldest item (``items`` must not be empty)."""
-        item = self.items.popleft()
-        if self.max_bytes is not None and not isinstance(item, _Marker):
-            self.buffered -= len(item)
-        return item
-
-    def fail(self, error: BaseException) -> None:
-        """Deliver ``error`` after whatever is already queued (the stream raises it)."""
-        if self.error is None:
-            self.error = error
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(True)
-
-    async def wait(self, loop: asyncio.AbstractEventLoop, deadline: float) -> bool:
-        """Wait for an item or an error (True) or a timer at or before ``deadline`` (False)."""
-        if self.items or self.error is not None:
-            return True
-        if self.timer is None or self.timer_at > deadline:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer_at = deadline
-            self.timer = loop.call_at(deadline, self._on_timer)
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self.waiter = waiter
-        try:
-            return await waiter
-        finally:
-            self.waiter = None
-
-    def _on_timer(self) -> None:
-        self.timer = None
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(False)
-
-    def close(self) -> None:
-        """Cancel the timer (the stream is done with this mailbox)."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
 
 
 class _Channel:

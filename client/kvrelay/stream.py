@@ -36,7 +36,6 @@ from typing import Final
 
 from kvrelay.async_resource import AsyncResource
 from kvrelay.completion import Completion, CompletionBuilder, StreamChunk
-from kvrelay.dispatcher import Mailbox
 from kvrelay.errors import Cancelled, KvrelayError, error_for_code
 from kvrelay.event_filter import ImpossibleEvents
 from kvrelay.protocol import Failed, Finished, GenerateRequest, Started, Tokens
@@ -46,6 +45,7 @@ from kvrelay.stream_events import LIVE as _LIVE
 from kvrelay.stream_events import NEW as _NEW
 from kvrelay.stream_events import STARTING as _STARTING
 from kvrelay.stream_events import Event, GapRetry, ResyncFollowUp
+from kvrelay.stream_mailbox import Mailbox
 from kvrelay.stream_start import StreamStart
 from kvrelay.tenant_quota import TenantQuota
 from kvrelay.tracing.job_trace import JobTrace

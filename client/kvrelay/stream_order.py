@@ -27,7 +27,6 @@ import redis.exceptions as redis_exceptions
 
 from kvrelay import event_log
 from kvrelay.connection import REDIS_ERRORS
-from kvrelay.dispatcher import RESYNC, Mailbox
 from kvrelay.errors import (
     DeadlineExceeded,
     InternalError,
@@ -43,6 +42,7 @@ from kvrelay.patience import patiently
 from kvrelay.protocol import TERMINAL_EVENTS, GenerateRequest
 from kvrelay.stream_events import DONE as _DONE
 from kvrelay.stream_events import Event, GapRetry, ResyncFollowUp, decode_all, decode_one
+from kvrelay.stream_mailbox import RESYNC, Mailbox
 
 if typing.TYPE_CHECKING:
     from kvrelay.job_lifecycle import JobLifecycle
