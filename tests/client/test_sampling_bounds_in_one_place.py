@@ -1,4 +1,5 @@
-"""Each sampling option's bound is written in ``kvrelay/protocol.py`` and nowhere else.
+"""Each sampling option's bound is written in the wire contract (``kvrelay/sampling_wire.py``,
+re-exported by ``kvrelay/protocol.py``) and nowhere else.
 
 A static scan of the package sources (client, worker, kernels; tests and benchmarks
 aside) for the shapes a second copy of a bound takes: a bound constant, a msgspec
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [ROOT / "client" / "kvrelay", ROOT / "worker" / "kvrelay_worker",
             ROOT / "kernels" / "kvrelay_kernels"]
 HOME = ROOT / "client" / "kvrelay" / "protocol.py"
-# The contract's per-feature modules, which protocol.py re-exports (adapters, tools,
-# tracing): part of the one home, not copies of it.
+SAMPLING_HOME = ROOT / "client" / "kvrelay" / "sampling_wire.py"
+# The contract's per-feature modules, which protocol.py re-exports (sampling, adapters,
+# tools, tracing): part of the one home, not copies of it.
 WIRE_MODULES = frozenset((ROOT / "client" / "kvrelay").glob("*_wire.py"))
 FIELDS = frozenset(SamplingOptions.__struct_fields__) | {"priority"}
 # Constant names a copy of a sampling bound would carry.
@@ -113,7 +115,7 @@ def test_the_scan_finds_each_shape_of_a_second_copy() -> None:
     """The scan must see a copied bound, or it could never fail."""
     found = list(copies_of_bounds(SECOND_COPIES, "example.py"))
     assert sorted(int(hit.split(":")[1]) for hit in found) == [2, 3, 4, 5, 7, 9, 10], found
-    assert any("Meta" in hit for hit in copies_of_bounds(HOME.read_text(), "protocol.py"))
+    assert any("Meta" in hit for hit in copies_of_bounds(SAMPLING_HOME.read_text(), "sampling_wire.py"))
 
 
 def test_no_sampling_bound_outside_the_protocol_module() -> None:
