@@ -30,9 +30,6 @@ def test_the_peak_loop_times_each_multiply_add_the_kernels_use() -> None:
     assert all(p["instructions_per_s"] > 1e8 for p in peaks.values())
     for kind, name in zip(("int16", "int8", "float32", "block"), expected, strict=True):
         assert ceiling.peak_of(peaks, kind) == peaks[name]["gmacs"]
-    # the tile does its pair products and a float epilogue on the same pipes: never faster
-    int16 = ceiling.peak_of(peaks, "int16")
-    assert ceiling.peak_of(peaks, "block") < 1.05 * int16
 
 
 def test_a_small_run_accounts_its_time_and_work(tmp_path: Path) -> None:
@@ -54,7 +51,6 @@ def test_a_small_run_accounts_its_time_and_work(tmp_path: Path) -> None:
     # Q K^T and P V: 9 heads of 64 over the 1 + ... + 24 positions of each of 2 prompts
     assert families["attention"]["gmac"] == pytest.approx(2 * 9 * 64 * 30 * 2 * 300 / 1e9)
     assert record["ceiling_tok_s"] > record["prefill"]["tok_s"] > 0
-    assert record["ceiling_tok_s"] > 0.95 * record["ceiling_block_tok_s"]
     assert record["ceiling_block_tok_s"] > record["prefill"]["tok_s"]
     assert families["matmul"]["of_block_peak"] == pytest.approx(
         families["matmul"]["gmacs"] / families["matmul"]["block_peak_gmacs"])
